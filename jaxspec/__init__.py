@@ -1,0 +1,29 @@
+"""jaxspec: multi-tenant edge-cloud speculative decoding in JAX (core, pure functions)."""
+
+from jaxspec.checkpoint import load, save
+from jaxspec.config import CheckpointError, LlamaConfig, RopeScaling
+from jaxspec.generate import GenerateOutput, GenerateStats, generate
+from jaxspec.model import KVCache, Llama, Model, forward, init_cache, init_params
+from jaxspec.sampling import Purpose, SamplingParams, position_key, session_key, warp
+
+__all__ = [
+    "CheckpointError",
+    "GenerateOutput",
+    "GenerateStats",
+    "KVCache",
+    "Llama",
+    "LlamaConfig",
+    "Model",
+    "Purpose",
+    "RopeScaling",
+    "SamplingParams",
+    "forward",
+    "generate",
+    "init_cache",
+    "init_params",
+    "load",
+    "position_key",
+    "save",
+    "session_key",
+    "warp",
+]

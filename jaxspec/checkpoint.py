@@ -1,0 +1,184 @@
+"""Hugging Face checkpoint directories <-> `Model`.
+
+A directory holds `config.json`, weights as `model.safetensors` or shards listed in
+`model.safetensors.index.json`, and optionally a tokenizer (`tokenizer.json` & co.), which
+is loaded through `transformers.AutoTokenizer`. Linear weights are stored `[out, in]` by HF
+and `[in, out]` by Flax; the mapping below is the only place that knows both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from safetensors import safe_open
+from safetensors.flax import save_file
+
+from jaxspec.config import CheckpointError, LlamaConfig
+from jaxspec.model import Model, init_params
+
+PathLike = str | os.PathLike[str]
+
+# Models that ship with the package, loadable by name: `jaxspec.load("default")`.
+BUILTIN_DIR = pathlib.Path(__file__).parent / "models"
+BUILTIN_NAMES = {"default": "target", "default-draft": "draft"}
+
+_IGNORED_HF_KEYS = ("rotary_emb.inv_freq",)
+
+
+def _hf_name(flax_path: tuple[str, ...]) -> tuple[str, bool]:
+    """HF tensor name of a Flax param path, and whether it is transposed."""
+    *mods, leaf = flax_path
+    if mods == ["embed_tokens"]:
+        return "model.embed_tokens.weight", False
+    if mods == ["lm_head"]:
+        return "lm_head.weight", True
+    if mods == ["norm"]:
+        return "model.norm.weight", False
+    layer, *rest = mods
+    idx = layer.removeprefix("layers_")
+    hf_leaf = {"kernel": "weight", "scale": "weight", "bias": "bias"}[leaf]
+    return f"model.layers.{idx}.{'.'.join(rest)}.{hf_leaf}", leaf == "kernel"
+
+
+def _resolve(path: PathLike) -> pathlib.Path:
+    p = pathlib.Path(path)
+    if p.is_dir():
+        return p
+    if str(path) in BUILTIN_NAMES:
+        builtin = BUILTIN_DIR / BUILTIN_NAMES[str(path)]
+        if not builtin.is_dir():
+            raise CheckpointError(
+                f"built-in model {str(path)!r} is not installed (expected {builtin}); "
+                "train it with tools/train_default_models.py"
+            )
+        return builtin
+    if p.exists():
+        raise CheckpointError(f"{p} is a file; jaxspec.load wants a checkpoint directory")
+    raise CheckpointError(
+        f"no checkpoint directory at {str(path)!r} (built-in names: {sorted(BUILTIN_NAMES)})"
+    )
+
+
+def _weight_files(d: pathlib.Path) -> list[pathlib.Path]:
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+        missing = [f for f in files if not (d / f).is_file()]
+        if missing:
+            raise CheckpointError(f"{index.name} lists shards missing from {d}: {missing}")
+        return [d / f for f in files]
+    single = d / "model.safetensors"
+    if single.is_file():
+        return [single]
+    if (d / "pytorch_model.bin").is_file():
+        raise CheckpointError(f"{d} holds pytorch_model.bin; jaxspec reads safetensors only")
+    raise CheckpointError(f"{d} has no model.safetensors or model.safetensors.index.json")
+
+
+def _read_tensors(files: list[pathlib.Path]) -> dict[str, jax.Array]:
+    out: dict[str, jax.Array] = {}
+    for f in files:
+        with safe_open(str(f), framework="flax") as st:
+            for name in st.keys():
+                out[name] = st.get_tensor(name)
+    return out
+
+
+def load(path: PathLike, *, dtype: Any = jnp.float32, tokenizer: bool = True) -> Model:
+    """Load a HF-format Llama-family checkpoint directory (or a built-in name).
+
+    Args:
+      path: checkpoint directory, or "default" / "default-draft" for the shipped pair.
+      dtype: parameter and activation dtype (float32 matches transformers' float32 logits).
+      tokenizer: load the tokenizer with `transformers.AutoTokenizer` when one is present.
+
+    Raises:
+      CheckpointError: missing files, unsupported `model_type`, missing or mis-shaped tensors.
+    """
+    d = _resolve(path)
+    cfg_file = d / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{d} has no config.json")
+    try:
+        raw_cfg = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_file} is not valid JSON: {e}") from None
+    config = LlamaConfig.from_hf(raw_cfg)
+    tensors = _read_tensors(_weight_files(d))
+
+    expected = jax.eval_shape(lambda: init_params(config))
+    used: set[str] = set()
+
+    def take(path: tuple[Any, ...], leaf: jax.ShapeDtypeStruct) -> jax.Array:
+        keys = tuple(p.key for p in path)
+        name, transpose = _hf_name(keys)
+        if name not in tensors:
+            raise CheckpointError(f"{d}: tensor {name!r} is missing")
+        hf_shape = tuple(leaf.shape)[::-1] if transpose else tuple(leaf.shape)
+        arr = tensors[name]
+        used.add(name)
+        if tuple(arr.shape) != hf_shape:
+            raise CheckpointError(
+                f"{d}: tensor {name!r} has shape {tuple(arr.shape)}, config implies {hf_shape}"
+            )
+        return jnp.asarray(arr.T if transpose else arr, dtype)
+
+    params = jax.tree_util.tree_map_with_path(take, expected)
+    extra = [
+        n
+        for n in tensors
+        if n not in used
+        and not n.endswith(_IGNORED_HF_KEYS)
+        and not (config.tie_word_embeddings and n == "lm_head.weight")
+    ]
+    if extra:
+        raise CheckpointError(
+            f"{d}: tensors not in the config's architecture: {sorted(extra)[:5]}"
+            f"{' …' if len(extra) > 5 else ''}"
+        )
+    tok = _load_tokenizer(d) if tokenizer else None
+    return Model(config=config, params=params, tokenizer=tok, dtype=dtype, name=str(path))
+
+
+def _load_tokenizer(d: pathlib.Path) -> Any:
+    if not any((d / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(d))
+    except Exception as e:  # transformers raises many types here
+        raise CheckpointError(f"{d}: tokenizer files present but unreadable: {e}") from e
+
+
+def save(model: Model, path: PathLike, *, dtype: Any = None) -> pathlib.Path:
+    """Write `model` as a HF checkpoint directory (config.json, model.safetensors, tokenizer).
+
+    `dtype` (e.g. `jnp.bfloat16`) converts the stored weights; default keeps theirs.
+    """
+    d = pathlib.Path(path)
+    d.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, jax.Array] = {}
+
+    def put(path: tuple[Any, ...], leaf: jax.Array) -> None:
+        name, transpose = _hf_name(tuple(p.key for p in path))
+        arr = jnp.asarray(leaf.T if transpose else leaf)
+        if dtype is not None:
+            arr = arr.astype(dtype)
+        tensors[name] = arr
+
+    jax.tree_util.tree_map_with_path(put, model.params)
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_hf()
+    stored = jnp.dtype(dtype if dtype is not None else jax.tree.leaves(model.params)[0].dtype)
+    cfg["dtype"] = stored.name
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    if model.tokenizer is not None:
+        model.tokenizer.save_pretrained(str(d))
+    return d

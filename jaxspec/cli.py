@@ -1,0 +1,86 @@
+"""The `jaxspec` command.
+
+Subcommands:
+  generate      decode a prompt with a checkpoint (plain, or speculative with --draft)
+  init-random   write a random-weight tiny checkpoint (to try the tools without training)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import jaxspec
+
+    model = jaxspec.load(args.checkpoint)
+    if model.tokenizer is None:
+        ids = [int(t) for t in args.prompt.split()]
+    else:
+        ids = model.tokenizer.encode(args.prompt, add_special_tokens=False)
+        if not ids and model.config.bos_token_id is not None:
+            ids = [model.config.bos_token_id]
+    out = jaxspec.generate(
+        model,
+        ids,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    if model.tokenizer is None:
+        print(" ".join(map(str, out.tokens)))
+    else:
+        print(args.prompt + model.tokenizer.decode(out.tokens, skip_special_tokens=True))
+    s = out.stats
+    print(
+        f"[{s.new_tokens} tokens in {s.wall_s:.2f} s, {s.tokens_per_s:.1f} tok/s"
+        f"{', compilation included' if s.compiled else ''}]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _init_random(args: argparse.Namespace) -> int:
+    from jaxspec.testing import write_random_checkpoint
+
+    path = write_random_checkpoint(args.path, seed=args.seed)
+    print(f"wrote a random tiny checkpoint to {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="jaxspec", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="decode a prompt with a checkpoint")
+    g.add_argument("--checkpoint", required=True, help="HF checkpoint dir or built-in name")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0, help="0 = off")
+    g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    g.add_argument("--seed", type=int, default=0)
+    g.set_defaults(func=_generate)
+
+    r = sub.add_parser("init-random", help="write a random-weight tiny checkpoint")
+    r.add_argument("path")
+    r.add_argument("--seed", type=int, default=0)
+    r.set_defaults(func=_init_random)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, OSError) as e:  # CheckpointError is a ValueError
+        print(f"jaxspec {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Plain autoregressive decoding: the exact reference decoder later layers compare against.
+
+A batch of prompts of different lengths is right-padded into a bucketed `[B, T]` array,
+prefilled in one forward, then decoded by one jitted `lax.while_loop` that stops when every
+row has hit a stop token or `max_new_tokens`. The token at absolute position P of row i is
+drawn with the uniform keyed by (row key, P, TARGET), so a row's output does not depend on
+the batch it is decoded in (up to floating-point near-ties, see FACTS.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.model import Llama, Model, init_cache
+from jaxspec.sampling import Purpose, SamplingParams, sample_at, session_keys
+
+PromptIds = Sequence[int] | Sequence[Sequence[int]] | np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateStats:
+    """What a `generate` call did. `tokens_per_s` counts new tokens over wall time;
+    `compiled` says whether that wall time included a compilation."""
+
+    num_rows: int
+    new_tokens: int
+    wall_s: float
+    compiled: bool
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else float("inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateOutput:
+    """New tokens only. `tokens` is a list of ints for a single prompt, else one list per
+    row (each ends at its stop token, included); `padded` is `[B, N]` int32, -1 padded."""
+
+    tokens: list[int] | list[list[int]]
+    padded: np.ndarray
+    stats: GenerateStats
+
+
+def _bucket(n: int, minimum: int = 1) -> int:
+    """Round up to a power of two (>= minimum) so nearby sizes share one compilation."""
+    return max(minimum, 1 << max(0, (n - 1).bit_length()))
+
+
+def normalize_prompts(prompt_ids: PromptIds, vocab_size: int) -> tuple[list[list[int]], bool]:
+    """Prompts as a list of int lists, and whether a single sequence was given."""
+    arr = prompt_ids
+    if isinstance(arr, np.ndarray | jax.Array):
+        arr = np.asarray(arr)
+        if arr.ndim not in (1, 2):
+            raise ValueError(f"prompt_ids must be 1-D or 2-D, got shape {arr.shape}")
+        single = arr.ndim == 1
+        rows = [arr.tolist()] if single else arr.tolist()
+    else:
+        if len(arr) == 0:
+            raise ValueError("prompt_ids is empty")
+        single = isinstance(arr[0], int | np.integer)
+        rows = [list(arr)] if single else [list(r) for r in arr]
+    for i, r in enumerate(rows):
+        if not r:
+            raise ValueError(f"prompt {i} is empty; give at least one token (e.g. BOS)")
+        bad = [t for t in r if not 0 <= int(t) < vocab_size]
+        if bad:
+            raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size}): {bad[:5]}")
+    return [[int(t) for t in r] for r in rows], single
+
+
+def generate(
+    model: Model,
+    prompt_ids: PromptIds,
+    max_new_tokens: int = 64,
+    *,
+    temperature: float | Sequence[float] = 1.0,
+    top_k: int | Sequence[int] = 0,
+    top_p: float | Sequence[float] = 1.0,
+    seed: int = 0,
+    seeds: Sequence[int] | None = None,
+    stop_tokens: Sequence[int] | None = None,
+    draft: Model | None = None,
+    gamma: int = 4,
+    mode: str = "sync",
+    max_batch: int = 256,
+) -> GenerateOutput:
+    """Decode `max_new_tokens` new tokens for one prompt or a batch of prompts.
+
+    Args:
+      model: the target model.
+      prompt_ids: one sequence of token ids, a list of sequences of different lengths, or
+        a 2-D array (every row taken whole).
+      temperature, top_k, top_p: scalars or one value per row; temperature 0 is greedy.
+      seed: row i's session key is `fold_in(PRNGKey(seed), i)`; `seeds` gives each row its own.
+      stop_tokens: ids that end a row (kept in its output); default: the config's EOS ids.
+      draft, gamma, mode: speculative decoding (not available yet; see issue
+        "Lossless verification").
+      max_batch: rows decoded per jitted call; larger batches run in chunks.
+    """
+    if draft is not None:
+        raise NotImplementedError(
+            "speculative decoding (draft=...) arrives with the 'Lossless verification' issue"
+        )
+    del gamma, mode
+    rows, single = normalize_prompts(prompt_ids, model.config.vocab_size)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    longest = max(len(r) for r in rows) + max_new_tokens
+    if longest > model.config.max_position_embeddings:
+        raise ValueError(
+            f"prompt + max_new_tokens = {longest} exceeds the model's "
+            f"max_position_embeddings = {model.config.max_position_embeddings}"
+        )
+    n = len(rows)
+    params = SamplingParams.make(n, temperature, top_k, top_p)
+    keys = session_keys(seed if seeds is None else list(seeds), n)
+    stops = model.config.eos_token_ids if stop_tokens is None else tuple(stop_tokens)
+    stop_arr = jnp.asarray(list(stops) or [-1], jnp.int32)
+
+    out = np.full((n, max_new_tokens), -1, np.int32)
+    compiled = False
+    start = time.perf_counter()
+    for lo in range(0, n, max_batch):
+        hi = min(n, lo + max_batch)
+        before = _decode._cache_size()
+        out[lo:hi] = _decode_chunk(
+            model, rows[lo:hi], params, keys, lo, hi, stop_arr, max_new_tokens
+        )
+        compiled |= _decode._cache_size() > before
+    wall = time.perf_counter() - start
+
+    lists = [r[r >= 0].tolist() for r in out]
+    stats = GenerateStats(
+        num_rows=n, new_tokens=int(sum(map(len, lists))), wall_s=wall, compiled=compiled
+    )
+    return GenerateOutput(tokens=lists[0] if single else lists, padded=out, stats=stats)
+
+
+def _decode_chunk(
+    model: Model,
+    rows: list[list[int]],
+    params: SamplingParams,
+    keys: jax.Array,
+    lo: int,
+    hi: int,
+    stop_arr: jax.Array,
+    max_new: int,
+) -> np.ndarray:
+    """Pad one chunk to its bucket, run the jitted decoder, return `[hi - lo, max_new]`."""
+    b = hi - lo
+    B = _bucket(b)
+    T = _bucket(max(len(r) for r in rows), 8)
+    N = _bucket(max_new, 8)
+    prompt = np.zeros((B, T), np.int32)
+    lengths = np.ones(B, np.int32)  # filler rows: one token, decoded and thrown away
+    for i, r in enumerate(rows):
+        prompt[i, : len(r)] = r
+        lengths[i] = len(r)
+    chunk_params = jax.tree.map(lambda a: a[lo:hi], params).pad(B)
+    chunk_keys = jnp.pad(keys[lo:hi], ((0, B - b), (0, 0)))
+    out = _decode(
+        model.module,
+        model.params,
+        jnp.asarray(prompt),
+        jnp.asarray(lengths),
+        chunk_params,
+        chunk_keys,
+        stop_arr,
+        jnp.int32(max_new),
+        jnp.int32(b),
+        N,
+    )
+    return np.asarray(out)[:b, :max_new]
+
+
+@functools.partial(jax.jit, static_argnames=("module", "buffer"))
+def _decode(
+    module: Llama,
+    params: Any,
+    prompt_BT: jax.Array,
+    lengths_B: jax.Array,
+    sampling: SamplingParams,
+    keys_B2: jax.Array,
+    stop_ids: jax.Array,
+    max_new: jax.Array,
+    num_live: jax.Array,
+    buffer: int,
+) -> jax.Array:
+    """Prefill, then a while loop of single-token steps; returns `[B, buffer]` (-1 padded)."""
+    B, T = prompt_BT.shape
+    cache = init_cache(module.config, B, T + buffer, module.dtype)
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    valid = positions < lengths_B[:, None]
+    logits, cache = module.apply({"params": params}, prompt_BT, positions, valid, cache)
+    last = jnp.take_along_axis(logits, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
+    tok = sample_at(last, sampling, keys_B2, lengths_B, Purpose.TARGET)
+    out = jnp.full((B, buffer), -1, jnp.int32).at[:, 0].set(tok)
+    filler = jnp.arange(B) >= num_live
+    done = jnp.isin(tok, stop_ids) | (max_new <= 1) | filler
+
+    def cond(state):
+        i, _, _, done, _ = state
+        return (i < max_new) & ~jnp.all(done)
+
+    def body(state):
+        i, tok, out, done, cache = state
+        pos = lengths_B + i - 1  # where the previous token sits
+        logits, cache = module.apply(
+            {"params": params}, jnp.maximum(tok, 0)[:, None], pos[:, None], ~done[:, None], cache
+        )
+        new = sample_at(logits[:, 0], sampling, keys_B2, pos + 1, Purpose.TARGET)
+        new = jnp.where(done, -1, new)
+        out = out.at[:, i].set(new)
+        done = done | jnp.isin(new, stop_ids) | (i + 1 >= max_new)
+        return i + 1, new, out, done, cache
+
+    state = (jnp.int32(1), tok, out, done, cache)
+    _, _, out, _, _ = jax.lax.while_loop(cond, body, state)
+    return out

@@ -1,0 +1,313 @@
+"""A Llama-family decoder in Flax linen with a per-row KV cache.
+
+One forward serves prefill, single-token decode and multi-token verification: it takes
+tokens `[B, T]` with explicit absolute positions `[B, T]` and a validity mask, writes the
+keys/values of every valid token at index = its position in the row's cache slot, and lets
+each query at position p attend to cache indices `<= p` of its slot:
+
+    slot row (S = max length)   0 1 2 3 4 5 6 7
+    committed (length = 5)      k k k k k . . .
+    this call, positions 5..7             n n n     <- written, then attended
+    query at position 6 sees    x x x x x x x .
+
+Rolling a row back is lowering its length: stale entries past it are never attended by a
+query at a lower position and are overwritten by the next write. Padded tokens (valid=False)
+are written nowhere (their index is pushed out of range and the scatter drops it).
+
+Matrix multiplies go through an injectable `dot_general_cls` (quantization plugs in there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from jaxspec.config import LlamaConfig, rope_inv_freq
+
+Params = Any
+
+
+@flax.struct.dataclass(kw_only=True)
+class KVCache:
+    """Keys and values of every layer for a pool of N rows (sessions) of S positions.
+
+    Fields:
+      k: `[L, N, S, Hkv, D]` keys (RoPE applied), compute dtype.
+      v: `[L, N, S, Hkv, D]` values.
+      lengths: `[N]` int32, number of positions written and kept per row.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    lengths: jax.Array
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def num_rows(self) -> int:
+        return self.k.shape[1]
+
+    def rollback(self, rows: Int[Array, " R"], lengths: Int[Array, " R"]) -> KVCache:
+        """Lower the lengths of `rows` to `lengths` (never raises one)."""
+        new = jnp.minimum(self.lengths[rows], lengths.astype(jnp.int32))
+        return self.replace(lengths=self.lengths.at[rows].set(new))
+
+
+def init_cache(config: LlamaConfig, rows: int, max_len: int, dtype: Any = jnp.float32) -> KVCache:
+    """An empty cache of `rows` slots with room for `max_len` positions each."""
+    shape = (config.num_hidden_layers, rows, max_len, config.num_key_value_heads, config.head_dim)
+    return KVCache(
+        k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=jnp.zeros(rows, jnp.int32)
+    )
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return scale.astype(self.dtype)[(None,) * (x.ndim - 1)] * x32.astype(self.dtype)
+
+
+def _rope(x_BTHD: jax.Array, cos_BTD: jax.Array, sin_BTD: jax.Array) -> jax.Array:
+    """HF `rotate_half` RoPE: halves of the head dim are the (real, imag) pairs."""
+    half = x_BTHD.shape[-1] // 2
+    rot = jnp.concatenate([-x_BTHD[..., half:], x_BTHD[..., :half]], axis=-1)
+    return x_BTHD * cos_BTD[:, :, None, :] + rot * sin_BTD[:, :, None, :]
+
+
+class Attention(nn.Module):
+    config: LlamaConfig
+    dtype: Any
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(
+        self,
+        x_BTE: jax.Array,
+        cos_BTD: jax.Array,
+        sin_BTD: jax.Array,
+        positions_BT: jax.Array,
+        write_BT: jax.Array,
+        k_cache_NSKD: jax.Array,
+        v_cache_NSKD: jax.Array,
+        slots_B: jax.Array | None,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        c = self.config
+        nq, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        dense = functools.partial(nn.Dense, dtype=self.dtype, dot_general_cls=self.dot_general_cls)
+        B, T, _ = x_BTE.shape
+        q = dense(nq * d, use_bias=c.qkv_bias, name="q_proj")(x_BTE).reshape(B, T, nq, d)
+        k = dense(nkv * d, use_bias=c.qkv_bias, name="k_proj")(x_BTE).reshape(B, T, nkv, d)
+        v = dense(nkv * d, use_bias=c.qkv_bias, name="v_proj")(x_BTE).reshape(B, T, nkv, d)
+        q, k = _rope(q, cos_BTD, sin_BTD), _rope(k, cos_BTD, sin_BTD)
+
+        rows_B = jnp.arange(B) if slots_B is None else slots_B
+        k_cache_NSKD = k_cache_NSKD.at[rows_B[:, None], write_BT].set(
+            k.astype(k_cache_NSKD.dtype), mode="drop"
+        )
+        v_cache_NSKD = v_cache_NSKD.at[rows_B[:, None], write_BT].set(
+            v.astype(v_cache_NSKD.dtype), mode="drop"
+        )
+        if slots_B is None:
+            keys_BSKD, vals_BSKD = k_cache_NSKD, v_cache_NSKD
+        else:
+            keys_BSKD, vals_BSKD = k_cache_NSKD[slots_B], v_cache_NSKD[slots_B]
+
+        S = keys_BSKD.shape[1]
+        q_BTKGD = q.reshape(B, T, nkv, nq // nkv, d)
+        scores_BKGTS = jnp.einsum(
+            "btkgd,bskd->bkgts", q_BTKGD, keys_BSKD.astype(self.dtype)
+        ).astype(jnp.float32) / np.sqrt(d).astype(np.float32)
+        visible_BTS = jnp.arange(S)[None, None, :] <= positions_BT[:, :, None]
+        scores_BKGTS = jnp.where(visible_BTS[:, None, None], scores_BKGTS, -jnp.inf)
+        probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(self.dtype)
+        out_BTKGD = jnp.einsum("bkgts,bskd->btkgd", probs_BKGTS, vals_BSKD.astype(self.dtype))
+        out = dense(c.hidden_size, use_bias=c.o_bias, name="o_proj")(out_BTKGD.reshape(B, T, -1))
+        return out, k_cache_NSKD, v_cache_NSKD
+
+
+class MLP(nn.Module):
+    config: LlamaConfig
+    dtype: Any
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        c = self.config
+        dense = functools.partial(
+            nn.Dense, use_bias=c.mlp_bias, dtype=self.dtype, dot_general_cls=self.dot_general_cls
+        )
+        gate = dense(c.intermediate_size, name="gate_proj")(x)
+        up = dense(c.intermediate_size, name="up_proj")(x)
+        return dense(c.hidden_size, name="down_proj")(nn.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    config: LlamaConfig
+    dtype: Any
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x, cos, sin, positions, write, k_cache, v_cache, slots):
+        c = self.config
+        h = RMSNorm(c.rms_norm_eps, self.dtype, name="input_layernorm")(x)
+        h, k_cache, v_cache = Attention(c, self.dtype, self.dot_general_cls, name="self_attn")(
+            h, cos, sin, positions, write, k_cache, v_cache, slots
+        )
+        x = x + h
+        h = RMSNorm(c.rms_norm_eps, self.dtype, name="post_attention_layernorm")(x)
+        x = x + MLP(c, self.dtype, self.dot_general_cls, name="mlp")(h)
+        return x, k_cache, v_cache
+
+
+class Llama(nn.Module):
+    """The decoder. `__call__` returns float32 logits `[B, T, V]` and the updated cache."""
+
+    config: LlamaConfig
+    dtype: Any = jnp.float32
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(
+        self,
+        tokens_BT: jax.Array,
+        positions_BT: jax.Array,
+        valid_BT: jax.Array,
+        cache: KVCache,
+        slots_B: jax.Array | None = None,
+    ) -> tuple[jax.Array, KVCache]:
+        c = self.config
+        embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, name="embed_tokens")
+        x = embed(tokens_BT)
+
+        inv_freq = np.asarray(rope_inv_freq(c), np.float32)
+        angles_BTd = positions_BT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
+        angles_BTD = jnp.concatenate([angles_BTd, angles_BTd], axis=-1)
+        cos, sin = jnp.cos(angles_BTD).astype(self.dtype), jnp.sin(angles_BTD).astype(self.dtype)
+
+        S = cache.max_len
+        write_BT = jnp.where(valid_BT, positions_BT, S)  # out of range -> scatter drops it
+        ks, vs = [], []
+        for i in range(c.num_hidden_layers):
+            layer = DecoderLayer(c, self.dtype, self.dot_general_cls, name=f"layers_{i}")
+            x, k_i, v_i = layer(
+                x, cos, sin, positions_BT, write_BT, cache.k[i], cache.v[i], slots_B
+            )
+            ks.append(k_i)
+            vs.append(v_i)
+        x = RMSNorm(c.rms_norm_eps, self.dtype, name="norm")(x)
+        if c.tie_word_embeddings:
+            logits = embed.attend(x)
+        else:
+            logits = nn.Dense(
+                c.vocab_size,
+                use_bias=False,
+                dtype=self.dtype,
+                dot_general_cls=self.dot_general_cls,
+                name="lm_head",
+            )(x)
+
+        rows = jnp.arange(tokens_BT.shape[0]) if slots_B is None else slots_B
+        written = jnp.max(jnp.where(valid_BT, positions_BT + 1, 0), axis=1)
+        lengths = cache.lengths.at[rows].max(written.astype(jnp.int32))
+        new_cache = KVCache(k=jnp.stack(ks), v=jnp.stack(vs), lengths=lengths)
+        return logits.astype(jnp.float32), new_cache
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Model:
+    """A loaded model: static config, weights (a jit argument, never static), tokenizer.
+
+    `module` is hashable and goes to `static_argnames`; `params` is a pytree of arrays.
+    """
+
+    config: LlamaConfig
+    params: Params
+    tokenizer: Any = None
+    dtype: Any = jnp.float32
+    dot_general_cls: Any = None
+    name: str = ""
+
+    @property
+    def module(self) -> Llama:
+        return Llama(self.config, self.dtype, self.dot_general_cls)
+
+    def nbytes(self) -> int:
+        """Resident bytes of the weights."""
+        return int(sum(x.nbytes for x in jax.tree.leaves(self.params)))
+
+    def num_params(self) -> int:
+        return int(sum(x.size for x in jax.tree.leaves(self.params)))
+
+    def init_cache(self, rows: int, max_len: int) -> KVCache:
+        return init_cache(self.config, rows, max_len, self.dtype)
+
+    def __call__(
+        self,
+        tokens: Int[Array, "B T"],
+        positions: Int[Array, "B T"],
+        cache: KVCache,
+        valid: Bool[Array, "B T"] | None = None,
+        slots: Int[Array, " B"] | None = None,
+    ) -> tuple[Float[Array, "B T V"], KVCache]:
+        """One forward (jitted): logits `[B, T, V]` float32 and the cache with KV written."""
+        tokens = jnp.asarray(tokens, jnp.int32)
+        if valid is None:
+            valid = jnp.ones(tokens.shape, bool)
+        return forward(
+            self.module, self.params, tokens, jnp.asarray(positions), valid, cache, slots
+        )
+
+    def with_params(self, params: Params, **changes: Any) -> Model:
+        return dataclasses.replace(self, params=params, **changes)
+
+
+@functools.partial(jax.jit, static_argnames=("module",))
+def forward(
+    module: Llama,
+    params: Params,
+    tokens: Int[Array, "B T"],
+    positions: Int[Array, "B T"],
+    valid: Bool[Array, "B T"],
+    cache: KVCache,
+    slots: Int[Array, " B"] | None = None,
+) -> tuple[Float[Array, "B T V"], KVCache]:
+    """Pure jitted forward of `module` (see the module docstring for the cache contract)."""
+    return module.apply({"params": params}, tokens, positions, valid, cache, slots)
+
+
+def init_params(config: LlamaConfig, seed: int = 0, dtype: Any = jnp.float32) -> Params:
+    """Random weights (for tests and training from scratch), std 0.02 like HF's init."""
+    module = Llama(config, dtype)
+    cache = init_cache(config, 1, 1, dtype)
+    tok = jnp.zeros((1, 1), jnp.int32)
+    shapes = jax.eval_shape(
+        lambda: module.init(jax.random.PRNGKey(0), tok, tok, tok > -1, cache)["params"]
+    )
+    leaves, treedef = jax.tree.flatten_with_path(shapes)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    out = []
+    for (path, shape), key in zip(leaves, keys, strict=True):
+        name = jax.tree_util.keystr(path)
+        if "scale" in name:
+            out.append(jnp.ones(shape.shape, dtype))
+        elif "bias" in name:
+            out.append(jnp.zeros(shape.shape, dtype))
+        else:
+            out.append((0.02 * jax.random.normal(key, shape.shape)).astype(dtype))
+    return jax.tree.unflatten(treedef, out)

@@ -1,0 +1,168 @@
+"""Position-keyed randomness, per-row sampling params, warping and inverse-CDF sampling.
+
+Every random draw of a session is `fold_in(fold_in(session_key, position), PURPOSE)`
+(DESIGN §2): no counters and no split chains, so a session's tokens do not depend on call
+order, batch mates, rollbacks or timing. Warping is applied in one order everywhere:
+temperature, then top-k, then top-p, with the tie rules of `proofs.warp`:
+
+- temperature 0 is greedy: a one-hot at the argmax (lowest index on ties);
+- top-k keeps every token whose logit is >= the k-th largest (boundary ties kept), k=0 off;
+- top-p keeps token x iff the mass of tokens strictly more probable than x is < top_p, 1 off.
+
+Sampling is by inverse CDF with one uniform, the first index whose cumulative probability
+exceeds u, so a zero-probability token is never drawn and the exact implementation in
+`proofs/` can replay a draw from the same uniform.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, UInt32
+
+
+class Purpose(enum.IntEnum):
+    """What a random draw is for; folded into the position key."""
+
+    DRAFT = 0
+    ACCEPT = 1
+    RESIDUAL = 2
+    BONUS = 3
+    TARGET = 4
+
+
+def session_key(seed: int, row: int = 0) -> UInt32[Array, "2"]:
+    """Row `row`'s session key for an integer seed: `fold_in(PRNGKey(seed), row)`."""
+    return jax.random.fold_in(jax.random.PRNGKey(seed), row)
+
+
+def session_keys(seeds: Sequence[int] | int, rows: int) -> UInt32[Array, "B 2"]:
+    """Session keys `[B, 2]`: one seed -> row i gets `fold_in(PRNGKey(seed), i)`; a list of
+    seeds -> row i gets `fold_in(PRNGKey(seeds[i]), 0)`."""
+    if isinstance(seeds, int | np.integer):
+        base = jax.random.PRNGKey(int(seeds))
+        return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.arange(rows))
+    if len(seeds) != rows:
+        raise ValueError(f"got {len(seeds)} seeds for {rows} rows")
+    return jax.vmap(lambda s: jax.random.fold_in(jax.random.PRNGKey(s), 0))(
+        jnp.asarray(seeds, jnp.uint32)
+    )
+
+
+def position_key(key: UInt32[Array, "2"], position: Int[Array, ""], purpose: int) -> jax.Array:
+    """The key of the draw for `purpose` at absolute `position` of a session."""
+    return jax.random.fold_in(jax.random.fold_in(key, position), purpose)
+
+
+def uniforms(
+    keys_B2: UInt32[Array, "B 2"], positions_BT: Int[Array, "B T"], purpose: int
+) -> Float[Array, "B T"]:
+    """Uniforms in [0, 1), one per (row, position), keyed by position and purpose."""
+
+    def one(key, pos):
+        return jax.random.uniform(position_key(key, pos, purpose), dtype=jnp.float32)
+
+    return jax.vmap(jax.vmap(one, in_axes=(None, 0)))(keys_B2, positions_BT)
+
+
+@flax.struct.dataclass(kw_only=True)
+class SamplingParams:
+    """Per-row sampling params, all array data (a new value never recompiles).
+
+    Fields:
+      temperature: `[B]` float32, >= 0; 0 is greedy.
+      top_k: `[B]` int32, >= 0; 0 keeps every token.
+      top_p: `[B]` float32 in (0, 1]; 1 keeps every token.
+    """
+
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+
+    @classmethod
+    def make(
+        cls,
+        rows: int,
+        temperature: float | Sequence[float] = 1.0,
+        top_k: int | Sequence[int] = 0,
+        top_p: float | Sequence[float] = 1.0,
+    ) -> SamplingParams:
+        """Broadcast scalars or per-row lists to `[rows]` arrays, validating every value."""
+
+        def col(x, dtype, name):
+            a = np.broadcast_to(np.asarray(x, dtype), (rows,)).copy()
+            if a.shape != (rows,):
+                raise ValueError(f"{name} has {a.shape} values for {rows} rows")
+            return a
+
+        t = col(temperature, np.float32, "temperature")
+        k = col(top_k, np.int32, "top_k")
+        p = col(top_p, np.float32, "top_p")
+        if not np.all(np.isfinite(t)) or np.any(t < 0):
+            raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+        if np.any(k < 0):
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+        if not np.all(np.isfinite(p)) or np.any(p <= 0) or np.any(p > 1):
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        return cls(temperature=jnp.asarray(t), top_k=jnp.asarray(k), top_p=jnp.asarray(p))
+
+    def pad(self, rows: int) -> SamplingParams:
+        """Extend to `rows` rows with greedy filler rows (for padded batch buckets)."""
+        n = rows - self.temperature.shape[0]
+        return SamplingParams(
+            temperature=jnp.pad(self.temperature, (0, n)),
+            top_k=jnp.pad(self.top_k, (0, n)),
+            top_p=jnp.pad(self.top_p, (0, n), constant_values=1.0),
+        )
+
+
+def warp(logits_BV: Float[Array, "B V"], params: SamplingParams) -> Float[Array, "B V"]:
+    """The distribution sampled from: temperature, then top-k, then top-p (module doc)."""
+    dtype = logits_BV.dtype
+    V = logits_BV.shape[-1]
+    t = params.temperature.astype(dtype)[:, None]
+    greedy = jax.nn.one_hot(jnp.argmax(logits_BV, axis=-1), V, dtype=dtype)
+
+    scaled = logits_BV / jnp.where(t > 0, t, 1)
+    sorted_desc = -jnp.sort(-scaled, axis=-1)
+    k = jnp.clip(params.top_k, 1, V)[:, None]
+    kth = jnp.take_along_axis(sorted_desc, k - 1, axis=-1)
+    keep_k = (params.top_k[:, None] == 0) | (scaled >= kth)
+    probs = jax.nn.softmax(jnp.where(keep_k, scaled, -jnp.inf), axis=-1)
+
+    p_desc = -jnp.sort(-probs, axis=-1)
+    mass_above = jnp.cumsum(p_desc, axis=-1) - p_desc  # exclusive cumsum
+    top_p = params.top_p.astype(dtype)[:, None]
+    n_in = jnp.sum(mass_above < top_p, axis=-1, keepdims=True)
+    cut = jnp.take_along_axis(p_desc, jnp.maximum(n_in - 1, 0), axis=-1)
+    keep_p = (top_p >= 1) | (probs >= cut)
+    probs = jnp.where(keep_p, probs, 0)
+    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+    return jnp.where(t > 0, probs, greedy)
+
+
+def sample(probs_BV: Float[Array, "B V"], u_B: Float[Array, " B"]) -> Int[Array, " B"]:
+    """Inverse-CDF draw: the first token whose cumulative probability exceeds `u * total`."""
+    cum = jnp.cumsum(probs_BV, axis=-1)
+    threshold = u_B.astype(cum.dtype) * cum[:, -1]
+    idx = jnp.sum(cum <= threshold[:, None], axis=-1)
+    V = probs_BV.shape[-1]
+    last_nonzero = V - 1 - jnp.argmax((probs_BV > 0)[:, ::-1], axis=-1)
+    return jnp.minimum(idx, last_nonzero).astype(jnp.int32)
+
+
+def sample_at(
+    logits_BV: Float[Array, "B V"],
+    params: SamplingParams,
+    keys_B2: UInt32[Array, "B 2"],
+    positions_B: Int[Array, " B"],
+    purpose: int = Purpose.TARGET,
+) -> Int[Array, " B"]:
+    """Sample each row's token for absolute `positions_B` with its position-keyed uniform."""
+    u = uniforms(keys_B2, positions_B[:, None], purpose)[:, 0]
+    return sample(warp(logits_BV, params), u)

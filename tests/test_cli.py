@@ -1,0 +1,46 @@
+"""The `jaxspec` command as a user runs it (a real subprocess of the installed script)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+def _jaxspec(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("jaxspec")
+    cmd = [exe] if exe else [sys.executable, "-m", "jaxspec.cli"]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli") / "tiny"
+    r = _jaxspec("init-random", str(d))
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def test_generate_prints_prompt_and_completion(tiny_dir):
+    r = _jaxspec(
+        "generate", "--checkpoint", str(tiny_dir), "--prompt", "def f(x):",
+        "--max-new-tokens", "8", "--temperature", "0",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("def f(x):")
+    assert "tok/s" in r.stderr
+
+
+def test_generate_is_reproducible_with_a_seed(tiny_dir):
+    args = ["generate", "--checkpoint", str(tiny_dir), "--prompt", "import os",
+            "--max-new-tokens", "6", "--seed", "3"]  # fmt: skip
+    assert _jaxspec(*args).stdout == _jaxspec(*args).stdout
+
+
+def test_missing_checkpoint_is_a_clean_error(tmp_path):
+    r = _jaxspec("generate", "--checkpoint", str(tmp_path / "nope"), "--prompt", "x")
+    assert r.returncode == 2
+    assert "no checkpoint directory" in r.stderr
+    assert "Traceback" not in r.stderr

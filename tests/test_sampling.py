@@ -1,0 +1,118 @@
+"""Warping, inverse-CDF sampling and position-keyed randomness."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from jaxspec.sampling import (
+    Purpose,
+    SamplingParams,
+    position_key,
+    sample,
+    session_key,
+    session_keys,
+    uniforms,
+    warp,
+)
+
+
+def _warp1(logits, **kw):
+    return np.asarray(warp(jnp.asarray([logits], jnp.float32), SamplingParams.make(1, **kw))[0])
+
+
+def test_temperature_zero_is_one_hot_at_lowest_argmax():
+    np.testing.assert_array_equal(_warp1([1.0, 3.0, 3.0, 0.0], temperature=0.0), [0, 1, 0, 0])
+
+
+def test_no_warping_is_softmax():
+    logits = [0.5, -1.0, 2.0, 0.0]
+    np.testing.assert_allclose(_warp1(logits), jax.nn.softmax(jnp.array(logits)), rtol=1e-6)
+
+
+def test_top_k_keeps_boundary_ties():
+    p = _warp1(np.log([0.4, 0.2, 0.2, 0.1, 0.1]), top_k=2)
+    np.testing.assert_allclose(p, [0.5, 0.25, 0.25, 0, 0], atol=1e-6)
+    p = _warp1(np.log([0.4, 0.3, 0.2, 0.1]), top_k=1)
+    np.testing.assert_allclose(p, [1, 0, 0, 0], atol=1e-6)
+
+
+def test_top_p_keeps_tokens_whose_strictly_higher_mass_is_below_p():
+    probs = [0.5, 0.2, 0.2, 0.1]
+    # mass strictly above: 0, 0.5, 0.5, 0.9.
+    np.testing.assert_allclose(_warp1(np.log(probs), top_p=0.5), [1, 0, 0, 0], atol=1e-6)
+    np.testing.assert_allclose(
+        _warp1(np.log(probs), top_p=0.55), [5 / 9, 2 / 9, 2 / 9, 0], atol=1e-6
+    )
+    np.testing.assert_allclose(_warp1(np.log(probs), top_p=1.0), probs, atol=1e-6)
+
+
+def test_order_is_temperature_then_top_k_then_top_p():
+    logits = np.log([0.5, 0.3, 0.15, 0.05])
+    p = _warp1(logits, temperature=0.5, top_k=3, top_p=0.9)
+    t = np.array([0.5, 0.3, 0.15]) ** 2
+    t /= t.sum()  # [0.6757, 0.2432, 0.0608]: mass above the third = 0.919 >= 0.9
+    np.testing.assert_allclose(p, [t[0] / t[:2].sum(), t[1] / t[:2].sum(), 0, 0], rtol=1e-5)
+
+
+def test_sample_never_draws_a_zero_probability_token():
+    probs = jnp.array([[0.0, 0.5, 0.0, 0.5, 0.0]] * 4)
+    u = jnp.array([0.0, 0.4999, 0.5, np.nextafter(np.float32(1), np.float32(0))])
+    assert sample(probs, u).tolist() == [1, 1, 3, 3]
+
+
+def test_sampled_frequencies_fit_the_warped_distribution():
+    """Chi-square of 20k position-keyed draws against warp(); the mutant that samples the
+    unwarped softmax must be rejected by the same test."""
+    logits = jnp.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    params = SamplingParams.make(1, temperature=0.7, top_k=5, top_p=0.95)
+    probs = np.asarray(warp(logits[None], params)[0], np.float64)
+    n = 20_000
+    keys = session_keys(0, n)
+    u = uniforms(keys, jnp.full((n, 1), 7), Purpose.TARGET)[:, 0]
+    support = probs > 0
+
+    def p_value(dist):
+        draws = np.asarray(sample(jnp.broadcast_to(jnp.asarray(dist, jnp.float32), (n, 6)), u))
+        counts = np.bincount(draws, minlength=6)
+        if counts[~support].any():  # a draw the target never makes
+            return 0.0
+        return stats.chisquare(counts[support], n * probs[support]).pvalue
+
+    assert p_value(probs) > 1e-3
+    mutant = np.asarray(jax.nn.softmax(logits))  # warping skipped
+    assert p_value(mutant) < 1e-6
+
+
+def test_position_keys_are_pure_functions_of_seed_position_purpose():
+    k = session_key(3, 1)
+    a = position_key(k, 10, Purpose.ACCEPT)
+    np.testing.assert_array_equal(a, position_key(session_key(3, 1), 10, Purpose.ACCEPT))
+    others = [
+        position_key(k, 11, Purpose.ACCEPT),
+        position_key(k, 10, Purpose.RESIDUAL),
+        position_key(session_key(3, 2), 10, Purpose.ACCEPT),
+    ]
+    for o in others:
+        assert not np.array_equal(a, o)
+    np.testing.assert_array_equal(session_keys(3, 4)[1], k)
+    np.testing.assert_array_equal(session_keys([5, 3], 2)[1], session_key(3, 0))
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"temperature": [1.0, 0.5]}, ""),
+    ],
+)
+def test_bad_sampling_params_are_rejected(kw, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams.make(3, **kw)
