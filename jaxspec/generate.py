@@ -21,6 +21,8 @@ import numpy as np
 
 from jaxspec.model import Llama, Model, init_cache
 from jaxspec.sampling import Purpose, SamplingParams, sample_at, session_keys
+from jaxspec.speculative import SpecStats, speculative_decode, stats_from
+from jaxspec.verification import ENCODINGS, MODES
 
 PromptIds = Sequence[int] | Sequence[Sequence[int]] | np.ndarray
 
@@ -28,16 +30,35 @@ PromptIds = Sequence[int] | Sequence[Sequence[int]] | np.ndarray
 @dataclasses.dataclass(frozen=True)
 class GenerateStats:
     """What a `generate` call did. `tokens_per_s` counts new tokens over wall time;
-    `compiled` says whether that wall time included a compilation."""
+    `compiled` says whether that wall time included a compilation; `spec` holds the
+    speculative-decoding counters when a draft was used (None for plain decoding)."""
 
     num_rows: int
     new_tokens: int
     wall_s: float
     compiled: bool
+    spec: SpecStats | None = None
 
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else float("inf")
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """alpha: accepted drafts / drafted tokens."""
+        return None if self.spec is None else self.spec.acceptance_rate
+
+    @property
+    def mean_accepted(self) -> float | None:
+        return None if self.spec is None else self.spec.mean_accepted
+
+    @property
+    def tokens_per_round(self) -> float | None:
+        return None if self.spec is None else self.spec.tokens_per_round
+
+    @property
+    def per_position_acceptance(self) -> tuple[float, ...] | None:
+        return None if self.spec is None else self.spec.per_position_acceptance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +113,10 @@ def generate(
     draft: Model | None = None,
     gamma: int = 4,
     mode: str = "sync",
+    encoding: str = "full",
+    sparse_k: int = 8,
     max_batch: int = 256,
+    _mutant: str | None = None,
 ) -> GenerateOutput:
     """Decode `max_new_tokens` new tokens for one prompt or a batch of prompts.
 
@@ -103,15 +127,14 @@ def generate(
       temperature, top_k, top_p: scalars or one value per row; temperature 0 is greedy.
       seed: row i's session key is `fold_in(PRNGKey(seed), i)`; `seeds` gives each row its own.
       stop_tokens: ids that end a row (kept in its output); default: the config's EOS ids.
-      draft, gamma, mode: speculative decoding (not available yet; see issue
-        "Lossless verification").
+      draft: a draft model sharing the target's vocabulary turns on co-located speculative
+        decoding: `gamma` drafts per round, `mode` "sync" (bonus token after a fully
+        accepted block) or "pipelined" (no bonus), the draft q sent as `encoding` "full",
+        "sparse" (top-`sparse_k`) or "onehot" (greedy drafts). Lossless: the output is
+        distributed exactly as plain decoding's.
       max_batch: rows decoded per jitted call; larger batches run in chunks.
+      _mutant: test hook, a deliberately wrong variant of the rule that tests must catch.
     """
-    if draft is not None:
-        raise NotImplementedError(
-            "speculative decoding (draft=...) arrives with the 'Lossless verification' issue"
-        )
-    del gamma, mode
     rows, single = normalize_prompts(prompt_ids, model.config.vocab_size)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -121,33 +144,64 @@ def generate(
             f"prompt + max_new_tokens = {longest} exceeds the model's "
             f"max_position_embeddings = {model.config.max_position_embeddings}"
         )
+    if draft is not None:
+        _check_speculative(model, draft, gamma, mode, encoding, sparse_k)
     n = len(rows)
     params = SamplingParams.make(n, temperature, top_k, top_p)
     keys = session_keys(seed if seeds is None else list(seeds), n)
     stops = model.config.eos_token_ids if stop_tokens is None else tuple(stop_tokens)
     stop_arr = jnp.asarray(list(stops) or [-1], jnp.int32)
 
+    fn = _decode if draft is None else speculative_decode
     out = np.full((n, max_new_tokens), -1, np.int32)
     compiled = False
+    spec: SpecStats | None = None
     start = time.perf_counter()
     for lo in range(0, n, max_batch):
         hi = min(n, lo + max_batch)
-        before = _decode._cache_size()
-        out[lo:hi] = _decode_chunk(
-            model, rows[lo:hi], params, keys, lo, hi, stop_arr, max_new_tokens
-        )
-        compiled |= _decode._cache_size() > before
+        before = fn._cache_size()
+        chunk, counters = _run_chunk(
+            model, draft, rows[lo:hi], params, keys, lo, hi, stop_arr, max_new_tokens,
+            gamma=gamma, mode=mode, encoding=encoding, sparse_k=sparse_k, mutant=_mutant,
+        )  # fmt: skip
+        out[lo:hi] = chunk
+        compiled |= fn._cache_size() > before
+        if counters is not None:
+            spec = stats_from(counters) if spec is None else spec + stats_from(counters)
     wall = time.perf_counter() - start
 
     lists = [r[r >= 0].tolist() for r in out]
     stats = GenerateStats(
-        num_rows=n, new_tokens=int(sum(map(len, lists))), wall_s=wall, compiled=compiled
+        num_rows=n,
+        new_tokens=int(sum(map(len, lists))),
+        wall_s=wall,
+        compiled=compiled,
+        spec=spec,
     )
     return GenerateOutput(tokens=lists[0] if single else lists, padded=out, stats=stats)
 
 
-def _decode_chunk(
+def _check_speculative(
+    model: Model, draft: Model, gamma: int, mode: str, encoding: str, sparse_k: int
+) -> None:
+    if draft.config.vocab_size != model.config.vocab_size:
+        raise ValueError(
+            f"draft vocabulary ({draft.config.vocab_size}) differs from the target's "
+            f"({model.config.vocab_size})"
+        )
+    if not 1 <= gamma <= 64:
+        raise ValueError(f"gamma must be in [1, 64], got {gamma}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
+    if encoding == "sparse" and not 1 <= sparse_k <= model.config.vocab_size:
+        raise ValueError(f"sparse_k must be in [1, vocab], got {sparse_k}")
+
+
+def _run_chunk(
     model: Model,
+    draft: Model | None,
     rows: list[list[int]],
     params: SamplingParams,
     keys: jax.Array,
@@ -155,32 +209,40 @@ def _decode_chunk(
     hi: int,
     stop_arr: jax.Array,
     max_new: int,
-) -> np.ndarray:
-    """Pad one chunk to its bucket, run the jitted decoder, return `[hi - lo, max_new]`."""
+    **spec_kw: Any,
+) -> tuple[np.ndarray, dict[str, jax.Array] | None]:
+    """Pad one chunk to its bucket and run the jitted decoder: `[hi - lo, max_new]` tokens
+    and, for speculative decoding, its counters."""
     b = hi - lo
     B = _bucket(b)
     T = _bucket(max(len(r) for r in rows), 8)
     N = _bucket(max_new, 8)
     prompt = np.zeros((B, T), np.int32)
-    lengths = np.ones(B, np.int32)  # filler rows: one token, decoded and thrown away
+    lengths = np.ones(B, np.int32)  # filler rows: one token, never decoded (done at start)
     for i, r in enumerate(rows):
         prompt[i, : len(r)] = r
         lengths[i] = len(r)
-    chunk_params = jax.tree.map(lambda a: a[lo:hi], params).pad(B)
-    chunk_keys = jnp.pad(keys[lo:hi], ((0, B - b), (0, 0)))
-    out = _decode(
-        model.module,
-        model.params,
+    args = (
         jnp.asarray(prompt),
         jnp.asarray(lengths),
-        chunk_params,
-        chunk_keys,
+        jax.tree.map(lambda a: a[lo:hi], params).pad(B),
+        jnp.pad(keys[lo:hi], ((0, B - b), (0, 0))),
         stop_arr,
         jnp.int32(max_new),
         jnp.int32(b),
-        N,
     )
-    return np.asarray(out)[:b, :max_new]
+    if draft is None:
+        out = _decode(model.module, model.params, *args, N)
+        counters = None
+    else:
+        sync = jnp.full((B,), spec_kw["mode"] == "sync")
+        out, counters = speculative_decode(
+            model.module, draft.module, model.params, draft.params, *args, sync,
+            gamma=spec_kw["gamma"], encoding=spec_kw["encoding"],
+            sparse_k=spec_kw["sparse_k"] if spec_kw["encoding"] == "sparse" else 0, buffer=N,
+            mutant=spec_kw["mutant"],
+        )  # fmt: skip
+    return np.asarray(out)[:b, :max_new], counters
 
 
 @functools.partial(jax.jit, static_argnames=("module", "buffer"))

@@ -1,0 +1,243 @@
+"""Co-located speculative decoding: draft and target in one process, one jitted loop.
+
+Each round, for every live row with P committed tokens (prompt + new):
+
+    draft   feed last committed token at P-1, then d_0.. : K draft steps -> d_0..d_{K-1}, q
+    target  one forward over [last, d_0 .. d_{K-1}] at positions P-1 .. P+K-1 -> K+1 logits
+    verify  `verification._verify` (DESIGN §3) -> accepted drafts + correction / bonus
+    commit  append (cut at a stop token or max_new_tokens); both caches roll back to P'-1
+
+A draft at absolute position t is sampled with U(DRAFT, t), so outputs depend only on
+(seeds, prompts, models, sampling params, gamma, mode) — never on batch mates or timing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.model import Llama, init_cache
+from jaxspec.sampling import Purpose, SamplingParams, sample, uniforms, warp
+from jaxspec.verification import DraftQ, _verify
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecStats:
+    """Speculative-decoding counters (vLLM's vocabulary).
+
+    acceptance_rate: accepted drafts / drafted tokens (alpha).
+    mean_accepted: accepted drafts per verification round.
+    tokens_per_round: committed tokens per verification round.
+    per_position_acceptance: `[K]`, fraction of rounds whose draft j was accepted.
+    """
+
+    rounds: int
+    drafted: int
+    accepted: int
+    emitted: int
+    per_position_accepted: tuple[int, ...]
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.emitted / self.rounds if self.rounds else 0.0
+
+    @property
+    def per_position_acceptance(self) -> tuple[float, ...]:
+        return tuple(a / self.rounds if self.rounds else 0.0 for a in self.per_position_accepted)
+
+    def __add__(self, other: SpecStats) -> SpecStats:
+        return SpecStats(
+            rounds=self.rounds + other.rounds,
+            drafted=self.drafted + other.drafted,
+            accepted=self.accepted + other.accepted,
+            emitted=self.emitted + other.emitted,
+            per_position_accepted=tuple(
+                a + b
+                for a, b in zip(
+                    self.per_position_accepted, other.per_position_accepted, strict=True
+                )
+            ),
+        )
+
+
+def draft_q_for(
+    logits_BV: jax.Array,
+    sampling: SamplingParams,
+    u_B: jax.Array,
+    encoding: str,
+    sparse_k: int,
+    mutant: str | None = None,
+) -> tuple[jax.Array, Any]:
+    """One draft step: the token and the q it was sampled from, in `encoding`.
+
+    full: q = warped draft distribution; sparse: its top-`sparse_k` renormalized (ties to the
+    lower id), returned as (ids, probs); onehot: greedy, d = argmax of the warped q.
+    """
+    q = warp(logits_BV, sampling)
+    if encoding == "onehot":
+        return jnp.argmax(q, axis=-1).astype(jnp.int32), None
+    if encoding == "sparse":
+        probs, ids = jax.lax.top_k(q, sparse_k)
+        probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+        pick = sample(probs, u_B)
+        d = jnp.take_along_axis(ids, pick[:, None], axis=-1)[:, 0]
+        return d.astype(jnp.int32), (ids.astype(jnp.int32), probs)
+    d = sample(q, u_B)
+    if mutant == "warp_p_not_q":  # sampled from warped q, but the unwarped q is sent
+        q = jax.nn.softmax(logits_BV, axis=-1)
+    return d, q
+
+
+def _pack_q(encoding: str, qs: Any) -> DraftQ:
+    """Stacked per-step q's (time-major from `lax.scan`) -> a batch-major DraftQ."""
+    if encoding == "onehot":
+        return DraftQ.onehot()
+    if encoding == "sparse":
+        ids, probs = qs
+        return DraftQ.sparse(jnp.swapaxes(ids, 0, 1), jnp.swapaxes(probs, 0, 1))
+    return DraftQ.full(jnp.swapaxes(qs, 0, 1))
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("target", "draft", "gamma", "encoding", "sparse_k", "buffer", "mutant"),
+)
+def speculative_decode(
+    target: Llama,
+    draft: Llama,
+    target_params: Any,
+    draft_params: Any,
+    prompt_BT: jax.Array,
+    lengths_B: jax.Array,
+    sampling: SamplingParams,
+    keys_B2: jax.Array,
+    stop_ids: jax.Array,
+    max_new: jax.Array,
+    num_live: jax.Array,
+    sync_B: jax.Array,
+    *,
+    gamma: int,
+    encoding: str,
+    sparse_k: int,
+    buffer: int,
+    mutant: str | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The jitted round loop; returns new tokens `[B, buffer]` (-1 padded) and counters."""
+    B, T = prompt_BT.shape
+    K = gamma
+    S = T + buffer + K + 1
+    tcache = init_cache(target.config, B, S, target.dtype)
+    dcache = init_cache(draft.config, B, S, draft.dtype)
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    pre_valid = positions < (lengths_B - 1)[:, None]
+    _, tcache = target.apply({"params": target_params}, prompt_BT, positions, pre_valid, tcache)
+    _, dcache = draft.apply({"params": draft_params}, prompt_BT, positions, pre_valid, dcache)
+    last_B = jnp.take_along_axis(prompt_BT, (lengths_B - 1)[:, None], axis=1)[:, 0]
+    prev_B = jnp.take_along_axis(prompt_BT, jnp.maximum(lengths_B - 2, 0)[:, None], axis=1)[:, 0]
+
+    def round_(state):
+        out, n_B, prev_B, last_B, done_B, tcache, dcache, counters = state
+        live_B = ~done_B
+        P_B = lengths_B + n_B  # committed length; the next token sits at P
+
+        def propose(logits_B1V, pos_B):
+            u = uniforms(keys_B2, pos_B[:, None], Purpose.DRAFT)[:, 0]
+            return draft_q_for(logits_B1V[:, -1], sampling, u, encoding, sparse_k, mutant)
+
+        # The first draft step re-feeds the token before the last one too: after a fully
+        # accepted sync block the draft never saw its own last draft (the bonus followed it).
+        two = jnp.stack([prev_B, last_B], axis=1)
+        pos2 = jnp.stack([P_B - 2, P_B - 1], axis=1)
+        valid2 = jnp.stack([live_B & (P_B >= 2), live_B], axis=1)
+        logits, dcache = draft.apply({"params": draft_params}, two, pos2, valid2, dcache)
+        d0, q0 = propose(logits, P_B)
+
+        def draft_step(carry, i):
+            tok, cache = carry
+            pos = P_B - 1 + i
+            logits, cache = draft.apply(
+                {"params": draft_params}, tok[:, None], pos[:, None], live_B[:, None], cache
+            )
+            d, q = propose(logits, pos + 1)
+            return (d, cache), (d, q)
+
+        (_, dcache), (d_rest, q_rest) = jax.lax.scan(draft_step, (d0, dcache), jnp.arange(1, K))
+        d_KB = jnp.concatenate([d0[None], d_rest], axis=0)
+        qs = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b], axis=0), q0, q_rest)
+        d_BK = d_KB.T
+        block = jnp.concatenate([last_B[:, None], d_BK], axis=1)
+        pos = P_B[:, None] - 1 + jnp.arange(K + 1)[None, :]
+        valid = jnp.broadcast_to(live_B[:, None], (B, K + 1))
+        logits, tcache = target.apply({"params": target_params}, block, pos, valid, tcache)
+        num_draft = jnp.where(live_B, K, 0)
+        vr = _verify(
+            d_BK, num_draft, logits, _pack_q(encoding, qs), sampling, keys_B2, P_B, sync_B,
+            mutant=mutant,
+        )  # fmt: skip
+
+        # Commit, cut at the first stop token and at max_new.
+        cols = jnp.arange(K + 1)[None, :]
+        emitted = cols < vr.num_emitted[:, None]
+        is_stop = emitted & jnp.isin(vr.tokens, stop_ids)
+        first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1) + 1, K + 2)
+        cnt = jnp.minimum(jnp.minimum(vr.num_emitted, first_stop), max_new - n_B)
+        cnt = jnp.where(live_B, cnt, 0).astype(jnp.int32)
+        idx = jnp.where(cols < cnt[:, None], n_B[:, None] + cols, buffer)
+        out = out.at[jnp.arange(B)[:, None], idx].set(vr.tokens, mode="drop")
+        new_last = jnp.take_along_axis(vr.tokens, jnp.maximum(cnt - 1, 0)[:, None], axis=1)[:, 0]
+        new_prev = jnp.take_along_axis(vr.tokens, jnp.maximum(cnt - 2, 0)[:, None], axis=1)[:, 0]
+        prev_B = jnp.where(cnt >= 2, new_prev, jnp.where(cnt == 1, last_B, prev_B))
+        last_B = jnp.where(cnt > 0, new_last, last_B)
+        n_B = n_B + cnt
+        done_B = done_B | (first_stop <= cnt) | (n_B >= max_new)
+        rollback = (lengths_B + n_B - 1).astype(jnp.int32)
+        tcache = tcache.replace(lengths=rollback)
+        dcache = dcache.replace(lengths=rollback)
+
+        live_i = live_B.astype(jnp.int32)
+        counters = {
+            "rounds": counters["rounds"] + jnp.sum(live_i, dtype=jnp.int32),
+            "drafted": counters["drafted"] + jnp.sum(num_draft, dtype=jnp.int32),
+            "accepted": counters["accepted"] + jnp.sum(vr.num_accepted * live_i, dtype=jnp.int32),
+            "emitted": counters["emitted"] + jnp.sum(cnt, dtype=jnp.int32),
+            "per_position": counters["per_position"]
+            + jnp.sum(vr.accepted & live_B[:, None], axis=0).astype(jnp.int32),
+        }
+        return out, n_B, prev_B, last_B, done_B, tcache, dcache, counters
+
+    counters = {
+        "rounds": jnp.int32(0),
+        "drafted": jnp.int32(0),
+        "accepted": jnp.int32(0),
+        "emitted": jnp.int32(0),
+        "per_position": jnp.zeros(K, jnp.int32),
+    }
+    done = jnp.arange(B) >= num_live
+    state = (jnp.full((B, buffer), -1, jnp.int32), jnp.zeros(B, jnp.int32), prev_B, last_B, done)
+    state = (*state, tcache, dcache, counters)
+    out, *_, counters = jax.lax.while_loop(lambda s: ~jnp.all(s[4]), round_, state)
+    return out, counters
+
+
+def stats_from(counters: dict[str, Any]) -> SpecStats:
+    c = jax.tree.map(np.asarray, counters)
+    return SpecStats(
+        rounds=int(c["rounds"]),
+        drafted=int(c["drafted"]),
+        accepted=int(c["accepted"]),
+        emitted=int(c["emitted"]),
+        per_position_accepted=tuple(int(x) for x in c["per_position"]),
+    )

@@ -1,0 +1,229 @@
+"""The verification rule of DESIGN §3 as one pure, jitted, batched function.
+
+A batch row holds a block of draft tokens `d_0 .. d_{n-1}` (n = `num_draft[b]` <= K) that
+sit at absolute positions `start, start+1, ...`, the target's logits for those positions
+plus one (`[K+1, V]`: `logits[j]` is the target's prediction for position `start + j`), and
+the distribution q_j each draft was really sampled from. Left to right:
+
+    accept d_j   iff  u_j * q_j(d_j) < p_j(d_j)        u_j = U(ACCEPT, start + j)
+    first reject at r: emit c ~ norm(max(0, p_r - q_r))  with U(RESIDUAL, start + r)
+                       (p_r itself if that residual has no mass), and stop
+    all accepted:      sync -> bonus b ~ p_n with U(BONUS, start + n); pipelined -> nothing
+
+p is the target's distribution after warping (temperature, top-k, top-p); q is NOT warped
+here: it is whatever the edge sampled from (it warped its own logits the same way).
+Output: `tokens [B, K+1]` (-1 padded), `num_accepted [B]`, per-position `accepted [B, K]`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int, UInt32
+
+from jaxspec.sampling import Purpose, SamplingParams, sample, uniforms, warp
+
+Encoding = Literal["full", "sparse", "onehot"]
+ENCODINGS: tuple[str, ...] = ("full", "sparse", "onehot")
+MODES: tuple[str, ...] = ("sync", "pipelined")
+# A residual with less mass than this is "p == q up to rounding": sample from p instead.
+RESIDUAL_EPS = 1e-6
+
+
+@flax.struct.dataclass(kw_only=True)
+class DraftQ:
+    """The distributions the drafts were sampled from, in one of three encodings.
+
+    Fields (unused ones are None):
+      probs: `full` -> `[B, K, V]`; `sparse` -> `[B, K, k]` probabilities of `ids`.
+      ids: `sparse` -> `[B, K, k]` token ids.
+    """
+
+    encoding: str = flax.struct.field(pytree_node=False)
+    probs: jax.Array | None = None
+    ids: jax.Array | None = None
+
+    @classmethod
+    def full(cls, probs: Float[Array, "B K V"]) -> DraftQ:
+        return cls(encoding="full", probs=jnp.asarray(probs))
+
+    @classmethod
+    def sparse(cls, ids: Int[Array, "B K k"], probs: Float[Array, "B K k"]) -> DraftQ:
+        return cls(encoding="sparse", probs=jnp.asarray(probs), ids=jnp.asarray(ids, jnp.int32))
+
+    @classmethod
+    def onehot(cls) -> DraftQ:
+        return cls(encoding="onehot")
+
+    def dense(self, draft_BK: Int[Array, "B K"], vocab: int, dtype=jnp.float32) -> jax.Array:
+        """q as `[B, K, V]` probabilities."""
+        if self.encoding == "full":
+            return self.probs.astype(dtype)
+        if self.encoding == "onehot":
+            return jax.nn.one_hot(draft_BK, vocab, dtype=dtype)
+        B, K, _ = self.ids.shape
+        b = jnp.arange(B)[:, None, None]
+        k = jnp.arange(K)[None, :, None]
+        return jnp.zeros((B, K, vocab), dtype).at[b, k, self.ids].add(self.probs.astype(dtype))
+
+
+@flax.struct.dataclass(kw_only=True)
+class VerifyResult:
+    """Fields:
+    tokens: `[B, K+1]` int32: accepted drafts, then the correction or bonus; -1 padded.
+    num_accepted: `[B]` int32, drafts accepted (the first rejection's index).
+    num_emitted: `[B]` int32, valid entries of `tokens`.
+    accepted: `[B, K]` bool, draft j was accepted.
+    tested: `[B, K]` bool, draft j was tested (j <= first rejection and j < num_draft).
+    """
+
+    tokens: jax.Array
+    num_accepted: jax.Array
+    num_emitted: jax.Array
+    accepted: jax.Array
+    tested: jax.Array
+
+
+def _mode_array(mode: str | jax.Array, rows: int) -> jax.Array:
+    if isinstance(mode, str):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        return jnp.full((rows,), mode == "sync")
+    return jnp.asarray(mode, bool)
+
+
+def verify_block(
+    draft_tokens: Int[Array, "B K"],
+    num_draft: Int[Array, " B"],
+    target_logits: Float[Array, "B K1 V"],
+    draft_q: DraftQ,
+    sampling: SamplingParams,
+    keys: UInt32[Array, "B 2"],
+    start: Int[Array, " B"],
+    mode: str | Bool[Array, " B"] = "sync",
+) -> VerifyResult:
+    """Apply the rule of DESIGN §3 to every row of a padded batch (see the module doc).
+
+    `mode` is "sync" (bonus after a fully accepted block), "pipelined" (no bonus), or a
+    per-row bool array (True = sync). Entries past `num_draft[b]` are ignored. The q's are
+    trusted here; `check_draft_q` is the host-side validator for untrusted input.
+    """
+    bonus = _mode_array(mode, draft_tokens.shape[0])
+    return _verify(draft_tokens, num_draft, target_logits, draft_q, sampling, keys, start, bonus)
+
+
+@functools.partial(jax.jit, static_argnames=("mutant",))
+def _verify(
+    draft_BK, num_draft_B, logits_BKV, draft_q, sampling, keys_B2, start_B, bonus_B, mutant=None
+) -> VerifyResult:
+    """The rule; `mutant` names a deliberately wrong variant that the tests must catch."""
+    B, K = draft_BK.shape
+    V = logits_BKV.shape[-1]
+    dtype = logits_BKV.dtype
+    draft_BK = draft_BK.astype(jnp.int32)
+    q_BKV = draft_q.dense(draft_BK, V, dtype)
+
+    # p for every position: warp each of the K+1 target distributions with the row's params.
+    rep = jax.tree.map(lambda a: jnp.repeat(a, K + 1, axis=0), sampling)
+    p_BKV = warp(logits_BKV.reshape(B * (K + 1), V), rep).reshape(B, K + 1, V)
+
+    pos_BK = start_B[:, None] + jnp.arange(K)[None, :]
+    u_acc_BK = uniforms(keys_B2, pos_BK, Purpose.ACCEPT).astype(dtype)
+    if mutant == "reused_uniform":
+        u_acc_BK = jnp.broadcast_to(u_acc_BK[:, :1], (B, K))
+    p_d = jnp.take_along_axis(p_BKV[:, :K], draft_BK[..., None], axis=-1)[..., 0]
+    q_d = jnp.take_along_axis(q_BKV, draft_BK[..., None], axis=-1)[..., 0]
+    ok_BK = _accepts(u_acc_BK, q_d, p_d, mutant)
+    in_block_BK = jnp.arange(K)[None, :] < num_draft_B[:, None]
+    ok_BK = ok_BK & in_block_BK
+    # r = index of the first rejection (num_draft when every draft is accepted).
+    r_B = jnp.sum(jnp.cumprod(ok_BK.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+    all_ok_B = r_B >= num_draft_B
+
+    rows = jnp.arange(B)
+    p_r = p_BKV[rows, r_B]
+    q_r = jnp.where(all_ok_B[:, None], 0, q_BKV[rows, jnp.minimum(r_B, K - 1)])
+    residual = jnp.maximum(p_r - q_r, 0)
+    if mutant == "residual_from_p":
+        residual = p_r
+    mass = jnp.sum(residual, axis=-1, keepdims=True)
+    residual = jnp.where(mass > RESIDUAL_EPS, residual, p_r)
+    u_res = uniforms(keys_B2, (start_B + r_B)[:, None], Purpose.RESIDUAL)[:, 0]
+    if mutant == "unnormalized_residual":  # u not scaled by the residual's mass
+        cum = jnp.cumsum(residual, axis=-1)
+        correction = jnp.minimum(jnp.sum(cum <= u_res[:, None], axis=-1), V - 1)
+    else:
+        correction = sample(residual, u_res)
+
+    bonus_dist = p_r
+    if mutant == "bonus_from_q":
+        bonus_dist = q_BKV[rows, jnp.maximum(num_draft_B - 1, 0)]
+    u_bonus = uniforms(keys_B2, (start_B + num_draft_B)[:, None], Purpose.BONUS)[:, 0]
+    bonus_tok = sample(bonus_dist, u_bonus)
+
+    last = jnp.where(all_ok_B, bonus_tok, correction)
+    emit_last_B = ~all_ok_B | bonus_B
+    num_emitted_B = r_B + emit_last_B.astype(jnp.int32)
+    cols = jnp.arange(K + 1)[None, :]
+    drafts = jnp.pad(draft_BK, ((0, 0), (0, 1)))
+    tokens = jnp.where(cols < r_B[:, None], drafts, -1)
+    tokens = jnp.where((cols == r_B[:, None]) & emit_last_B[:, None], last[:, None], tokens)
+    accepted = jnp.arange(K)[None, :] < r_B[:, None]
+    tested = (jnp.arange(K)[None, :] <= r_B[:, None]) & in_block_BK
+    return VerifyResult(
+        tokens=tokens.astype(jnp.int32),
+        num_accepted=r_B,
+        num_emitted=num_emitted_B,
+        accepted=accepted,
+        tested=tested,
+    )
+
+
+def _accepts(u: jax.Array, q_d: jax.Array, p_d: jax.Array, mutant: str | None = None):
+    """The accept test `u * q(d) < p(d)`: strict, so p(d) = 0 never accepts, even at u = 0."""
+    if mutant == "nonstrict_accept":
+        return u * q_d <= p_d
+    return u * q_d < p_d
+
+
+def check_draft_q(
+    draft_tokens: np.ndarray,
+    num_draft: np.ndarray,
+    draft_q: DraftQ,
+    vocab: int,
+    atol: float = 1e-3,
+) -> None:
+    """Raise ValueError unless every used q is a distribution that can produce its draft:
+    ids in range, probabilities finite and >= 0 summing to 1 (within `atol`), q(d) > 0."""
+    d = np.asarray(draft_tokens)
+    n = np.asarray(num_draft)
+    B, K = d.shape
+    if n.shape != (B,) or np.any(n < 0) or np.any(n > K):
+        raise ValueError(f"num_draft must be {B} values in [0, {K}]")
+    used = np.arange(K)[None, :] < n[:, None]
+    if np.any((d < 0) | (d >= vocab)) and np.any(used & ((d < 0) | (d >= vocab))):
+        raise ValueError(f"draft token ids must be in [0, {vocab})")
+    if draft_q.encoding == "onehot":
+        return
+    probs = np.asarray(draft_q.probs, np.float64)
+    if draft_q.encoding == "sparse":
+        ids = np.asarray(draft_q.ids)
+        if np.any(used[..., None] & ((ids < 0) | (ids >= vocab))):
+            raise ValueError(f"sparse q ids must be in [0, {vocab})")
+        hit = np.where(ids == d[..., None], probs, 0.0).sum(-1)
+    else:
+        if probs.shape[-1] != vocab:
+            raise ValueError(f"full q must have {vocab} entries per position")
+        hit = np.take_along_axis(probs, np.clip(d, 0, vocab - 1)[..., None], -1)[..., 0]
+    p_used = probs[used]
+    if not np.all(np.isfinite(p_used)) or np.any(p_used < 0):
+        raise ValueError("q holds NaN, infinite or negative probabilities")
+    if np.any(np.abs(p_used.sum(-1) - 1) > atol):
+        raise ValueError("q is not normalized (each position must sum to 1)")
+    if np.any(hit[used] <= 0):
+        raise ValueError("a draft token has q(d) = 0: it cannot have been sampled from q")

@@ -1,0 +1,190 @@
+"""Co-located speculative decoding: lossless against plain decoding and exact laws."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import jaxspec
+from jaxspec.sampling import SamplingParams, warp
+from jaxspec.testing import tiny_config, to_dtype
+
+N_NEW, PROMPT, ROWS = 3, [1, 2], 8192
+
+
+def _spread(model, scale):
+    """Scale random weights up so distributions are far from uniform (tests gain power)."""
+    return model.with_params(jax.tree.map(lambda a: a * scale, model.params))
+
+
+@pytest.fixture(scope="module")
+def pair():
+    cfg = tiny_config(vocab_size=8)
+    target = _spread(jaxspec.Model(config=cfg, params=jaxspec.init_params(cfg, 1)), 3.0)
+    draft = _spread(jaxspec.Model(config=cfg, params=jaxspec.init_params(cfg, 2)), 3.0)
+    return target, draft
+
+
+def exact_law(target, sampling_kw) -> dict[tuple[int, ...], float]:
+    """P(x1 x2 x3 | prompt) of plain decoding, from the target's (warped) logits."""
+    V = target.config.vocab_size
+    with jax.enable_x64(True):
+        m = to_dtype(target, jnp.float64)
+        conts = np.array(list(itertools.product(range(V), repeat=N_NEW - 1)))
+        seqs = np.concatenate([np.tile(PROMPT, (len(conts), 1)), conts], axis=1)
+        T = seqs.shape[1]
+        logits, _ = m(seqs, np.broadcast_to(np.arange(T), seqs.shape), m.init_cache(len(seqs), T))
+        L = len(PROMPT)
+        flat = logits[:, L - 1 :].reshape(-1, V)
+        params = SamplingParams.make(flat.shape[0], **sampling_kw)
+        probs = np.asarray(warp(flat, params)).reshape(len(seqs), N_NEW, V)
+    law = {}
+    for i, c in enumerate(conts):
+        head = float(np.prod([probs[i, j, c[j]] for j in range(N_NEW - 1)]))
+        for last in range(V):
+            law[(*c, last)] = head * float(probs[i, N_NEW - 1, last])
+    return law
+
+
+def gof_pvalue(samples: np.ndarray, law) -> float:
+    """Chi-square of sampled sequences against the exact law (bins under 5 expected pooled)."""
+    keys = sorted(law)
+    n = len(samples)
+    counts = dict.fromkeys(keys, 0)
+    for row in samples:
+        t = tuple(int(x) for x in row)
+        if t not in counts or law[t] == 0:
+            return 0.0  # a sequence plain decoding can never produce
+        counts[t] += 1
+    keys = [k for k in keys if law[k] > 0]
+    exp = np.array([law[k] * n for k in keys])
+    obs = np.array([counts[k] for k in keys], float)
+    small = exp < 5
+    if small.any():
+        exp = np.append(exp[~small], exp[small].sum())
+        obs = np.append(obs[~small], obs[small].sum())
+    return stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+def _sample(pair, **kw):
+    target, draft = pair
+    out = jaxspec.generate(
+        target, [PROMPT] * ROWS, N_NEW, draft=draft, seed=0, max_batch=ROWS, **kw
+    )
+    return out.padded, out.stats
+
+
+WARPED = {"temperature": 0.7, "top_k": 5, "top_p": 0.9}
+LOSSLESS = [
+    ({"mode": "sync", "encoding": "full", "gamma": 2}, {}),
+    ({"mode": "pipelined", "encoding": "sparse", "sparse_k": 3, "gamma": 2}, {}),
+    ({"mode": "sync", "encoding": "onehot", "gamma": 3}, {}),
+    ({"mode": "sync", "encoding": "full", "gamma": 2}, WARPED),
+]
+
+
+@pytest.mark.parametrize(("spec", "sampling"), LOSSLESS)
+def test_sampled_output_fits_the_exact_target_law(pair, spec, sampling):
+    samples, st = _sample(pair, **spec, **sampling)
+    assert gof_pvalue(samples, exact_law(pair[0], sampling)) > 1e-3
+    assert 0 < st.acceptance_rate < 1  # the draft really differs from the target
+
+
+MUTANTS = [
+    ("bonus_from_q", {}),
+    ("reused_uniform", {}),
+    ("residual_from_p", {}),
+    ("unnormalized_residual", {}),
+    ("warp_p_not_q", WARPED),
+]
+
+
+@pytest.mark.parametrize(("mutant", "sampling"), MUTANTS)
+def test_the_fit_test_rejects_every_mutant(pair, mutant, sampling):
+    samples, _ = _sample(pair, mode="sync", encoding="full", gamma=2, _mutant=mutant, **sampling)
+    assert gof_pvalue(samples, exact_law(pair[0], sampling)) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def hf_pair(hf_checkpoints):
+    target = jaxspec.load(hf_checkpoints["gqa"][0])
+    draft = jaxspec.load(hf_checkpoints["mqa_tied"][0])
+    return target, draft
+
+
+@pytest.mark.parametrize(
+    ("mode", "encoding", "gamma"),
+    [
+        ("sync", "full", 1),
+        ("sync", "onehot", 4),
+        ("pipelined", "sparse", 3),
+        ("pipelined", "full", 5),
+    ],
+)
+def test_greedy_speculative_equals_plain_greedy(hf_pair, mode, encoding, gamma):
+    """Token for token, with an unrelated draft (many rejections) and with the target as its
+    own draft (every draft accepted, bonus tokens in sync mode)."""
+    target, draft = hf_pair
+    rng = np.random.RandomState(6)
+    prompts = [rng.randint(0, 64, n).tolist() for n in (1, 5, 11)]
+    plain = jaxspec.generate(target, prompts, 20, temperature=0.0)
+    for d in (draft, target):
+        spec = jaxspec.generate(
+            target, prompts, 20, temperature=0.0, draft=d, gamma=gamma, mode=mode,
+            encoding=encoding,
+        )  # fmt: skip
+        assert spec.tokens == plain.tokens
+    assert spec.stats.acceptance_rate == 1.0
+    per_round = gamma + 1 if mode == "sync" else gamma  # the last round is cut at 20
+    assert spec.stats.spec.rounds == 3 * -(-20 // per_round)
+
+
+def test_speculative_rows_are_independent_of_batch_mates(hf_pair):
+    target, draft = hf_pair
+    with jax.enable_x64(True):
+        t64, d64 = to_dtype(target, jnp.float64), to_dtype(draft, jnp.float64)
+        prompts = [[3, 4], [5, 6, 7, 8, 9], [10]]
+        kw = dict(temperature=1.0, top_k=20, draft=d64, gamma=3, mode="pipelined")
+        batch = jaxspec.generate(t64, prompts, 12, seeds=[1, 2, 3], **kw)
+        for p, s, row in zip(prompts, [1, 2, 3], batch.tokens, strict=True):
+            assert jaxspec.generate(t64, p, 12, seeds=[s], **kw).tokens == row
+
+
+def test_stats_and_stop_tokens(hf_pair):
+    target, draft = hf_pair
+    free = jaxspec.generate(target, [[1, 2, 3]], 16, temperature=0.0, draft=draft, gamma=3)
+    s = free.stats
+    assert s.spec.drafted == 3 * s.spec.rounds
+    assert s.acceptance_rate == pytest.approx(s.spec.accepted / s.spec.drafted)
+    assert s.tokens_per_round == pytest.approx(16 / s.spec.rounds, abs=(3 + 1) / s.spec.rounds)
+    assert list(s.per_position_acceptance) == sorted(s.per_position_acceptance, reverse=True)
+    stop = free.tokens[0][7]
+    out = jaxspec.generate(
+        target, [[1, 2, 3]], 16, temperature=0.0, draft=draft, gamma=3, stop_tokens=[stop]
+    )
+    assert out.tokens[0] == free.tokens[0][: free.tokens[0].index(stop) + 1]
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"gamma": 0}, "gamma"),
+        ({"mode": "async"}, "mode"),
+        ({"encoding": "dense"}, "encoding"),
+        ({"encoding": "sparse", "sparse_k": 0}, "sparse_k"),
+    ],
+)
+def test_bad_speculative_options(hf_pair, kw, message):
+    target, draft = hf_pair
+    with pytest.raises(ValueError, match=message):
+        jaxspec.generate(target, [1, 2], 4, draft=draft, **kw)
+
+
+def test_draft_with_another_vocabulary_is_rejected(hf_pair, pair):
+    with pytest.raises(ValueError, match="vocabulary"):
+        jaxspec.generate(hf_pair[0], [1, 2], 4, draft=pair[1])
