@@ -1,0 +1,118 @@
+"""The edge <-> verifier session protocol as Python types (DESIGN §4).
+
+`verify` implements `VerifierEndpoint` in-process (`LocalVerifier`) and behind gRPC; `edge`
+consumes any endpoint. Neither imports the other: both meet here. Errors carry the gRPC
+status they map to, so every transport reports the same precise status.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+class VerifierError(Exception):
+    """Base of protocol errors; `code` names the gRPC status it maps to."""
+
+    code = "INTERNAL"
+
+
+class InvalidArgument(VerifierError, ValueError):
+    code = "INVALID_ARGUMENT"
+
+
+class NotFound(VerifierError, KeyError):
+    code = "NOT_FOUND"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else "not found"
+
+
+class FailedPrecondition(VerifierError):
+    code = "FAILED_PRECONDITION"
+
+
+class ResourceExhausted(VerifierError):
+    """Out of slots or queue space; `retry_after_s` hints when to try again."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, retry_after_s: float = 0.05):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SessionConfig:
+    """What `OpenSession` carries. Sampling params apply to the target and the draft alike."""
+
+    prompt: tuple[int, ...]
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    mode: str = "sync"  # "sync" | "pipelined"
+    gamma: int = 4
+    encoding: str = "full"  # "full" | "sparse" | "onehot"
+    sparse_k: int = 8
+    stop_tokens: tuple[int, ...] | None = None  # None: the target's EOS ids
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SessionInfo:
+    session_id: str
+    max_gamma: int
+    max_sparse_k: int
+    vocab_size: int
+    max_new_tokens: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DraftBlock:
+    """Drafts for positions start .. start+len(tokens)-1 of a session, in one encoding.
+
+    q: `full` -> `[n, V]` float probabilities; `sparse` -> `q_ids [n, k]` + `q [n, k]`;
+    `onehot` -> neither (greedy drafts).
+    """
+
+    session_id: str
+    epoch: int
+    start: int
+    tokens: tuple[int, ...]
+    q: np.ndarray | None = None
+    q_ids: np.ndarray | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VerifyResult:
+    """The verifier's answer to one block.
+
+    accepted: drafts accepted; tokens: the committed tokens this block added (accepted
+    drafts, then the correction or bonus, cut at a stop token / max_new_tokens);
+    next_token: the correction or bonus (None when none was emitted); new_epoch: the
+    session's epoch after this block (epoch + 1 after a rejection); stale: the block was
+    dropped (old epoch or start != committed length) and changed nothing.
+    """
+
+    epoch: int
+    start: int
+    accepted: int = 0
+    tokens: tuple[int, ...] = ()
+    next_token: int | None = None
+    new_epoch: int = 0
+    stale: bool = False
+    finished: bool = False
+
+
+@runtime_checkable
+class VerifierEndpoint(Protocol):
+    """Open a session, verify blocks (several may be in flight), close it."""
+
+    async def open_session(self, config: SessionConfig) -> SessionInfo: ...
+
+    async def verify(self, block: DraftBlock) -> VerifyResult: ...
+
+    async def close_session(self, session_id: str) -> None: ...

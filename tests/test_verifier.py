@@ -1,0 +1,419 @@
+"""The multi-tenant verifier: slot pool, verify step, scheduler, LocalVerifier."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec.protocol import (
+    DraftBlock,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    SessionConfig,
+)
+from jaxspec.sampling import Purpose, SamplingParams, session_key, uniforms
+from jaxspec.speculative import draft_q_for
+from jaxspec.testing import tiny_config, to_dtype
+from verify import LocalVerifier, Scheduler
+
+BUCKETS = dict(max_gamma=4, row_buckets=(1, 2, 4, 8), max_sessions=8, max_len=96)
+
+
+def _models(dtype=jnp.float32):
+    cfg = tiny_config()
+    t = jaxspec.Model(config=cfg, params=jaxspec.init_params(cfg, 0))
+    d = jaxspec.Model(config=cfg, params=jaxspec.init_params(cfg, 7))
+    t, d = (m.with_params(jax.tree.map(lambda a: a * 3, m.params)) for m in (t, d))
+    return to_dtype(t, dtype), to_dtype(d, dtype)
+
+
+class RefDrafter:
+    """A cache-free drafter with the co-located loop's draws: the draft at position t is
+    sampled with U(DRAFT, t) from the warped draft distribution given the prefix."""
+
+    def __init__(self, draft: jaxspec.Model, config: SessionConfig):
+        self.draft, self.c = draft, config
+        self.params = SamplingParams.make(1, config.temperature, config.top_k, config.top_p)
+        self.key = session_key(config.seed, 0)[None]
+
+    def block(self, prefix: list[int], n: int):
+        toks, qs, ids = [], [], []
+        seq = list(prefix)
+        for _ in range(n):
+            T, W = len(seq), 64  # one padded shape: one compilation
+            padded = np.zeros((1, W), np.int32)
+            padded[0, :T] = seq
+            logits, _ = self.draft(
+                padded, np.arange(W)[None], self.draft.init_cache(1, W), np.arange(W)[None] < T
+            )
+            u = uniforms(self.key, jnp.asarray([[T]]), Purpose.DRAFT)[:, 0]
+            d, q = draft_q_for(logits[:, T - 1], self.params, u, self.c.encoding, self.c.sparse_k)
+            d = int(d[0])
+            toks.append(d)
+            seq.append(d)
+            if self.c.encoding == "full":
+                qs.append(np.asarray(q[0], np.float64))
+            elif self.c.encoding == "sparse":
+                ids.append(np.asarray(q[0][0]))
+                qs.append(np.asarray(q[1][0], np.float64))
+        if self.c.encoding == "onehot":
+            return tuple(toks), None, None
+        return tuple(toks), np.stack(qs), (np.stack(ids) if ids else None)
+
+
+def drive(sched: Scheduler, sid: str, drafter: RefDrafter, tenant="default") -> list[int]:
+    """Run one sync/pipelined session to the end, one block per tick."""
+    s = sched.sessions[sid]
+    while not s.finished:
+        toks, q, ids = drafter.block(s.tokens, s.config.gamma)
+        sched.submit(
+            DraftBlock(
+                session_id=sid, epoch=s.epoch, start=s.committed, tokens=toks, q=q, q_ids=ids
+            ),
+            tenant,
+        )
+        while s.queue:
+            sched.tick()
+    return s.tokens[s.prompt_len :]
+
+
+CONFIGS = [
+    dict(mode="sync", encoding="full", temperature=1.0, seed=3),
+    dict(mode="pipelined", encoding="sparse", sparse_k=4, temperature=0.8, top_p=0.9, seed=4),
+    dict(mode="sync", encoding="onehot", temperature=0.0, seed=5),
+]
+
+
+@pytest.mark.parametrize("kw", CONFIGS)
+def test_a_session_equals_colocated_speculative_generate(kw):
+    """Verifier + drafter over the protocol == `generate(draft=...)` in one process, sampled
+    too (float64: the same draws, the same decisions)."""
+    with jax.enable_x64(True):
+        t, d = _models(jnp.float64)
+        cfg = SessionConfig(prompt=(1, 2, 3, 4), max_new_tokens=14, gamma=3, **kw)
+        sched = Scheduler(t, **BUCKETS)
+        sid = sched.open(cfg).session_id
+        got = drive(sched, sid, RefDrafter(d, cfg))
+        ref = jaxspec.generate(
+            t,
+            list(cfg.prompt),
+            cfg.max_new_tokens,
+            draft=d,
+            gamma=cfg.gamma,
+            mode=cfg.mode,
+            encoding=cfg.encoding,
+            sparse_k=cfg.sparse_k,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            seeds=[cfg.seed],
+        )
+        assert got == ref.tokens
+        if cfg.temperature == 0.0:
+            assert got == jaxspec.generate(t, list(cfg.prompt), 14, temperature=0.0).tokens
+
+
+def test_many_sessions_batched_equal_each_alone():
+    """Sessions verified together (mixed modes, encodings, gammas, prompts) produce what each
+    produces alone: batch invariance, float64."""
+    with jax.enable_x64(True):
+        t, d = _models(jnp.float64)
+        configs = [
+            SessionConfig(
+                prompt=tuple(range(1, 2 + i * 3)),
+                max_new_tokens=10,
+                gamma=1 + i % 4,
+                **CONFIGS[i % 3],
+            )
+            for i in range(5)
+        ]
+        alone = []
+        for c in configs:
+            sched = Scheduler(t, **BUCKETS)
+            alone.append(drive(sched, sched.open(c).session_id, RefDrafter(d, c)))
+        sched = Scheduler(t, **BUCKETS)
+        sids = [sched.open(c).session_id for c in configs]
+        drafters = [RefDrafter(d, c) for c in configs]
+        sessions = [sched.sessions[s] for s in sids]
+        while not all(s.finished for s in sessions):
+            for s, dr in zip(sessions, drafters, strict=True):
+                if not s.finished and not s.queue:
+                    toks, q, ids = dr.block(s.tokens, s.config.gamma)
+                    sched.submit(
+                        DraftBlock(
+                            session_id=s.id,
+                            epoch=s.epoch,
+                            start=s.committed,
+                            tokens=toks,
+                            q=q,
+                            q_ids=ids,
+                        )
+                    )
+            sched.tick()
+            assert sched.metrics.last_rows >= 1
+        assert [s.tokens[s.prompt_len :] for s in sessions] == alone
+        assert sched.metrics.mean_occupancy > 0.5
+
+
+@pytest.fixture(scope="module")
+def warm():
+    t, _ = _models()
+    sched = Scheduler(t, **BUCKETS)
+    sched.warmup()
+    return t, sched
+
+
+def _greedy_block(sched, sid, plain, wrong_at=None):
+    s = sched.sessions[sid]
+    n = s.config.gamma
+    new = s.committed - s.prompt_len
+    toks = list((plain + [0] * 10)[new : new + n])
+    if wrong_at is not None and wrong_at < n:
+        toks[wrong_at] = (toks[wrong_at] + 1) % 64
+    return DraftBlock(session_id=sid, epoch=s.epoch, start=s.committed, tokens=tuple(toks))
+
+
+def test_no_recompilation_after_warmup(warm):
+    t, sched = warm
+    before = (sched._step._cache_size(), sched._prefill._cache_size())
+    rng = np.random.RandomState(0)
+    sids, plains = [], []
+    for i in range(6):
+        prompt = tuple(rng.randint(0, 64, rng.randint(1, 30)).tolist())
+        c = SessionConfig(
+            prompt=prompt,
+            max_new_tokens=12,
+            gamma=1 + i % 4,
+            encoding="onehot",
+            top_k=i,
+            temperature=[0.0, 0.7][i % 2],
+            mode=["sync", "pipelined"][i % 2],
+        )
+        sids.append(sched.open(c, tenant=f"t{i % 3}").session_id)
+        plains.append(jaxspec.generate(t, list(prompt), 12, temperature=0.0).tokens)
+    for _ in range(30):
+        for i, sid in enumerate(sids):
+            s = sched.sessions.get(sid)
+            if s is not None and not s.finished and not s.queue:
+                sched.submit(_greedy_block(sched, sid, plains[i], rng.randint(0, 6)), f"t{i % 3}")
+        sched.tick()
+    assert (sched._step._cache_size(), sched._prefill._cache_size()) == before
+    for i, sid in enumerate(sids):
+        s = sched.sessions[sid]
+        if s.config.temperature == 0.0:
+            assert s.tokens[s.prompt_len :] == plains[i]
+        sched.close(sid, f"t{i % 3}")
+    assert sorted(sched.free_slots) == list(range(8))
+
+
+def test_a_flooding_tenant_cannot_starve_another():
+    t, _ = _models()
+    sched = Scheduler(
+        t, max_gamma=2, row_buckets=(1, 2), max_sessions=8, max_len=64, max_queue_per_session=8
+    )
+    cfg = SessionConfig(
+        prompt=(1, 2), max_new_tokens=40, gamma=2, encoding="onehot", temperature=0.0
+    )
+    flood = [sched.open(cfg, "flood").session_id for _ in range(6)]
+    quiet = sched.open(cfg, "quiet").session_id
+    while any(not s.ready_to_verify for s in sched.sessions.values()):
+        sched.tick()  # prefill, two rows a tick
+    served = []
+    for _ in range(8):
+        for sid in flood:
+            s = sched.sessions[sid]
+            if not s.queue:
+                sched.submit(
+                    DraftBlock(session_id=sid, epoch=s.epoch, start=s.committed, tokens=(0, 0)),
+                    "flood",
+                )
+        q = sched.sessions[quiet]
+        if not q.queue:
+            sched.submit(
+                DraftBlock(session_id=quiet, epoch=q.epoch, start=q.committed, tokens=(0, 0)),
+                "quiet",
+            )
+        sched.tick()
+        served.append(q.rounds)
+    # Two rows a tick, two tenants: the quiet tenant is served every tick.
+    assert served == list(range(1, 9))
+
+
+def test_errors_are_precise_and_harmless():
+    t, _ = _models()
+    clock = [0.0]
+    sched = Scheduler(
+        t,
+        max_gamma=4,
+        row_buckets=(1, 2),
+        max_sessions=2,
+        max_len=64,
+        max_queue_per_session=2,
+        idle_timeout_s=10,
+        clock=lambda: clock[0],
+    )
+    cfg = SessionConfig(prompt=(1, 2, 3), max_new_tokens=8, gamma=2, encoding="full")
+    a = sched.open(cfg, "A").session_id
+    b = sched.open(cfg, "B").session_id
+    with pytest.raises(ResourceExhausted):
+        sched.open(cfg, "A")
+    bad_cfgs = [
+        dict(prompt=()),
+        dict(prompt=(99,)),
+        dict(gamma=5),
+        dict(mode="x"),
+        dict(encoding="x"),
+        dict(temperature=-1.0),
+        dict(max_new_tokens=100),
+    ]
+    for kw in bad_cfgs:
+        with pytest.raises(InvalidArgument):
+            sched.open(SessionConfig(**{**dict(prompt=(1,)), **kw}), "A")
+    q = np.full((2, 64), 1 / 64)
+    ok = DraftBlock(session_id=a, epoch=0, start=3, tokens=(5, 6), q=q)
+    with pytest.raises(NotFound):  # B cannot see A's session: exactly like an unknown id
+        sched.submit(ok, "B")
+    with pytest.raises(NotFound):
+        sched.submit(DraftBlock(session_id="f" * 32, epoch=0, start=3, tokens=(1,), q=q[:1]), "A")
+    bad_blocks = [
+        dict(tokens=()),
+        dict(tokens=(1, 2, 3), q=np.full((3, 64), 1 / 64)),
+        dict(q=q[:1]),
+        dict(q=np.full((2, 64), 1 / 32)),
+        dict(q=np.where(np.arange(64) == 5, 0, 1 / 63)[None].repeat(2, 0)),  # q(d) = 0
+        dict(q=np.full((2, 64), np.nan)),
+        dict(tokens=(5, 64)),
+        dict(start=1),
+    ]
+    for kw in bad_blocks:
+        with pytest.raises(InvalidArgument):
+            sched.submit(DraftBlock(**{**ok.__dict__, **kw}), "A")
+    with pytest.raises(FailedPrecondition):
+        sched.submit(DraftBlock(**{**ok.__dict__, "epoch": 1}), "A")
+    sched.submit(ok, "A")
+    sched.submit(DraftBlock(**{**ok.__dict__, "start": 5}), "A")
+    with pytest.raises(ResourceExhausted):
+        sched.submit(ok, "A")
+    first = dict(sched.tick())
+    assert not first[1].stale and 2 not in first  # one block per session per tick
+    second = dict(sched.tick())
+    assert second[2].stale  # start 5 can never match: the first block committed 1 or 3
+    # Nothing above touched session B.
+    assert sched.sessions[b].tokens == [1, 2, 3] and sched.sessions[b].epoch == 0
+    clock[0] = 100.0
+    sched.tick()
+    assert not sched.sessions and sorted(sched.free_slots) == [0, 1]
+    with pytest.raises(NotFound):
+        sched.submit(ok, "A")
+
+
+def test_local_verifier_pipelined_blocks_in_flight():
+    """Several blocks in flight per session, several sessions, one asyncio endpoint:
+    greedy output equals plain greedy; a rejected block makes the next ones stale."""
+    t, _ = _models()
+
+    async def run():
+        v = LocalVerifier(t, **BUCKETS)
+        assert isinstance(v, jaxspec.protocol.VerifierEndpoint)
+        prompts = [(1, 2, 3), (4, 5, 6, 7, 8)]
+        plains = [jaxspec.generate(t, list(p), 16, temperature=0.0).tokens for p in prompts]
+
+        async def session(prompt, plain, depth):
+            cfg = SessionConfig(
+                prompt=prompt,
+                max_new_tokens=16,
+                gamma=2,
+                mode="pipelined",
+                encoding="onehot",
+                temperature=0.0,
+            )
+            info = await v.open_session(cfg)
+            out, epoch, stale = [], 0, 0
+            while len(out) < 16:
+                # Optimistic drafting: the plain continuation, wrong every 5th position.
+                blocks = []
+                for k in range(depth):
+                    start = len(prompt) + len(out) + 2 * k
+                    toks = tuple(
+                        (plain + [0] * 20)[p - len(prompt)] + (p % 5 == 0)
+                        for p in range(start, start + 2)
+                    )
+                    blocks.append(
+                        DraftBlock(
+                            session_id=info.session_id, epoch=epoch, start=start, tokens=toks
+                        )
+                    )
+                results = await asyncio.gather(*(v.verify(b) for b in blocks))
+                for r in results:
+                    if r.stale:
+                        stale += 1
+                        continue
+                    out += r.tokens
+                    epoch = r.new_epoch
+                    if r.finished:
+                        break
+            await v.close_session(info.session_id)
+            return out, stale
+
+        outs = await asyncio.gather(
+            *(session(p, pl, 3) for p, pl in zip(prompts, plains, strict=True))
+        )
+        await v.aclose()
+        return outs, plains
+
+    outs, plains = asyncio.run(run())
+    for (out, stale), plain in zip(outs, plains, strict=True):
+        assert out == plain
+        assert stale > 0
+
+
+_SHARDED = r"""
+import json, sys, jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_enable_x64", True)
+sys.path.insert(0, "tests")
+import test_verifier as tv
+from verify import Scheduler, make_mesh
+t, d = tv._models(jnp.float64)
+mesh = make_mesh(int(sys.argv[1]), int(sys.argv[2])) if sys.argv[1] != "0" else None
+kw = dict(tv.BUCKETS, row_buckets=(4, 8)) if mesh else tv.BUCKETS  # rows over 4 data shards
+sched = Scheduler(t, mesh=mesh, **kw)
+outs = []
+for i, kw in enumerate(tv.CONFIGS):
+    c = tv.SessionConfig(prompt=(1, 2, 3 + i), max_new_tokens=8, gamma=3, **kw)
+    outs.append(tv.drive(sched, sched.open(c).session_id, tv.RefDrafter(d, c)))
+print(json.dumps({"devices": len(jax.devices()), "outs": outs}))
+"""
+
+
+def test_sharded_over_8_devices_gives_the_same_tokens():
+    """The same workload on 1 device and on a 4x2 ("data", "model") mesh of 8 forced CPU
+    devices (a subprocess: the device count is fixed at JAX start-up)."""
+
+    def run(data, model, devices):
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+        r = subprocess.run(
+            [sys.executable, "-c", _SHARDED, str(data), str(model)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+            cwd=os.path.dirname(os.path.dirname(__file__)),
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    one = run(0, 0, 1)
+    eight = run(4, 2, 8)
+    assert one["devices"] == 1 and eight["devices"] == 8
+    assert eight["outs"] == one["outs"]
+    assert all(len(o) == 8 for o in one["outs"])

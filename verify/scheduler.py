@@ -1,0 +1,510 @@
+"""Continuous-batching scheduler over a KV slot pool (in-process; transport-agnostic).
+
+Sessions submit draft blocks into bounded FIFO queues. Each `tick()`:
+
+1. evicts idle sessions, answers stale heads (old epoch, or start != committed length);
+2. runs one chunk of pending prompt prefill (long prompts never stall the others);
+3. forms ONE padded batch from the head block of every ready session, in virtual-token-
+   counter order (the tenant that has been served the fewest tokens goes first, so a
+   tenant flooding blocks cannot starve others), under a token budget;
+4. runs the jitted verify step and commits each row (cut at stop tokens/max_new_tokens).
+
+Every decision is host-side bookkeeping on small numbers; all model work is two jitted
+functions with static shapes from a few (rows, width) buckets.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.model import Model, init_cache
+from jaxspec.protocol import (
+    DraftBlock,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    SessionConfig,
+    SessionInfo,
+    VerifyResult,
+)
+from jaxspec.sampling import SamplingParams, session_key
+from jaxspec.verification import ENCODINGS, MODES, DraftQ, check_draft_q
+from verify.step import (
+    VerifyBatch,
+    cache_sharding,
+    make_prefill,
+    make_verify_step,
+    shard_params,
+)
+
+
+@dataclasses.dataclass
+class Session:
+    id: str
+    tenant: str
+    config: SessionConfig
+    slot: int
+    tokens: list[int]  # prompt + committed new tokens
+    prompt_len: int
+    stops: frozenset[int]
+    key: np.ndarray
+    epoch: int = 0
+    prefilled: int = 0  # prompt positions whose KV is in the slot (goal: prompt_len - 1)
+    finished: bool = False
+    last_active: float = 0.0
+    queue: collections.deque = dataclasses.field(default_factory=collections.deque)
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+
+    @property
+    def committed(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def ready_to_verify(self) -> bool:
+        return self.prefilled >= self.prompt_len - 1
+
+
+@dataclasses.dataclass
+class Metrics:
+    steps: int = 0
+    prefill_steps: int = 0
+    rows_verified: int = 0
+    tokens_committed: int = 0
+    last_step_s: float = 0.0
+    last_rows: int = 0
+    last_bucket_rows: int = 0
+    last_width: int = 0
+    occupancy_sum: float = 0.0
+
+    @property
+    def mean_occupancy(self) -> float:
+        return self.occupancy_sum / self.steps if self.steps else 0.0
+
+
+def _bucket(n: int, buckets: tuple[int, ...]) -> int:
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+class Scheduler:
+    """Sessions, queues and the batch former over one target model and one slot pool."""
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        max_sessions: int = 64,
+        max_len: int = 512,
+        max_gamma: int = 8,
+        max_sparse_k: int = 16,
+        row_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+        width_buckets: tuple[int, ...] | None = None,
+        token_budget: int | None = None,
+        prefill_chunk: int = 64,
+        max_queue_per_session: int = 8,
+        max_pending: int = 4096,
+        idle_timeout_s: float = 300.0,
+        mesh: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.model = model
+        self.vocab = model.config.vocab_size
+        self.max_len = max_len
+        self.max_gamma = max_gamma
+        self.max_sparse_k = max_sparse_k
+        self.row_buckets = tuple(sorted(row_buckets))
+        widths = width_buckets or {w for w in (3, 5) if w < max_gamma + 1} | {max_gamma + 1}
+        self.width_buckets = tuple(sorted(widths))
+        if self.width_buckets[-1] < max_gamma + 1:
+            raise ValueError("the largest width bucket must hold max_gamma + 1 columns")
+        self.token_budget = token_budget or self.row_buckets[-1] * (max_gamma + 1)
+        self.prefill_chunk = prefill_chunk
+        self.max_queue_per_session = max_queue_per_session
+        self.max_pending = max_pending
+        self.idle_timeout_s = idle_timeout_s
+        self.clock = clock
+        self.mesh = mesh
+        if mesh is not None:
+            data = mesh.shape["data"]
+            if max_sessions % data or any(b % data for b in self.row_buckets):
+                raise ValueError(f"slots and row buckets must be multiples of data={data}")
+        self.params = model.params if mesh is None else shard_params(model.params, mesh)
+        cache = init_cache(model.config, max_sessions, max_len, model.dtype)
+        self.cache = cache if mesh is None else jax.device_put(cache, cache_sharding(mesh))
+        self._step = make_verify_step(model.module, mesh)
+        self._prefill = make_prefill(model.module, mesh)
+        self.sessions: dict[str, Session] = {}
+        self.free_slots = list(range(max_sessions))[::-1]
+        self.tenant_tokens: collections.Counter[str] = collections.Counter()
+        self.metrics = Metrics()
+        self._ticket = 0
+
+    # ---- sessions ------------------------------------------------------------------------
+
+    def open(self, config: SessionConfig, tenant: str = "default") -> SessionInfo:
+        """Validate `config`, take a slot, queue the prompt's prefill."""
+        self._validate_config(config)
+        if not self.free_slots:
+            self.evict_idle()
+        if not self.free_slots:
+            raise ResourceExhausted(f"all {len(self.sessions)} session slots are in use")
+        sid = secrets.token_hex(16)  # 128 random bits
+        stops = (
+            self.model.config.eos_token_ids if config.stop_tokens is None else config.stop_tokens
+        )
+        self.sessions[sid] = Session(
+            id=sid,
+            tenant=tenant,
+            config=config,
+            slot=self.free_slots.pop(),
+            tokens=list(config.prompt),
+            prompt_len=len(config.prompt),
+            stops=frozenset(stops),
+            key=np.asarray(session_key(config.seed, 0)),
+            last_active=self.clock(),
+        )
+        return SessionInfo(
+            session_id=sid,
+            max_gamma=config.gamma,
+            max_sparse_k=self.max_sparse_k,
+            vocab_size=self.vocab,
+            max_new_tokens=config.max_new_tokens,
+        )
+
+    def _validate_config(self, c: SessionConfig) -> None:
+        if not c.prompt:
+            raise InvalidArgument("the prompt is empty")
+        if any(not 0 <= t < self.vocab for t in c.prompt):
+            raise InvalidArgument(f"prompt token ids must be in [0, {self.vocab})")
+        if c.mode not in MODES:
+            raise InvalidArgument(f"mode must be one of {MODES}")
+        if c.encoding not in ENCODINGS:
+            raise InvalidArgument(f"encoding must be one of {ENCODINGS}")
+        if not 1 <= c.gamma <= self.max_gamma:
+            raise InvalidArgument(f"gamma must be in [1, {self.max_gamma}]")
+        if c.encoding == "sparse" and not 1 <= c.sparse_k <= self.max_sparse_k:
+            raise InvalidArgument(f"sparse_k must be in [1, {self.max_sparse_k}]")
+        if c.max_new_tokens < 1:
+            raise InvalidArgument("max_new_tokens must be >= 1")
+        need = len(c.prompt) + c.max_new_tokens + self.max_gamma + 1
+        if need > self.max_len:
+            raise InvalidArgument(
+                f"prompt ({len(c.prompt)}) + max_new_tokens ({c.max_new_tokens}) + gamma "
+                f"does not fit the verifier's max length {self.max_len}"
+            )
+        try:
+            SamplingParams.make(1, c.temperature, c.top_k, c.top_p)
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
+
+    def get(self, session_id: str, tenant: str = "default") -> Session:
+        """The session, if it exists AND belongs to `tenant` (else exactly like unknown)."""
+        s = self.sessions.get(session_id)
+        if s is None or s.tenant != tenant:
+            raise NotFound("unknown session")
+        return s
+
+    def close(self, session_id: str, tenant: str = "default") -> list[tuple[int, VerifyResult]]:
+        """Free the slot; queued blocks are answered stale (returned for the transport)."""
+        s = self.get(session_id, tenant)
+        return self._drop(s)
+
+    def _drop(self, s: Session) -> list[tuple[int, VerifyResult]]:
+        del self.sessions[s.id]
+        self.free_slots.append(s.slot)
+        out = [(t, self._stale(s, b)) for t, b in s.queue]
+        s.queue.clear()
+        return out
+
+    def evict_idle(self) -> list[tuple[int, VerifyResult]]:
+        now = self.clock()
+        out = []
+        for s in list(self.sessions.values()):
+            if not s.queue and now - s.last_active > self.idle_timeout_s:
+                out += self._drop(s)
+        return out
+
+    # ---- blocks --------------------------------------------------------------------------
+
+    def pending(self) -> int:
+        return sum(len(s.queue) for s in self.sessions.values())
+
+    def submit(self, block: DraftBlock, tenant: str = "default") -> int:
+        """Validate and queue a block; returns its ticket (the result comes from `tick`)."""
+        s = self.get(block.session_id, tenant)
+        self._validate_block(s, block)
+        if len(s.queue) >= self.max_queue_per_session:
+            raise ResourceExhausted(f"more than {self.max_queue_per_session} blocks in flight")
+        if self.pending() >= self.max_pending:
+            raise ResourceExhausted("the verifier is overloaded")
+        self._ticket += 1
+        s.queue.append((self._ticket, block))
+        s.last_active = self.clock()
+        return self._ticket
+
+    def _validate_block(self, s: Session, b: DraftBlock) -> None:
+        n = len(b.tokens)
+        if not 1 <= n <= s.config.gamma:
+            raise InvalidArgument(f"a block holds 1..{s.config.gamma} drafts, got {n}")
+        if b.epoch > s.epoch:
+            raise FailedPrecondition(f"unknown epoch {b.epoch} (current {s.epoch})")
+        if b.start < s.prompt_len:
+            raise InvalidArgument("a block cannot start inside the prompt")
+        enc = s.config.encoding
+        tokens = np.asarray(b.tokens, np.int64)[None]
+        try:
+            if enc == "full":
+                q = np.asarray(b.q, np.float32) if b.q is not None else None
+                if q is None or q.shape != (n, self.vocab):
+                    raise InvalidArgument(f"full q must have shape ({n}, {self.vocab})")
+                dq = DraftQ(encoding="full", probs=q[None])
+            elif enc == "sparse":
+                q = None if b.q is None else np.asarray(b.q, np.float32)
+                ids = None if b.q_ids is None else np.asarray(b.q_ids)
+                k = s.config.sparse_k
+                if q is None or ids is None or q.shape != (n, k) or ids.shape != (n, k):
+                    raise InvalidArgument(f"sparse q and q_ids must have shape ({n}, {k})")
+                dq = DraftQ(encoding="sparse", probs=q[None], ids=ids[None])
+            else:
+                if b.q is not None or b.q_ids is not None:
+                    raise InvalidArgument("onehot blocks carry no q")
+                dq = DraftQ.onehot()
+            check_draft_q(tokens, np.array([n]), dq, self.vocab)
+        except InvalidArgument:
+            raise
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
+
+    def _stale(self, s: Session, b: DraftBlock) -> VerifyResult:
+        return VerifyResult(
+            epoch=b.epoch, start=b.start, new_epoch=s.epoch, stale=True, finished=s.finished
+        )
+
+    # ---- the tick ------------------------------------------------------------------------
+
+    def tick(self) -> list[tuple[int, VerifyResult]]:
+        """One scheduling step; returns (ticket, result) for every block answered."""
+        out = self.evict_idle()
+        self._prefill_tick()
+        ready: list[Session] = []
+        for s in self.sessions.values():
+            while s.queue:
+                ticket, b = s.queue[0]
+                if s.finished or b.epoch != s.epoch or b.start != s.committed:
+                    s.queue.popleft()
+                    out.append((ticket, self._stale(s, b)))
+                    continue
+                if s.ready_to_verify:
+                    ready.append(s)
+                break
+        if ready:
+            out += self._verify_tick(self._select(ready))
+        return out
+
+    def _select(self, ready: list[Session]) -> list[Session]:
+        """Virtual token counter: serve the least-served tenant first, within the budget."""
+        active = {s.tenant for s in ready}
+        floor = min(self.tenant_tokens[t] for t in active)
+        for t in active:  # a tenant that was idle does not bank credit
+            self.tenant_tokens[t] = max(self.tenant_tokens[t], floor)
+        counters = dict((t, self.tenant_tokens[t]) for t in active)
+        by_tenant: dict[str, collections.deque[Session]] = collections.defaultdict(
+            collections.deque
+        )
+        for s in sorted(ready, key=lambda s: s.queue[0][0]):  # oldest block first
+            by_tenant[s.tenant].append(s)
+        chosen, budget = [], self.token_budget
+        while by_tenant and len(chosen) < self.row_buckets[-1]:
+            tenant = min(by_tenant, key=lambda t: (counters[t], t))
+            s = by_tenant[tenant][0]
+            cost = len(s.queue[0][1].tokens) + 1
+            if cost > budget:
+                break
+            by_tenant[tenant].popleft()
+            if not by_tenant[tenant]:
+                del by_tenant[tenant]
+            chosen.append(s)
+            budget -= cost
+            counters[tenant] += cost
+        return chosen
+
+    def _verify_tick(self, rows: list[Session]) -> list[tuple[int, VerifyResult]]:
+        blocks = [s.queue.popleft() for s in rows]
+        R = _bucket(len(rows), self.row_buckets)
+        W = _bucket(max(len(b.tokens) for _, b in blocks) + 1, self.width_buckets)
+        batch = self._build_batch(rows, [b for _, b in blocks], R, W)
+        t0 = time.perf_counter()
+        self.cache, res = self._step(self.params, self.cache, batch)
+        res = jax.tree.map(np.asarray, res)
+        m = self.metrics
+        m.last_step_s = time.perf_counter() - t0
+        m.steps += 1
+        m.last_rows, m.last_bucket_rows, m.last_width = len(rows), R, W
+        m.occupancy_sum += len(rows) / R
+        m.rows_verified += len(rows)
+        out = []
+        for i, (s, (ticket, b)) in enumerate(zip(rows, blocks, strict=True)):
+            out.append((ticket, self._commit(s, b, res, i)))
+        return out
+
+    def _commit(self, s: Session, b: DraftBlock, res: dict, i: int) -> VerifyResult:
+        n = len(b.tokens)
+        emitted = [int(t) for t in res["tokens"][i, : res["num_emitted"][i]]]
+        accepted = int(res["num_accepted"][i])
+        room = s.config.max_new_tokens - s.new_tokens
+        cut = emitted[:room]
+        for j, t in enumerate(cut):
+            if t in s.stops:
+                cut = cut[: j + 1]
+                break
+        s.tokens += cut
+        finished = s.new_tokens >= s.config.max_new_tokens or (bool(cut) and cut[-1] in s.stops)
+        s.finished = finished
+        rejected = accepted < n
+        if rejected:
+            s.epoch += 1
+        s.rounds += 1
+        s.drafted += n
+        s.accepted += accepted
+        s.emitted += len(cut)
+        s.last_active = self.clock()
+        self.tenant_tokens[s.tenant] += n + 1
+        self.metrics.tokens_committed += len(cut)
+        extra = len(emitted) > accepted
+        return VerifyResult(
+            epoch=b.epoch,
+            start=b.start,
+            accepted=min(accepted, len(cut)),
+            tokens=tuple(cut),
+            next_token=emitted[accepted] if extra and len(cut) > accepted else None,
+            new_epoch=s.epoch,
+            finished=finished,
+        )
+
+    def _build_batch(self, rows: list[Session], blocks: list[DraftBlock], R: int, W: int):
+        K, k = W - 1, self.max_sparse_k
+        tokens = np.zeros((R, W), np.int32)
+        start = np.ones(R, np.int32)
+        num_draft = np.zeros(R, np.int32)
+        slots = np.zeros(R, np.int32)
+        live = np.zeros(R, bool)
+        sync = np.zeros(R, bool)
+        temp, top_k, top_p = np.zeros(R, np.float32), np.zeros(R, np.int32), np.ones(R, np.float32)
+        keys = np.zeros((R, 2), np.uint32)
+        is_full = np.zeros(R, bool)
+        q_full = np.zeros((R, K, self.vocab), np.float32)
+        q_ids = np.zeros((R, K, k), np.int32)
+        q_probs = np.zeros((R, K, k), np.float32)
+        q_probs[:, :, 0] = 1.0  # filler positions: a valid (unused) one-hot on token 0
+        used = set()
+        for i, (s, b) in enumerate(zip(rows, blocks, strict=True)):
+            n, c = len(b.tokens), s.config
+            tokens[i, 0] = s.tokens[-1]
+            tokens[i, 1 : n + 1] = b.tokens
+            start[i], num_draft[i], slots[i], live[i] = s.committed, n, s.slot, True
+            sync[i] = c.mode == "sync"
+            temp[i], top_k[i], top_p[i] = c.temperature, c.top_k, c.top_p
+            keys[i] = s.key
+            used.add(s.slot)
+            if c.encoding == "full":
+                is_full[i] = True
+                q_full[i, :n] = b.q
+            elif c.encoding == "sparse":
+                q_ids[i, :n, : c.sparse_k] = b.q_ids
+                q_probs[i, :n, : c.sparse_k] = b.q
+                q_probs[i, :n, c.sparse_k :] = 0.0  # unused id columns weigh nothing
+            else:
+                q_ids[i, :n, 0] = b.tokens
+        # Filler rows point at a free slot (or any slot: they write nothing, live=False).
+        filler = next((x for x in self.free_slots if x not in used), 0)
+        slots[len(rows) :] = filler
+        return VerifyBatch(
+            tokens=jnp.asarray(tokens),
+            start=jnp.asarray(start),
+            num_draft=jnp.asarray(num_draft),
+            slots=jnp.asarray(slots),
+            live=jnp.asarray(live),
+            sync=jnp.asarray(sync),
+            sampling=SamplingParams(
+                temperature=jnp.asarray(temp), top_k=jnp.asarray(top_k), top_p=jnp.asarray(top_p)
+            ),
+            keys=jnp.asarray(keys),
+            is_full=jnp.asarray(is_full),
+            q_full=jnp.asarray(q_full),
+            q_ids=jnp.asarray(q_ids),
+            q_probs=jnp.asarray(q_probs),
+        )
+
+    def _prefill_tick(self) -> None:
+        todo = [s for s in self.sessions.values() if not s.ready_to_verify]
+        if not todo:
+            return
+        todo = todo[: self.row_buckets[-1]]
+        R, C = _bucket(len(todo), self.row_buckets), self.prefill_chunk
+        tokens = np.zeros((R, C), np.int32)
+        positions = np.zeros((R, C), np.int32)
+        valid = np.zeros((R, C), bool)
+        slots = np.full(R, todo[0].slot, np.int32)
+        for i, s in enumerate(todo):
+            lo = s.prefilled
+            hi = min(s.prompt_len - 1, lo + C)
+            tokens[i, : hi - lo] = s.tokens[lo:hi]
+            positions[i] = lo + np.arange(C)
+            valid[i, : hi - lo] = True
+            slots[i] = s.slot
+            s.prefilled = hi
+        self.cache = self._prefill(
+            self.params, self.cache, jnp.asarray(tokens), jnp.asarray(positions),
+            jnp.asarray(valid), jnp.asarray(slots),
+        )  # fmt: skip
+        self.metrics.prefill_steps += 1
+
+    def warmup(self) -> None:
+        """Compile every (rows, width) bucket of the step and every prefill bucket now, so
+        no request ever waits for a compilation (filler rows change nothing)."""
+        for R in self.row_buckets:
+            for W in self.width_buckets:
+                batch = self._build_batch([], [], R, W)
+                self.cache, _ = self._step(self.params, self.cache, batch)
+            C = self.prefill_chunk
+            z = jnp.zeros((R, C), jnp.int32)
+            self.cache = self._prefill(
+                self.params, self.cache, z, z, jnp.zeros((R, C), bool), jnp.zeros(R, jnp.int32)
+            )
+        jax.block_until_ready(self.cache)
+
+    def session_stats(self) -> dict[str, dict[str, float]]:
+        """Per tenant: alpha (accepted / drafted) and tokens per round."""
+        acc: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
+        for s in self.sessions.values():
+            a = acc[s.tenant]
+            a[0] += s.drafted
+            a[1] += s.accepted
+            a[2] += s.emitted
+            a[3] += s.rounds
+        return {
+            t: {
+                "alpha": a[1] / a[0] if a[0] else 0.0,
+                "tokens_per_round": a[2] / a[3] if a[3] else 0.0,
+            }
+            for t, a in acc.items()
+        }

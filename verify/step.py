@@ -1,0 +1,158 @@
+"""The jitted multi-tenant verify step and chunked prefill over a KV slot pool (DESIGN §5).
+
+One padded batch: rows are sessions (any slot of the pool), columns are up to W positions.
+Row r feeds `[last committed token, d_0 .. d_{n-1}]` at positions `P-1 .. P+n-1` of its slot
+(P = committed length), gets `n+1` target distributions, applies the rule of DESIGN §3 and
+sets the slot's length to `P + emitted - 1` (the last committed token is fed next time).
+
+Draft q's of every encoding travel in one static layout: `q_full [R, W-1, V]` for rows with
+`is_full`, else `q_ids/q_probs [R, W-1, k]` (sparse; onehot is ids = d, probs = 1).
+
+Sharding: a Mesh ("data", "model"): batch rows and pool slots over "data", attention heads
+and MLP columns over "model" (`param_spec`). The same code runs on 1 device.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxspec.model import KVCache, Llama
+from jaxspec.sampling import SamplingParams
+from jaxspec.verification import DraftQ, _verify
+
+DATA, MODEL = "data", "model"
+
+
+@flax.struct.dataclass(kw_only=True)
+class VerifyBatch:
+    """A padded batch (R rows, W columns). Filler rows have `live = False`.
+
+    Fields: tokens `[R, W]` int32 (last committed token, then drafts); start `[R]` (P);
+    num_draft `[R]`; slots `[R]`; live `[R]` bool; sync `[R]` bool; sampling
+    (`[R]` each); keys `[R, 2]`; is_full `[R]`; q_full `[R, W-1, V]`; q_ids, q_probs
+    `[R, W-1, k]`.
+    """
+
+    tokens: jax.Array
+    start: jax.Array
+    num_draft: jax.Array
+    slots: jax.Array
+    live: jax.Array
+    sync: jax.Array
+    sampling: SamplingParams
+    keys: jax.Array
+    is_full: jax.Array
+    q_full: jax.Array
+    q_ids: jax.Array
+    q_probs: jax.Array
+
+
+def param_spec(path: tuple[str, ...], ndim: int) -> P:
+    """Where a parameter lives on the ("data", "model") mesh: Megatron-style columns/rows."""
+    name = "/".join(path)
+    if ndim == 2 and any(k in name for k in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")):
+        return P(None, MODEL)  # [in, out]: output columns split
+    if ndim == 2 and any(k in name for k in ("o_proj", "down_proj")):
+        return P(MODEL, None)  # [in, out]: input rows split
+    if ndim == 1 and any(k in name for k in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")):
+        return P(MODEL)
+    return P()
+
+
+def shard_params(params: Any, mesh: Mesh) -> Any:
+    def put(path, x):
+        keys = tuple(getattr(p, "key", str(p)) for p in path)
+        return jax.device_put(x, NamedSharding(mesh, param_spec(keys, x.ndim)))
+
+    return jax.tree_util.tree_map_with_path(put, params)
+
+
+def cache_sharding(mesh: Mesh) -> KVCache:
+    kv = NamedSharding(mesh, P(None, DATA, None, MODEL, None))  # [L, N, S, Hkv, D]
+    return KVCache(k=kv, v=kv, lengths=NamedSharding(mesh, P(DATA)))
+
+
+def _dense_q(batch: VerifyBatch, vocab: int, dtype: Any) -> jax.Array:
+    sparse = DraftQ.sparse(batch.q_ids, batch.q_probs).dense(batch.tokens[:, 1:], vocab, dtype)
+    return jnp.where(batch.is_full[:, None, None], batch.q_full.astype(dtype), sparse)
+
+
+def verify_step_fn(
+    module: Llama, params: Any, cache: KVCache, batch: VerifyBatch
+) -> tuple[KVCache, dict[str, jax.Array]]:
+    """The step itself (pure); `make_verify_step` jits it with donation and shardings."""
+    W = batch.tokens.shape[1]
+    positions = batch.start[:, None] - 1 + jnp.arange(W)[None, :]
+    valid = batch.live[:, None] & (jnp.arange(W)[None, :] <= batch.num_draft[:, None])
+    logits, cache = module.apply(
+        {"params": params}, batch.tokens, positions, valid, cache, batch.slots
+    )
+    num_draft = jnp.where(batch.live, batch.num_draft, 0)
+    res = _verify(
+        batch.tokens[:, 1:], num_draft, logits, DraftQ.full(_dense_q(batch, logits.shape[-1],
+        logits.dtype)), batch.sampling, batch.keys, batch.start, batch.sync,
+    )  # fmt: skip
+    # Commit everything emitted; the host may cut at a stop token and roll back further.
+    new_len = (batch.start + res.num_emitted - 1).astype(jnp.int32)
+    rows = jnp.where(batch.live, batch.slots, cache.num_rows)  # filler rows: dropped
+    cache = cache.replace(lengths=cache.lengths.at[rows].set(new_len, mode="drop"))
+    out = {
+        "tokens": res.tokens,
+        "num_accepted": res.num_accepted,
+        "num_emitted": res.num_emitted,
+        "accepted": res.accepted,
+    }
+    return cache, out
+
+
+def prefill_fn(
+    module: Llama,
+    params: Any,
+    cache: KVCache,
+    tokens: jax.Array,
+    positions: jax.Array,
+    valid: jax.Array,
+    slots: jax.Array,
+) -> KVCache:
+    """Write the KV of a chunk of prompt tokens `[R, C]` into `slots` (logits unused)."""
+    _, cache = module.apply({"params": params}, tokens, positions, valid, cache, slots)
+    return cache
+
+
+@functools.cache
+def make_verify_step(module: Llama, mesh: Mesh | None = None):
+    """The jitted step for `module` (cache donated; sharded over `mesh` when given)."""
+    if mesh is None:
+        return jax.jit(functools.partial(verify_step_fn, module), donate_argnums=(1,))
+    cs = cache_sharding(mesh)
+    return jax.jit(
+        functools.partial(verify_step_fn, module),
+        donate_argnums=(1,),
+        out_shardings=(cs, NamedSharding(mesh, P(DATA))),
+    )
+
+
+@functools.cache
+def make_prefill(module: Llama, mesh: Mesh | None = None):
+    if mesh is None:
+        return jax.jit(functools.partial(prefill_fn, module), donate_argnums=(1,))
+    return jax.jit(
+        functools.partial(prefill_fn, module),
+        donate_argnums=(1,),
+        out_shardings=cache_sharding(mesh),
+    )
+
+
+def make_mesh(data: int = 1, model: int = 1, devices: list | None = None) -> Mesh:
+    devs = np.asarray(devices if devices is not None else jax.devices()[: data * model])
+    if devs.size != data * model:
+        raise ValueError(f"need {data * model} devices for a {data}x{model} mesh, have {devs.size}")
+    return Mesh(devs.reshape(data, model), (DATA, MODEL))
