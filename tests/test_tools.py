@@ -1,0 +1,48 @@
+"""The benchmarks' code, run at tiny sizes (the real runs are in the README)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+
+def _tool(name: str):
+    path = pathlib.Path(__file__).parents[1] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench_speculative = _tool("bench_speculative")
+bench_verifier = _tool("bench_verifier")
+
+
+def test_tiny_benchmark_reports_ratios_and_alpha(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert (
+        bench_speculative.main(
+            ["--tiny", "--gammas", "2", "--temperatures", "0", "--json", str(out)]
+        )
+        == 0
+    )
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["gamma"], r["mode"]) for r in rows] == [(2, "sync"), (2, "pipelined")]
+    for r in rows:
+        assert r["speedup"] > 0 and 0 <= r["alpha"] <= 1 and r["tokens_per_round"] >= 1
+        assert r["speedup"] == r["spec_tok_s"] / r["plain_tok_s"]
+    assert "speedup" in capsys.readouterr().out
+
+
+def test_tiny_verifier_benchmark_reports_batch_ratios_and_roofline(tmp_path, capsys):
+    out = tmp_path / "v.json"
+    assert bench_verifier.main(["--tiny", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())["results"]
+    roof, rows = res[0]["roofline"], res[1:]
+    assert roof["bandwidth_Bps"] > 0 and roof["flops_per_s"] > 0
+    assert [r["batch"] for r in rows] == [1, 2, 4]
+    assert rows[0]["ratio_to_batch1"] == 1.0
+    for r in rows:
+        assert r["step_s"] > 0 and r["roofline_s"] == max(r["memory_floor_s"], r["compute_floor_s"])
+    assert "of roofline" in capsys.readouterr().out
