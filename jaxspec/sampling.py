@@ -122,18 +122,38 @@ class SamplingParams:
 
 
 def warp(logits_BV: Float[Array, "B V"], params: SamplingParams) -> Float[Array, "B V"]:
-    """The distribution sampled from: temperature, then top-k, then top-p (module doc)."""
-    dtype = logits_BV.dtype
-    V = logits_BV.shape[-1]
-    t = params.temperature.astype(dtype)[:, None]
-    greedy = jax.nn.one_hot(jnp.argmax(logits_BV, axis=-1), V, dtype=dtype)
+    """The distribution sampled from: temperature, then top-k, then top-p (module doc).
 
-    scaled = logits_BV / jnp.where(t > 0, t, 1)
-    sorted_desc = -jnp.sort(-scaled, axis=-1)
+    Work a batch does not need is skipped with `lax.cond` (a scalar predicate over the
+    batch): no softmax when every row is greedy, no sorting when no row filters. The
+    result is the same either way; decoding steps on CPU are dominated by such small ops.
+    """
+    V = logits_BV.shape[-1]
+    t = params.temperature.astype(logits_BV.dtype)[:, None]
+    greedy = jax.nn.one_hot(jnp.argmax(logits_BV, axis=-1), V, dtype=logits_BV.dtype)
+
+    def sampled(_):
+        scaled = logits_BV / jnp.where(t > 0, t, 1)
+        filters = jnp.any(params.top_k > 0) | jnp.any(params.top_p < 1)
+        probs = jax.lax.cond(
+            filters,
+            lambda s: _top_k_top_p(s, params),
+            lambda s: jax.nn.softmax(s, axis=-1),
+            scaled,
+        )
+        return jnp.where(t > 0, probs, greedy)
+
+    return jax.lax.cond(jnp.all(t == 0), lambda _: greedy, sampled, None)
+
+
+def _top_k_top_p(scaled_BV: jax.Array, params: SamplingParams) -> jax.Array:
+    """softmax of temperature-scaled logits with top-k, then top-p applied (tie rules above)."""
+    dtype, V = scaled_BV.dtype, scaled_BV.shape[-1]
+    sorted_desc = -jnp.sort(-scaled_BV, axis=-1)
     k = jnp.clip(params.top_k, 1, V)[:, None]
     kth = jnp.take_along_axis(sorted_desc, k - 1, axis=-1)
-    keep_k = (params.top_k[:, None] == 0) | (scaled >= kth)
-    probs = jax.nn.softmax(jnp.where(keep_k, scaled, -jnp.inf), axis=-1)
+    keep_k = (params.top_k[:, None] == 0) | (scaled_BV >= kth)
+    probs = jax.nn.softmax(jnp.where(keep_k, scaled_BV, -jnp.inf), axis=-1)
 
     p_desc = -jnp.sort(-probs, axis=-1)
     mass_above = jnp.cumsum(p_desc, axis=-1) - p_desc  # exclusive cumsum
@@ -142,8 +162,7 @@ def warp(logits_BV: Float[Array, "B V"], params: SamplingParams) -> Float[Array,
     cut = jnp.take_along_axis(p_desc, jnp.maximum(n_in - 1, 0), axis=-1)
     keep_p = (top_p >= 1) | (probs >= cut)
     probs = jnp.where(keep_p, probs, 0)
-    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
-    return jnp.where(t > 0, probs, greedy)
+    return probs / jnp.sum(probs, axis=-1, keepdims=True)
 
 
 def sample(probs_BV: Float[Array, "B V"], u_B: Float[Array, " B"]) -> Int[Array, " B"]:

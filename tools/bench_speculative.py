@@ -66,7 +66,9 @@ def run(
     for temp in temperatures:
 
         def plain(temp=temp):
-            return jaxspec.generate(target, prompts, new_tokens, temperature=temp, seed=seed)
+            return jaxspec.generate(
+                target, prompts, new_tokens, temperature=temp, seed=seed, stop_tokens=()
+            )
 
         t_plain, out_plain = _time(plain, repeats)
         for gamma in gammas:
@@ -74,7 +76,7 @@ def run(
 
                 def spec(temp=temp, gamma=gamma, mode=mode):
                     return jaxspec.generate(
-                        target, prompts, new_tokens, temperature=temp, seed=seed,
+                        target, prompts, new_tokens, temperature=temp, seed=seed, stop_tokens=(),
                         draft=draft, gamma=gamma, mode=mode,
                     )  # fmt: skip
 
