@@ -1,7 +1,8 @@
 """The `jaxspec` command.
 
 Subcommands:
-  generate      decode a prompt with a checkpoint (plain, or speculative with --draft)
+  generate      decode a prompt with a checkpoint (plain, or speculative with --draft);
+                `--checkpoint default --draft default-draft` uses the shipped pair
   init-random   write a random-weight tiny checkpoint (to try the tools without training)
 """
 
@@ -16,6 +17,7 @@ def _generate(args: argparse.Namespace) -> int:
     import jaxspec
 
     model = jaxspec.load(args.checkpoint)
+    draft = jaxspec.load(args.draft) if args.draft else None
     if model.tokenizer is None:
         ids = [int(t) for t in args.prompt.split()]
     else:
@@ -30,15 +32,24 @@ def _generate(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         top_p=args.top_p,
         seed=args.seed,
+        draft=draft,
+        gamma=args.gamma,
+        mode=args.mode,
     )
     if model.tokenizer is None:
         print(" ".join(map(str, out.tokens)))
     else:
         print(args.prompt + model.tokenizer.decode(out.tokens, skip_special_tokens=True))
     s = out.stats
+    spec = ""
+    if s.spec is not None:
+        spec = (
+            f", speculative gamma={args.gamma} {args.mode}: acceptance rate "
+            f"{s.acceptance_rate:.2f}, {s.tokens_per_round:.2f} tokens per round"
+        )
     print(
         f"[{s.new_tokens} tokens in {s.wall_s:.2f} s, {s.tokens_per_s:.1f} tok/s"
-        f"{', compilation included' if s.compiled else ''}]",
+        f"{', compilation included' if s.compiled else ''}{spec}]",
         file=sys.stderr,
     )
     return 0
@@ -64,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--draft", default=None, help="draft checkpoint: speculative decoding")
+    g.add_argument("--gamma", type=int, default=4, help="drafts per round")
+    g.add_argument("--mode", default="sync", choices=["sync", "pipelined"])
     g.set_defaults(func=_generate)
 
     r = sub.add_parser("init-random", help="write a random-weight tiny checkpoint")

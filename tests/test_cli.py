@@ -44,3 +44,12 @@ def test_missing_checkpoint_is_a_clean_error(tmp_path):
     assert r.returncode == 2
     assert "no checkpoint directory" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_generate_with_a_draft_reports_acceptance(tiny_dir):
+    r = _jaxspec(
+        "generate", "--checkpoint", str(tiny_dir), "--draft", str(tiny_dir), "--prompt", "x = ",
+        "--max-new-tokens", "8", "--temperature", "0", "--gamma", "3",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "acceptance rate 1.00" in r.stderr  # the target as its own draft
