@@ -1,3 +1,8 @@
-"""edge: the device side of jaxspec (W4A16 drafter, pipelined session state machine, gRPC
-client, TUI demo). It imports `jaxspec`, never `verify`. Its contents arrive with the
-"W4A16 drafting" and "Edge pipeline" issues."""
+"""edge: the device side of jaxspec — the W4A16 drafter (own KV cache, rollback by length)
+and the transport-agnostic session state machine (sync, or pipelined with blocks in
+flight), plus `DelayedEndpoint`, a simulated WAN. It imports `jaxspec`, never `verify`."""
+
+from edge.drafter import Drafter, DrafterState
+from edge.session import DelayedEndpoint, SessionTrace, run_session
+
+__all__ = ["DelayedEndpoint", "Drafter", "DrafterState", "SessionTrace", "run_session"]

@@ -4,6 +4,7 @@ from jaxspec.checkpoint import load, save
 from jaxspec.config import CheckpointError, LlamaConfig, RopeScaling
 from jaxspec.generate import GenerateOutput, GenerateStats, generate
 from jaxspec.model import KVCache, Llama, Model, forward, init_cache, init_params
+from jaxspec.quantize import quantize
 from jaxspec.sampling import Purpose, SamplingParams, position_key, session_key, warp
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "init_params",
     "load",
     "position_key",
+    "quantize",
     "save",
     "session_key",
     "warp",

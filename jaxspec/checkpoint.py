@@ -91,7 +91,8 @@ def _read_tensors(files: list[pathlib.Path]) -> dict[str, jax.Array]:
 
 
 def load(path: PathLike, *, dtype: Any = jnp.float32, tokenizer: bool = True) -> Model:
-    """Load a HF-format Llama-family checkpoint directory (or a built-in name).
+    """Load a HF-format Llama-family checkpoint directory (or a built-in name), or a
+    quantized checkpoint written by `save` (packed weights, no re-quantization).
 
     Args:
       path: checkpoint directory, or "default" / "default-draft" for the shipped pair.
@@ -109,6 +110,12 @@ def load(path: PathLike, *, dtype: Any = jnp.float32, tokenizer: bool = True) ->
         raw_cfg = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfg_file} is not valid JSON: {e}") from None
+    quant = raw_cfg.get("quantization_config") or {}
+    if quant.get("quant_method") == "jaxspec-aqt":  # written by jaxspec.quantize.save_quantized
+        from jaxspec.quantize import load_quantized
+
+        tok = _load_tokenizer(d) if tokenizer else None
+        return load_quantized(d, raw_cfg, dtype=dtype, tokenizer=tok, name=str(path))
     config = LlamaConfig.from_hf(raw_cfg)
     tensors = _read_tensors(_weight_files(d))
 
@@ -160,8 +167,16 @@ def _load_tokenizer(d: pathlib.Path) -> Any:
 def save(model: Model, path: PathLike, *, dtype: Any = None) -> pathlib.Path:
     """Write `model` as a HF checkpoint directory (config.json, model.safetensors, tokenizer).
 
-    `dtype` (e.g. `jnp.bfloat16`) converts the stored weights; default keeps theirs.
+    `dtype` (e.g. `jnp.bfloat16`) converts the stored weights; default keeps theirs. A
+    quantized model (`jaxspec.quantize`) is written in its packed form instead (see
+    `jaxspec.quantize.save_quantized`; `dtype` must then be None).
     """
+    if model.dense_cls is not None or model.embed_cls is not None:
+        from jaxspec.quantize import save_quantized
+
+        if dtype is not None:
+            raise ValueError("a quantized model is saved as it is; dtype must be None")
+        return save_quantized(model, path)
     d = pathlib.Path(path)
     d.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, jax.Array] = {}

@@ -15,6 +15,11 @@ query at a lower position and are overwritten by the next write. Padded tokens (
 are written nowhere (their index is pushed out of range and the scatter drops it).
 
 Matrix multiplies go through an injectable `dot_general_cls` (quantization plugs in there).
+Two more hooks let a quantized model replace whole layers: `dense_cls` builds every linear
+layer (q/k/v/o, MLP, untied lm_head) with `nn.Dense`'s signature and `embed_cls` builds the
+token embedding with `nn.Embed`'s (`__call__` and `attend`); both must be hashable, since
+they are part of the static module. `jaxspec.quantize` uses them so that a served model
+holds packed integer weights and no float kernel.
 """
 
 from __future__ import annotations
@@ -71,6 +76,11 @@ def init_cache(config: LlamaConfig, rows: int, max_len: int, dtype: Any = jnp.fl
     )
 
 
+def _acc(dtype: Any) -> Any:
+    """Accumulation dtype for norms, softmax and logits: float32, or float64 in x64 tests."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
 class RMSNorm(nn.Module):
     eps: float
     dtype: Any
@@ -78,7 +88,7 @@ class RMSNorm(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
-        x32 = x.astype(jnp.float32)
+        x32 = x.astype(_acc(self.dtype))
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return scale.astype(self.dtype)[(None,) * (x.ndim - 1)] * x32.astype(self.dtype)
 
@@ -94,6 +104,7 @@ class Attention(nn.Module):
     config: LlamaConfig
     dtype: Any
     dot_general_cls: Any = None
+    dense_cls: Any = None
 
     @nn.compact
     def __call__(
@@ -103,13 +114,18 @@ class Attention(nn.Module):
         sin_BTD: jax.Array,
         positions_BT: jax.Array,
         write_BT: jax.Array,
-        k_cache_NSKD: jax.Array,
-        v_cache_NSKD: jax.Array,
+        k_all_LNSKD: jax.Array,
+        v_all_LNSKD: jax.Array,
+        layer: int,
         slots_B: jax.Array | None,
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Writes this layer's new K/V into the whole stacked cache in place (a scatter on
+        the donated buffer: no per-layer slice or re-stack copies the pool) and attends."""
         c = self.config
         nq, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        dense = functools.partial(nn.Dense, dtype=self.dtype, dot_general_cls=self.dot_general_cls)
+        dense = functools.partial(
+            self.dense_cls or nn.Dense, dtype=self.dtype, dot_general_cls=self.dot_general_cls
+        )
         B, T, _ = x_BTE.shape
         q = dense(nq * d, use_bias=c.qkv_bias, name="q_proj")(x_BTE).reshape(B, T, nq, d)
         k = dense(nkv * d, use_bias=c.qkv_bias, name="k_proj")(x_BTE).reshape(B, T, nkv, d)
@@ -117,40 +133,44 @@ class Attention(nn.Module):
         q, k = _rope(q, cos_BTD, sin_BTD), _rope(k, cos_BTD, sin_BTD)
 
         rows_B = jnp.arange(B) if slots_B is None else slots_B
-        k_cache_NSKD = k_cache_NSKD.at[rows_B[:, None], write_BT].set(
-            k.astype(k_cache_NSKD.dtype), mode="drop"
+        k_all_LNSKD = k_all_LNSKD.at[layer, rows_B[:, None], write_BT].set(
+            k.astype(k_all_LNSKD.dtype), mode="drop"
         )
-        v_cache_NSKD = v_cache_NSKD.at[rows_B[:, None], write_BT].set(
-            v.astype(v_cache_NSKD.dtype), mode="drop"
+        v_all_LNSKD = v_all_LNSKD.at[layer, rows_B[:, None], write_BT].set(
+            v.astype(v_all_LNSKD.dtype), mode="drop"
         )
         if slots_B is None:
-            keys_BSKD, vals_BSKD = k_cache_NSKD, v_cache_NSKD
+            keys_BSKD, vals_BSKD = k_all_LNSKD[layer], v_all_LNSKD[layer]
         else:
-            keys_BSKD, vals_BSKD = k_cache_NSKD[slots_B], v_cache_NSKD[slots_B]
+            keys_BSKD, vals_BSKD = k_all_LNSKD[layer, slots_B], v_all_LNSKD[layer, slots_B]
 
         S = keys_BSKD.shape[1]
         q_BTKGD = q.reshape(B, T, nkv, nq // nkv, d)
         scores_BKGTS = jnp.einsum(
             "btkgd,bskd->bkgts", q_BTKGD, keys_BSKD.astype(self.dtype)
-        ).astype(jnp.float32) / np.sqrt(d).astype(np.float32)
+        ).astype(_acc(self.dtype)) / np.sqrt(d).astype(_acc(self.dtype))
         visible_BTS = jnp.arange(S)[None, None, :] <= positions_BT[:, :, None]
         scores_BKGTS = jnp.where(visible_BTS[:, None, None], scores_BKGTS, -jnp.inf)
         probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(self.dtype)
         out_BTKGD = jnp.einsum("bkgts,bskd->btkgd", probs_BKGTS, vals_BSKD.astype(self.dtype))
         out = dense(c.hidden_size, use_bias=c.o_bias, name="o_proj")(out_BTKGD.reshape(B, T, -1))
-        return out, k_cache_NSKD, v_cache_NSKD
+        return out, k_all_LNSKD, v_all_LNSKD
 
 
 class MLP(nn.Module):
     config: LlamaConfig
     dtype: Any
     dot_general_cls: Any = None
+    dense_cls: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         c = self.config
         dense = functools.partial(
-            nn.Dense, use_bias=c.mlp_bias, dtype=self.dtype, dot_general_cls=self.dot_general_cls
+            self.dense_cls or nn.Dense,
+            use_bias=c.mlp_bias,
+            dtype=self.dtype,
+            dot_general_cls=self.dot_general_cls,
         )
         gate = dense(c.intermediate_size, name="gate_proj")(x)
         up = dense(c.intermediate_size, name="up_proj")(x)
@@ -161,26 +181,30 @@ class DecoderLayer(nn.Module):
     config: LlamaConfig
     dtype: Any
     dot_general_cls: Any = None
+    dense_cls: Any = None
 
     @nn.compact
-    def __call__(self, x, cos, sin, positions, write, k_cache, v_cache, slots):
+    def __call__(self, x, cos, sin, positions, write, k_cache, v_cache, layer, slots):
         c = self.config
         h = RMSNorm(c.rms_norm_eps, self.dtype, name="input_layernorm")(x)
-        h, k_cache, v_cache = Attention(c, self.dtype, self.dot_general_cls, name="self_attn")(
-            h, cos, sin, positions, write, k_cache, v_cache, slots
-        )
+        h, k_cache, v_cache = Attention(
+            c, self.dtype, self.dot_general_cls, self.dense_cls, name="self_attn"
+        )(h, cos, sin, positions, write, k_cache, v_cache, layer, slots)
         x = x + h
         h = RMSNorm(c.rms_norm_eps, self.dtype, name="post_attention_layernorm")(x)
-        x = x + MLP(c, self.dtype, self.dot_general_cls, name="mlp")(h)
+        x = x + MLP(c, self.dtype, self.dot_general_cls, self.dense_cls, name="mlp")(h)
         return x, k_cache, v_cache
 
 
 class Llama(nn.Module):
-    """The decoder. `__call__` returns float32 logits `[B, T, V]` and the updated cache."""
+    """The decoder. `__call__` returns logits `[B, T, V]` (float32, or float64 for a float64
+    model) and the updated cache."""
 
     config: LlamaConfig
     dtype: Any = jnp.float32
     dot_general_cls: Any = None
+    dense_cls: Any = None  # builds linear layers (default nn.Dense), see the module doc
+    embed_cls: Any = None  # builds the token embedding (default nn.Embed)
 
     @nn.compact
     def __call__(
@@ -192,29 +216,29 @@ class Llama(nn.Module):
         slots_B: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache]:
         c = self.config
-        embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, name="embed_tokens")
+        embed_cls = self.embed_cls or nn.Embed
+        embed = embed_cls(c.vocab_size, c.hidden_size, dtype=self.dtype, name="embed_tokens")
         x = embed(tokens_BT)
 
-        inv_freq = np.asarray(rope_inv_freq(c), np.float32)
-        angles_BTd = positions_BT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
+        acc = _acc(self.dtype)
+        inv_freq = np.asarray(rope_inv_freq(c), np.float32).astype(acc)  # HF: float32 freqs
+        angles_BTd = positions_BT.astype(acc)[..., None] * inv_freq[None, None, :]
         angles_BTD = jnp.concatenate([angles_BTd, angles_BTd], axis=-1)
         cos, sin = jnp.cos(angles_BTD).astype(self.dtype), jnp.sin(angles_BTD).astype(self.dtype)
 
         S = cache.max_len
         write_BT = jnp.where(valid_BT, positions_BT, S)  # out of range -> scatter drops it
-        ks, vs = [], []
+        k_all, v_all = cache.k, cache.v
         for i in range(c.num_hidden_layers):
-            layer = DecoderLayer(c, self.dtype, self.dot_general_cls, name=f"layers_{i}")
-            x, k_i, v_i = layer(
-                x, cos, sin, positions_BT, write_BT, cache.k[i], cache.v[i], slots_B
+            layer = DecoderLayer(
+                c, self.dtype, self.dot_general_cls, self.dense_cls, name=f"layers_{i}"
             )
-            ks.append(k_i)
-            vs.append(v_i)
+            x, k_all, v_all = layer(x, cos, sin, positions_BT, write_BT, k_all, v_all, i, slots_B)
         x = RMSNorm(c.rms_norm_eps, self.dtype, name="norm")(x)
         if c.tie_word_embeddings:
             logits = embed.attend(x)
         else:
-            logits = nn.Dense(
+            logits = (self.dense_cls or nn.Dense)(
                 c.vocab_size,
                 use_bias=False,
                 dtype=self.dtype,
@@ -225,8 +249,8 @@ class Llama(nn.Module):
         rows = jnp.arange(tokens_BT.shape[0]) if slots_B is None else slots_B
         written = jnp.max(jnp.where(valid_BT, positions_BT + 1, 0), axis=1)
         lengths = cache.lengths.at[rows].max(written.astype(jnp.int32))
-        new_cache = KVCache(k=jnp.stack(ks), v=jnp.stack(vs), lengths=lengths)
-        return logits.astype(jnp.float32), new_cache
+        new_cache = KVCache(k=k_all, v=v_all, lengths=lengths)
+        return logits.astype(acc), new_cache
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -242,13 +266,15 @@ class Model:
     dtype: Any = jnp.float32
     dot_general_cls: Any = None
     name: str = ""
+    dense_cls: Any = None  # set by `jaxspec.quantize` (see `Llama`)
+    embed_cls: Any = None
 
     @property
     def module(self) -> Llama:
-        return Llama(self.config, self.dtype, self.dot_general_cls)
+        return Llama(self.config, self.dtype, self.dot_general_cls, self.dense_cls, self.embed_cls)
 
     def nbytes(self) -> int:
-        """Resident bytes of the weights."""
+        """Resident bytes of the weights (packed int4 counts its real bytes: two per uint8)."""
         return int(sum(x.nbytes for x in jax.tree.leaves(self.params)))
 
     def num_params(self) -> int:

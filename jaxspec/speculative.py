@@ -101,7 +101,7 @@ def draft_q_for(
     return d, q
 
 
-def _pack_q(encoding: str, qs: Any) -> DraftQ:
+def pack_q(encoding: str, qs: Any) -> DraftQ:
     """Stacked per-step q's (time-major from `lax.scan`) -> a batch-major DraftQ."""
     if encoding == "onehot":
         return DraftQ.onehot()
@@ -184,7 +184,7 @@ def speculative_decode(
         logits, tcache = target.apply({"params": target_params}, block, pos, valid, tcache)
         num_draft = jnp.where(live_B, K, 0)
         vr = _verify(
-            d_BK, num_draft, logits, _pack_q(encoding, qs), sampling, keys_B2, P_B, sync_B,
+            d_BK, num_draft, logits, pack_q(encoding, qs), sampling, keys_B2, P_B, sync_B,
             mutant=mutant,
         )  # fmt: skip
 

@@ -81,6 +81,37 @@ def pipelined_token_time(
     return _div(pipelined_block_time(gamma, t_draft, t_network, t_verify, depth), gamma)
 
 
+def pipelined_expected_token_time(
+    gamma: int,
+    alpha: Number,
+    t_draft: Number,
+    t_network: Number,
+    t_verify: Number,
+    depth: int = 1,
+) -> Number:
+    """Expected pipelined time per token with i.i.d. per-position acceptance alpha.
+
+    A block is fully accepted with probability alpha^gamma and then costs the steady-state
+    block time c (`pipelined_block_time`). Otherwise the blocks in flight are flushed and
+    the edge restarts from the correction: drafting, the round trip and verification are
+    strictly sequential again, so that block costs t_sync. Tokens per block are
+    E[min(first rejection + 1, gamma)] = sum_{i<gamma} alpha^i = (1 - alpha^gamma)/(1 - alpha)
+    (no bonus in pipelined mode). Time per token is the ratio of the two expectations
+    (renewal-reward). At alpha = 1 it is `pipelined_token_time`; at alpha = 0 it is t_sync.
+    """
+    full = alpha**gamma
+    block = pipelined_block_time(gamma, t_draft, t_network, t_verify, depth)
+    restart = t_sync(gamma, t_draft, t_network, t_verify)
+    tokens = gamma if alpha == 1 else _div(1 - full, 1 - alpha)
+    return _div(full * block + (1 - full) * restart, tokens)
+
+
+def colocated_token_time(gamma: int, alpha: Number, t_draft: Number, t_verify: Number) -> Number:
+    """Co-located speculative decoding (draft and target on the server, no network inside
+    a round): (gamma * t_draft + t_verify) / E[A]."""
+    return _div(gamma * t_draft + t_verify, expected_tokens(alpha, gamma))
+
+
 def capacity_gain(gamma: int, t_draft: Number, t_verify: Number) -> Number:
     """Paper B: a saturated server sustains (1 + gamma * t_d / t_v)x more clients with DSD.
 

@@ -494,3 +494,23 @@ def test_laws_are_compared_exactly() -> None:
     b = {(0,): F(501, 1000), (1,): F(499, 1000)}
     assert law_difference(a, b) == (F(1, 1000), (0,))
     assert law_difference(a, dict(a)) == (0, None)
+
+
+def test_pipelined_expected_token_time() -> None:
+    g, td, tn, tv = 3, F(2), F(30), F(5)
+    # alpha = 1: the steady-state bound; alpha = 0: every block is a sequential restart.
+    assert latency.pipelined_expected_token_time(g, F(1), td, tn, tv, 2) == (
+        latency.pipelined_token_time(g, td, tn, tv, 2)
+    )
+    assert latency.pipelined_expected_token_time(g, F(0), td, tn, tv, 2) == latency.t_sync(
+        g, td, tn, tv
+    )
+    # Tokens per block by enumerating the first rejection k (k + 1 tokens) or none (gamma).
+    a = F(2, 3)
+    tokens = sum((k + 1) * a**k * (1 - a) for k in range(g)) + g * a**g
+    block = latency.pipelined_block_time(g, td, tn, tv, 2)
+    want = (a**g * block + (1 - a**g) * latency.t_sync(g, td, tn, tv)) / tokens
+    assert latency.pipelined_expected_token_time(g, a, td, tn, tv, 2) == want
+    assert latency.colocated_token_time(g, a, td, tv) == (g * td + tv) / latency.expected_tokens(
+        a, g
+    )

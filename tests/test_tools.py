@@ -6,6 +6,8 @@ import importlib.util
 import json
 import pathlib
 
+from proofs import latency
+
 
 def _tool(name: str):
     path = pathlib.Path(__file__).parents[1] / "tools" / f"{name}.py"
@@ -46,3 +48,20 @@ def test_tiny_verifier_benchmark_reports_batch_ratios_and_roofline(tmp_path, cap
     for r in rows:
         assert r["step_s"] > 0 and r["roofline_s"] == max(r["memory_floor_s"], r["compute_floor_s"])
     assert "of roofline" in capsys.readouterr().out
+
+
+def test_tiny_latency_benchmark_writes_table_json_and_plot(tmp_path):
+    bench_latency = _tool("bench_latency")
+    out = tmp_path / "lat"
+    assert bench_latency.main(["--tiny", "--out", str(out)]) == 0
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert [r["rtt_ms"] for r in res["rows"]] == [0, 20]
+    for r in res["rows"]:
+        for mode in ("cloud_ar", "colocated", "sync", "pipelined"):
+            assert r["measured"][mode] > 0 and r["predicted"][mode] > 0
+    # The model's sync prediction grows by exactly the RTT difference divided by E[A].
+    p0, p20 = (r["predicted"]["sync"] for r in res["rows"])
+    e_a = latency.expected_tokens(res["components"]["alpha"], 4)
+    assert abs((p20 - p0) - 0.020 / e_a) < 1e-9
+    assert out.with_suffix(".png").stat().st_size > 1000
+    assert "| RTT ms |" in out.with_suffix(".md").read_text()

@@ -1,0 +1,264 @@
+"""The edge drafter: gamma draft tokens per call from the (W4A16) draft model, own KV cache.
+
+State per row (session): its context — prompt, committed tokens, then its own drafts not
+rolled back — and the KV cache of those positions. One `draft` call appends gamma drafts:
+
+    context      t0 t1 .. t(n-2) t(n-1) | d0  d1 .. d(g-1)      length n -> n + g
+    fed          (t(n-2) if its KV is missing) t(n-1)  d0 .. d(g-2)    (one jitted lax.scan)
+    draft at p   sampled from warp(logits) with U(key, p, DRAFT)   (DESIGN §2)
+
+Rolling back is lowering `length` and the cache's length (no KV is copied or cleared;
+stale entries are masked, then overwritten). Since every draw is keyed by its absolute
+position, a rolled-back position re-drafts exactly as before given the same prefix, and a
+drafter rolled back to a committed prefix drafts what a fresh drafter built on that prefix
+drafts. The first fed token re-feeds `t(n-2)` when its KV is missing: after a fully accepted
+block the bonus token follows a draft the model never fed (as in `jaxspec.speculative`).
+
+Precondition (true for the verify protocol: roll back, then append the one correction or
+bonus token): the KV cache lags the context by at most two positions when `draft` is called.
+Rows must have room: `length + gamma <= max_len`.
+
+The per-step sampling is `jaxspec.speculative.draft_q_for`, so the q returned for each
+encoding (full / sparse top-k / onehot) is exactly the distribution the draft was drawn from.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.model import KVCache, Llama, Model, init_cache
+from jaxspec.sampling import Purpose, SamplingParams, uniforms
+from jaxspec.speculative import draft_q_for, pack_q
+from jaxspec.verification import ENCODINGS, DraftQ
+
+
+@flax.struct.dataclass(kw_only=True)
+class DrafterState:
+    """The drafter's rows (N sessions, S positions each).
+
+    Fields:
+      tokens: `[N, S]` int32, each row's context: prompt, committed tokens, then its own
+        drafts; entries at index >= `length` are stale.
+      length: `[N]` int32, the context length; the next draft goes to position `length`.
+      cache: the draft model's `KVCache` `[L, N, S, Hkv, D]`; `cache.lengths[N]` counts the
+        positions whose KV is written (at most `length`).
+    """
+
+    tokens: jax.Array
+    length: jax.Array
+    cache: KVCache
+
+
+@flax.struct.dataclass(kw_only=True)
+class DraftBlock:
+    """What one `draft` call produced.
+
+    Fields:
+      start: `[N]` int32, absolute position of the first draft (the context length before).
+      tokens: `[N, gamma]` int32 drafts, -1 in rows that were not live.
+      q: the distributions the drafts were sampled from (`DraftQ`, batch-major `[N, gamma, ...]`).
+    """
+
+    start: jax.Array
+    tokens: jax.Array
+    q: DraftQ
+
+
+def init_state(model: Model, rows: int, max_len: int) -> DrafterState:
+    """Empty rows (length 0) with room for `max_len` positions each."""
+    return DrafterState(
+        tokens=jnp.zeros((rows, max_len), jnp.int32),
+        length=jnp.zeros(rows, jnp.int32),
+        cache=init_cache(model.config, rows, max_len, model.dtype),
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("module",))
+def prefill(
+    module: Llama,
+    params: Any,
+    state: DrafterState,
+    rows_R: jax.Array,
+    prompts_RT: jax.Array,
+    lengths_R: jax.Array,
+) -> DrafterState:
+    """Reset `rows` to the prompts (right-padded `[R, T]`, `lengths` >= 1) and write the KV of
+    every prompt position but the last (the first `draft` feeds it)."""
+    R, T = prompts_RT.shape
+    cols_RT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (R, T))
+    valid_RT = cols_RT < lengths_R[:, None]
+    S = state.tokens.shape[1]
+    write = jnp.where(valid_RT, cols_RT, S)
+    tokens = state.tokens.at[rows_R[:, None], write].set(prompts_RT, mode="drop")
+    cache = state.cache.replace(lengths=state.cache.lengths.at[rows_R].set(0))
+    kv_valid = cols_RT < (lengths_R - 1)[:, None]
+    _, cache = module.apply({"params": params}, prompts_RT, cols_RT, kv_valid, cache, rows_R)
+    length = state.length.at[rows_R].set(lengths_R.astype(jnp.int32))
+    return DrafterState(tokens=tokens, length=length, cache=cache)
+
+
+@jax.jit
+def rollback(state: DrafterState, rows_R: jax.Array, lengths_R: jax.Array) -> DrafterState:
+    """Lower the context of `rows` to `lengths` (never raises one); KV beyond is dropped."""
+    new = jnp.minimum(state.length[rows_R], lengths_R.astype(jnp.int32))
+    return state.replace(
+        length=state.length.at[rows_R].set(new), cache=state.cache.rollback(rows_R, new)
+    )
+
+
+@jax.jit
+def append(
+    state: DrafterState, rows_R: jax.Array, tokens_RK: jax.Array, counts_R: jax.Array
+) -> DrafterState:
+    """Append the first `counts[r]` of `tokens[r]` (e.g. a correction or bonus token) to the
+    context of `rows[r]`; their KV is written by the next `draft`."""
+    K = tokens_RK.shape[1]
+    cols = jnp.arange(K, dtype=jnp.int32)[None, :]
+    start = state.length[rows_R]
+    write = jnp.where(cols < counts_R[:, None], start[:, None] + cols, state.tokens.shape[1])
+    tokens = state.tokens.at[rows_R[:, None], write].set(tokens_RK.astype(jnp.int32), mode="drop")
+    length = state.length.at[rows_R].set(start + counts_R.astype(jnp.int32))
+    return state.replace(tokens=tokens, length=length)
+
+
+@functools.partial(jax.jit, static_argnames=("module", "gamma", "encoding", "sparse_k"))
+def draft(
+    module: Llama,
+    params: Any,
+    state: DrafterState,
+    sampling: SamplingParams,
+    keys_N2: jax.Array,
+    live_N: jax.Array,
+    *,
+    gamma: int,
+    encoding: str,
+    sparse_k: int,
+) -> tuple[DrafterState, DraftBlock]:
+    """Draft `gamma` tokens for every live row (module doc); returns the state with the
+    drafts appended to the live rows' contexts, and the block."""
+    N, S = state.tokens.shape
+    n_N = state.length
+    live_N = live_N & (n_N >= 1)
+
+    def at(pos_N):
+        return jnp.take_along_axis(state.tokens, jnp.clip(pos_N, 0, S - 1)[:, None], axis=1)[:, 0]
+
+    def propose(logits_NV, pos_N):
+        u = uniforms(keys_N2, pos_N[:, None], Purpose.DRAFT)[:, 0]
+        return draft_q_for(logits_NV, sampling, u, encoding, sparse_k)
+
+    # First step: (re-)feed t(n-2) if its KV is missing, then t(n-1) -> d0 at position n.
+    pos2 = jnp.stack([n_N - 2, n_N - 1], axis=1)
+    missing = (n_N >= 2) & (n_N - 2 >= state.cache.lengths)
+    valid2 = jnp.stack([live_N & missing, live_N], axis=1)
+    two = jnp.stack([at(n_N - 2), at(n_N - 1)], axis=1)
+    logits, cache = module.apply({"params": params}, two, pos2, valid2, state.cache)
+    d0, q0 = propose(logits[:, -1], n_N)
+
+    def step(carry, i):
+        tok_N, cache = carry
+        pos_N = n_N - 1 + i  # where the previous draft sits
+        logits, cache = module.apply(
+            {"params": params}, tok_N[:, None], pos_N[:, None], live_N[:, None], cache
+        )
+        d, q = propose(logits[:, 0], pos_N + 1)
+        return (d, cache), (d, q)
+
+    (_, cache), (d_rest, q_rest) = jax.lax.scan(step, (d0, cache), jnp.arange(1, gamma))
+    d_GN = jnp.concatenate([d0[None], d_rest], axis=0)
+    qs = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b], axis=0), q0, q_rest)
+    drafts_NG = jnp.where(live_N[:, None], d_GN.T, -1)
+
+    cols = n_N[:, None] + jnp.arange(gamma, dtype=jnp.int32)[None, :]
+    write = jnp.where(live_N[:, None], cols, S)
+    tokens = state.tokens.at[jnp.arange(N)[:, None], write].set(drafts_NG, mode="drop")
+    length = jnp.where(live_N, n_N + gamma, n_N)
+    new_state = DrafterState(tokens=tokens, length=length, cache=cache)
+    return new_state, DraftBlock(start=n_N, tokens=drafts_NG, q=pack_q(encoding, qs))
+
+
+class Drafter:
+    """A draft model with static draft settings; the state is a separate, immutable pytree.
+
+    Every method is a jitted pure function of (weights, state, ...) -> state; weights are
+    jit arguments (a W4A16 `jaxspec.quantize` model keeps its packed int4 weights resident).
+
+        d = Drafter(jaxspec.quantize(draft_model, "w4a16", 128), gamma=4, encoding="sparse")
+        st = d.prefill(d.init(rows=8, max_len=1024), [prompt_ids], rows=[0])
+        st, block = d.draft(st, SamplingParams.make(8, temperature=0.8), keys)
+        st = d.rollback(st, [0], [block.start[0] + accepted])      # then append the next token
+        st = d.append(st, [0], [[next_token]])
+    """
+
+    def __init__(
+        self, model: Model, *, gamma: int = 4, encoding: str = "full", sparse_k: int = 8
+    ) -> None:
+        if encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
+        if not 1 <= gamma <= 64:
+            raise ValueError(f"gamma must be in [1, 64], got {gamma}")
+        if encoding == "sparse" and not 1 <= sparse_k <= model.config.vocab_size:
+            raise ValueError(f"sparse_k must be in [1, vocab], got {sparse_k}")
+        self.model = model
+        self.gamma = gamma
+        self.encoding = encoding
+        self.sparse_k = sparse_k if encoding == "sparse" else 0
+
+    def init(self, rows: int, max_len: int) -> DrafterState:
+        return init_state(self.model, rows, max_len)
+
+    def prefill(
+        self,
+        state: DrafterState,
+        prompts: Sequence[Sequence[int]] | np.ndarray,
+        rows: Sequence[int] | np.ndarray | None = None,
+    ) -> DrafterState:
+        """Reset `rows` (default 0..len(prompts)-1) to `prompts` (token id lists)."""
+        prompts = [list(map(int, p)) for p in prompts]
+        if any(not p for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        rows = np.arange(len(prompts)) if rows is None else np.asarray(rows)
+        longest = max(map(len, prompts))
+        if longest > state.tokens.shape[1]:
+            raise ValueError(f"a prompt of {longest} tokens exceeds max_len")
+        T = 1 << max(3, (longest - 1).bit_length())  # bucketed: few compilations
+        arr = np.zeros((len(prompts), T), np.int32)
+        for i, p in enumerate(prompts):
+            arr[i, : len(p)] = p
+        lengths = np.asarray([len(p) for p in prompts], np.int32)
+        m = self.model
+        return prefill(m.module, m.params, state, jnp.asarray(rows, jnp.int32), arr, lengths)
+
+    def draft(
+        self,
+        state: DrafterState,
+        sampling: SamplingParams,
+        keys: jax.Array,
+        live: jax.Array | None = None,
+    ) -> tuple[DrafterState, DraftBlock]:
+        """Draft `gamma` tokens for every live row (default: rows with a context)."""
+        if live is None:
+            live = state.length > 0
+        m = self.model
+        return draft(
+            m.module, m.params, state, sampling, keys, jnp.asarray(live, bool),
+            gamma=self.gamma, encoding=self.encoding, sparse_k=self.sparse_k,
+        )  # fmt: skip
+
+    def rollback(self, state: DrafterState, rows: Any, lengths: Any) -> DrafterState:
+        return rollback(state, jnp.asarray(rows, jnp.int32), jnp.asarray(lengths, jnp.int32))
+
+    def append(
+        self, state: DrafterState, rows: Any, tokens: Any, counts: Any = None
+    ) -> DrafterState:
+        tokens = jnp.asarray(tokens, jnp.int32)
+        if counts is None:
+            counts = jnp.full(tokens.shape[0], tokens.shape[1], jnp.int32)
+        return append(state, jnp.asarray(rows, jnp.int32), tokens, jnp.asarray(counts, jnp.int32))

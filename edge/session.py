@@ -1,0 +1,227 @@
+"""The edge session state machine: drafting ahead, blocks in flight, rollback (DESIGN §3).
+
+    committed  t0 .. t(c-1)                    what the verifier has confirmed
+    in flight  [d_c .. d_{c+g-1}] [..] ..      up to `depth` blocks, drafted optimistically
+    result     accepted a, next token x        commit; if x is a correction: new epoch, roll
+                                               the drafter back to c + a, append x, redraft
+    stale      (old epoch / wrong start)       discard; redraft from the committed prefix
+
+Sync mode is depth 1 with a bonus token after a fully accepted block; pipelined mode keeps
+`depth` blocks in flight and gets no bonus. Every draw is keyed by its absolute position,
+so the committed tokens are a function of (seed, prompt, models, params, gamma, mode) only:
+not of depth, delays or how the transport interleaves messages.
+
+The session runs against any `VerifierEndpoint` (in-process, gRPC, or `DelayedEndpoint`,
+which simulates a WAN with one-way delays and jitter while keeping each direction FIFO).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from edge.drafter import Drafter
+from jaxspec.protocol import DraftBlock, SessionConfig, VerifierEndpoint, VerifyResult
+from jaxspec.sampling import SamplingParams, session_key
+
+
+@dataclasses.dataclass
+class SessionTrace:
+    """What a session did: tokens, timings and counters (for metrics, the demo, benchmarks)."""
+
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    token_times: list[float] = dataclasses.field(default_factory=list)  # commit wall times
+    blocks_sent: int = 0
+    stale: int = 0
+    rollbacks: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rounds: int = 0
+    start_time: float = 0.0
+    end_time: float = 0.0
+    events: list[tuple[str, tuple[int, ...]]] = dataclasses.field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        dt = self.end_time - self.start_time
+        return len(self.tokens) / dt if dt > 0 else 0.0
+
+    @property
+    def inter_token_latency_s(self) -> float:
+        t = self.token_times
+        return (t[-1] - self.start_time) / len(t) if t else 0.0
+
+
+def _to_wire(drafter: Drafter, tokens: np.ndarray, q, n: int):
+    """The drafter's q (row 0) in the protocol's per-encoding layout."""
+    if drafter.encoding == "onehot":
+        return None, None
+    if drafter.encoding == "sparse":
+        return np.asarray(q.probs[0, :n], np.float64), np.asarray(q.ids[0, :n])
+    return np.asarray(q.probs[0, :n], np.float64), None
+
+
+async def run_session(
+    endpoint: VerifierEndpoint,
+    drafter: Drafter,
+    config: SessionConfig,
+    *,
+    depth: int = 1,
+    on_event: Callable[[str, tuple[int, ...]], None] | None = None,
+    on_rollback: Callable[[Any, list[int]], None] | None = None,
+) -> SessionTrace:
+    """Generate with `drafter` against `endpoint` until the verifier says finished.
+
+    `config.mode` "sync" forces depth 1. `on_event(kind, tokens)` sees "draft", "accept",
+    "correct", "bonus", "reject" (drafts thrown away) and "stale" as they happen;
+    `on_rollback(drafter_state, committed)` sees the drafter right after each rollback.
+    """
+    if drafter.gamma != config.gamma or drafter.encoding != config.encoding:
+        raise ValueError("the drafter's gamma/encoding must match the session config")
+    if config.mode == "sync":
+        depth = 1
+    if depth < 1:
+        raise ValueError("depth must be >= 1")
+    trace = SessionTrace(start_time=time.perf_counter())
+
+    def emit(kind: str, toks) -> None:
+        trace.events.append((kind, tuple(int(t) for t in toks)))
+        if on_event is not None:
+            on_event(kind, tuple(int(t) for t in toks))
+
+    info = await endpoint.open_session(config)
+    sid = info.session_id
+    prompt = list(config.prompt)
+    need = len(prompt) + config.max_new_tokens + (depth + 1) * config.gamma + 2
+    max_len = 1 << max(6, (need - 1).bit_length())  # bucketed: sessions share compilations
+    state = drafter.prefill(drafter.init(1, max_len), [prompt])
+    sampling = SamplingParams.make(1, config.temperature, config.top_k, config.top_p)
+    keys = session_key(config.seed, 0)[None]
+
+    committed = list(prompt)
+    epoch = 0
+    inflight: list[tuple[DraftBlock, asyncio.Task[VerifyResult]]] = []
+    finished = False
+    try:
+        while not finished:
+            # Keep `depth` blocks in flight, drafting along the optimistic path.
+            while len(inflight) < depth and int(state.length[0]) + config.gamma <= max_len:
+                state, blk = drafter.draft(state, sampling, keys)
+                n = config.gamma
+                toks = np.asarray(blk.tokens[0, :n])
+                q, q_ids = _to_wire(drafter, toks, blk.q, n)
+                block = DraftBlock(
+                    session_id=sid,
+                    epoch=epoch,
+                    start=int(blk.start[0]),
+                    tokens=tuple(int(t) for t in toks),
+                    q=q,
+                    q_ids=q_ids,
+                )
+                inflight.append((block, asyncio.ensure_future(endpoint.verify(block))))
+                trace.blocks_sent += 1
+                emit("draft", block.tokens)
+            block, task = inflight.pop(0)
+            r = await task
+            if r.stale:
+                trace.stale += 1
+                emit("stale", block.tokens)
+                if r.epoch == epoch and block.start == len(committed):
+                    raise RuntimeError("the verifier dropped a current block as stale")
+                if not inflight or r.epoch == epoch:
+                    # Nothing valid is in flight: redraft from the committed prefix.
+                    state = drafter.rollback(state, [0], [len(committed)])
+                    if on_rollback is not None:
+                        on_rollback(state, committed)
+                finished = r.finished
+                continue
+            trace.rounds += 1
+            trace.drafted += len(block.tokens)
+            trace.accepted += r.accepted
+            now = time.perf_counter()
+            committed += r.tokens
+            trace.tokens += r.tokens
+            trace.token_times += [now] * len(r.tokens)
+            emit("accept", r.tokens[: r.accepted])
+            finished = r.finished
+            if r.accepted < len(block.tokens):
+                emit("reject", block.tokens[r.accepted :])
+            if r.next_token is not None:
+                emit("correct" if r.accepted < len(block.tokens) else "bonus", (r.next_token,))
+                # The drafter's context holds drafts past the accepted ones: cut them and
+                # append the verifier's token; every block still in flight is now stale.
+                state = drafter.rollback(state, [0], [block.start + r.accepted])
+                state = drafter.append(state, [0], [[r.next_token]])
+                if on_rollback is not None:
+                    on_rollback(state, committed)
+                trace.rollbacks += r.new_epoch != epoch
+            epoch = r.new_epoch
+    finally:
+        for _, task in inflight:
+            task.cancel()
+        await endpoint.close_session(sid)
+        trace.end_time = time.perf_counter()
+    return trace
+
+
+class DelayedEndpoint:
+    """Wraps an endpoint with one-way delays (seconds) and jitter, like a WAN link. Each
+    direction stays FIFO (a stream over TCP): a message arrives after its own delay and never
+    before the message sent ahead of it. `delays` scripts the delays (tests); after the
+    script runs out, `one_way_s +- jitter_s` (uniform, seeded) applies."""
+
+    def __init__(
+        self,
+        inner: VerifierEndpoint,
+        one_way_s: float = 0.0,
+        jitter_s: float = 0.0,
+        seed: int = 0,
+        delays: list[float] | None = None,
+    ):
+        self.inner = inner
+        self.one_way_s = one_way_s
+        self.jitter_s = jitter_s
+        self._rng = random.Random(seed)
+        self._script = list(delays or [])
+        self._tail: dict[str, asyncio.Future[None] | None] = {"up": None, "down": None}
+
+    def _delay(self) -> float:
+        if self._script:
+            return self._script.pop(0)
+        return max(0.0, self.one_way_s + self._rng.uniform(-1, 1) * self.jitter_s)
+
+    async def _cross(self, direction: str) -> None:
+        """Return when this message arrives. The caller must deliver it before its next
+        await: the next message's wake-up is only scheduled, it cannot overtake."""
+        prev = self._tail[direction]
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._tail[direction] = mine
+        await asyncio.sleep(self._delay())
+        if prev is not None:
+            await prev
+        mine.set_result(None)
+
+    async def open_session(self, config: SessionConfig):
+        await self._cross("up")
+        info = await self.inner.open_session(config)
+        await self._cross("down")
+        return info
+
+    async def verify(self, block: DraftBlock) -> VerifyResult:
+        await self._cross("up")
+        r = await self.inner.verify(block)  # queued before any later message can run
+        await self._cross("down")
+        return r
+
+    async def close_session(self, session_id: str) -> None:
+        await self.inner.close_session(session_id)

@@ -1,0 +1,145 @@
+"""The edge session against the in-process verifier, through a simulated WAN."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jaxspec
+from edge.drafter import Drafter
+from edge.session import DelayedEndpoint, run_session
+from jaxspec.protocol import SessionConfig
+from jaxspec.testing import tiny_config, to_dtype
+from verify import LocalVerifier, Scheduler
+
+PROMPT, NEW = (1, 2, 3, 4), 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def x64():
+    """This module runs in float64 (exact decisions). Globally, not as a context manager:
+    the LocalVerifier ticks in a worker thread, and JAX config contexts are per thread."""
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
+@functools.cache
+def models():
+    """float64 target and draft, random but peaked enough to reject often."""
+    cfg = tiny_config()
+    out = []
+    for seed in (0, 7):
+        m = jaxspec.Model(config=cfg, params=jaxspec.init_params(cfg, seed))
+        out.append(to_dtype(m.with_params(jax.tree.map(lambda a: a * 3, m.params)), jnp.float64))
+    return tuple(out)
+
+
+@functools.cache
+def scheduler():
+    return Scheduler(models()[0], max_sessions=4, max_len=128, max_gamma=4, row_buckets=(1, 2, 4))
+
+
+def session(
+    mode, gamma, depth, temperature=1.0, encoding="full", delays=None, seed=3, on_rollback=None
+):
+    cfg = SessionConfig(
+        prompt=PROMPT,
+        max_new_tokens=NEW,
+        gamma=gamma,
+        mode=mode,
+        encoding=encoding,
+        temperature=temperature,
+        seed=seed,
+        sparse_k=4,
+    )
+    drafter = Drafter(models()[1], gamma=gamma, encoding=encoding, sparse_k=4)
+
+    async def go():
+        v = LocalVerifier(scheduler=scheduler())
+        ep = v if delays is None else DelayedEndpoint(v, delays=delays, one_way_s=0.0)
+        try:
+            return await run_session(ep, drafter, cfg, depth=depth, on_rollback=on_rollback)
+        finally:
+            await v.aclose()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    ("mode", "encoding", "temperature"),
+    [("sync", "full", 1.0), ("pipelined", "sparse", 0.8), ("pipelined", "onehot", 0.0)],
+)
+def test_edge_cloud_equals_colocated_speculative(mode, encoding, temperature):
+    """The edge drafter + verifier over the protocol produce exactly what co-located
+    speculative decoding produces (same draws), sampled too."""
+    t, d = models()
+    trace = session(mode, 3, 2, temperature, encoding)
+    ref = jaxspec.generate(
+        t,
+        list(PROMPT),
+        NEW,
+        draft=d,
+        gamma=3,
+        mode=mode,
+        encoding=encoding,
+        sparse_k=4,
+        temperature=temperature,
+        seeds=[3],
+    )
+    assert trace.tokens == ref.tokens
+    assert trace.rounds > 0 and trace.acceptance_rate < 1
+    assert trace.acceptance_rate > 0 or temperature == 0.0  # greedy random drafts never agree
+    if temperature == 0.0:
+        assert trace.tokens == jaxspec.generate(t, list(PROMPT), NEW, temperature=0.0).tokens
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    depth=st.integers(1, 8),
+    gamma=st.integers(1, 4),
+    delays=st.lists(st.sampled_from([0.0, 0.0, 0.001, 0.004, 0.02]), max_size=40),
+    temperature=st.sampled_from([0.0, 1.0]),
+)
+def test_pipelined_output_is_independent_of_depth_and_delays(depth, gamma, delays, temperature):
+    base = session("pipelined", gamma, 1, temperature)
+    got = session("pipelined", gamma, depth, temperature, delays=delays)
+    assert got.tokens == base.tokens and len(got.tokens) == NEW
+    if temperature == 0.0:
+        plain = jaxspec.generate(models()[0], list(PROMPT), NEW, temperature=0.0).tokens
+        assert got.tokens == plain
+
+
+def test_every_rollback_leaves_the_drafter_as_if_built_from_scratch():
+    _, d = models()
+    fresh_drafter = Drafter(d, gamma=3)
+    checked = []
+
+    def check(state, committed):
+        n = len(committed)
+        assert int(state.length[0]) == n
+        np.testing.assert_array_equal(np.asarray(state.tokens[0, :n]), committed)
+        fresh = fresh_drafter.prefill(fresh_drafter.init(1, state.tokens.shape[1]), [committed])
+        kv = int(min(state.cache.lengths[0], fresh.cache.lengths[0]))
+        assert kv >= n - 2  # at most the last two positions await their KV
+        np.testing.assert_allclose(state.cache.k[:, 0, :kv], fresh.cache.k[:, 0, :kv], atol=1e-9)
+        np.testing.assert_allclose(state.cache.v[:, 0, :kv], fresh.cache.v[:, 0, :kv], atol=1e-9)
+        checked.append(n)
+
+    trace = session("pipelined", 3, 4, 1.0, on_rollback=check)
+    assert trace.rollbacks > 0 and len(checked) >= trace.rollbacks
+    assert trace.stale > 0  # blocks in flight behind a rejection were dropped
+
+
+def test_sync_mode_is_depth_one_with_bonus_tokens():
+    trace = session("sync", 2, 5, 0.0)
+    assert trace.stale == 0
+    kinds = {k for k, _ in trace.events}
+    assert {"draft", "accept", "correct"} <= kinds
