@@ -135,7 +135,7 @@ def warp(logits_BV: Float[Array, "B V"], params: SamplingParams) -> Float[Array,
     def sampled(_):
         scaled = logits_BV / jnp.where(t > 0, t, 1)
         filters = jnp.any(params.top_k > 0) | jnp.any(params.top_p < 1)
-        probs = jax.lax.cond(
+        probs = _cond(
             filters,
             lambda s: _top_k_top_p(s, params),
             lambda s: jax.nn.softmax(s, axis=-1),
@@ -143,7 +143,15 @@ def warp(logits_BV: Float[Array, "B V"], params: SamplingParams) -> Float[Array,
         )
         return jnp.where(t > 0, probs, greedy)
 
-    return jax.lax.cond(jnp.all(t == 0), lambda _: greedy, sampled, None)
+    return _cond(jnp.all(t == 0), lambda _: greedy, sampled, None)
+
+
+def _cond(pred, true_fn, false_fn, operand):
+    """`lax.cond` under a trace; a plain `if` on concrete values (eager calls then compile
+    nothing: an eager float64 `lax.cond` once crashed XLA's CPU compiler in our suite)."""
+    if isinstance(pred, jax.core.Tracer):
+        return jax.lax.cond(pred, true_fn, false_fn, operand)
+    return true_fn(operand) if bool(pred) else false_fn(operand)
 
 
 def _top_k_top_p(scaled_BV: jax.Array, params: SamplingParams) -> jax.Array:
