@@ -34,8 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.model import KVCache, Llama, Model, init_cache
-from jaxspec.sampling import Purpose, SamplingParams, uniforms
-from jaxspec.speculative import draft_q_for, pack_q
+from jaxspec.sampling import SamplingParams
+from jaxspec.speculative import draft_block
 from jaxspec.verification import ENCODINGS, DraftQ
 
 
@@ -150,38 +150,20 @@ def draft(
     def at(pos_N):
         return jnp.take_along_axis(state.tokens, jnp.clip(pos_N, 0, S - 1)[:, None], axis=1)[:, 0]
 
-    def propose(logits_NV, pos_N):
-        u = uniforms(keys_N2, pos_N[:, None], Purpose.DRAFT)[:, 0]
-        return draft_q_for(logits_NV, sampling, u, encoding, sparse_k)
-
-    # First step: (re-)feed t(n-2) if its KV is missing, then t(n-1) -> d0 at position n.
-    pos2 = jnp.stack([n_N - 2, n_N - 1], axis=1)
+    # Re-feed t(n-2) only where its KV is missing (see `draft_block`).
     missing = (n_N >= 2) & (n_N - 2 >= state.cache.lengths)
-    valid2 = jnp.stack([live_N & missing, live_N], axis=1)
-    two = jnp.stack([at(n_N - 2), at(n_N - 1)], axis=1)
-    logits, cache = module.apply({"params": params}, two, pos2, valid2, state.cache)
-    d0, q0 = propose(logits[:, -1], n_N)
-
-    def step(carry, i):
-        tok_N, cache = carry
-        pos_N = n_N - 1 + i  # where the previous draft sits
-        logits, cache = module.apply(
-            {"params": params}, tok_N[:, None], pos_N[:, None], live_N[:, None], cache
-        )
-        d, q = propose(logits[:, 0], pos_N + 1)
-        return (d, cache), (d, q)
-
-    (_, cache), (d_rest, q_rest) = jax.lax.scan(step, (d0, cache), jnp.arange(1, gamma))
-    d_GN = jnp.concatenate([d0[None], d_rest], axis=0)
-    qs = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b], axis=0), q0, q_rest)
-    drafts_NG = jnp.where(live_N[:, None], d_GN.T, -1)
+    d_NG, q, cache = draft_block(
+        module, params, state.cache, at(n_N - 2), at(n_N - 1), n_N, missing, live_N, sampling,
+        keys_N2, gamma=gamma, encoding=encoding, sparse_k=sparse_k,
+    )  # fmt: skip
+    drafts_NG = jnp.where(live_N[:, None], d_NG, -1)
 
     cols = n_N[:, None] + jnp.arange(gamma, dtype=jnp.int32)[None, :]
     write = jnp.where(live_N[:, None], cols, S)
     tokens = state.tokens.at[jnp.arange(N)[:, None], write].set(drafts_NG, mode="drop")
     length = jnp.where(live_N, n_N + gamma, n_N)
     new_state = DrafterState(tokens=tokens, length=length, cache=cache)
-    return new_state, DraftBlock(start=n_N, tokens=drafts_NG, q=pack_q(encoding, qs))
+    return new_state, DraftBlock(start=n_N, tokens=drafts_NG, q=q)
 
 
 class Drafter:

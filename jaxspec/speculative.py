@@ -111,6 +111,56 @@ def pack_q(encoding: str, qs: Any) -> DraftQ:
     return DraftQ.full(jnp.swapaxes(qs, 0, 1))
 
 
+def draft_block(
+    draft: Llama,
+    params: Any,
+    cache: Any,
+    prev_B: jax.Array,
+    last_B: jax.Array,
+    next_pos_B: jax.Array,
+    feed_prev_B: jax.Array,
+    live_B: jax.Array,
+    sampling: SamplingParams,
+    keys_B2: jax.Array,
+    *,
+    gamma: int,
+    encoding: str,
+    sparse_k: int,
+    mutant: str | None = None,
+) -> tuple[jax.Array, DraftQ, Any]:
+    """Draft `gamma` tokens per row at positions next_pos .. next_pos+gamma-1 (traced).
+
+    The first step feeds `last` (at next_pos-1) and, where `feed_prev`, also `prev` (at
+    next_pos-2): after a fully accepted sync block the draft never fed its own last draft (the
+    bonus followed it). The co-located loop and the edge drafter both draft through here.
+    Returns drafts `[B, gamma]`, the q's they were sampled from, and the draft cache.
+    """
+
+    def propose(logits_BV, pos_B):
+        u = uniforms(keys_B2, pos_B[:, None], Purpose.DRAFT)[:, 0]
+        return draft_q_for(logits_BV, sampling, u, encoding, sparse_k, mutant)
+
+    two = jnp.stack([prev_B, last_B], axis=1)
+    pos2 = jnp.stack([next_pos_B - 2, next_pos_B - 1], axis=1)
+    valid2 = jnp.stack([live_B & feed_prev_B, live_B], axis=1)
+    logits, cache = draft.apply({"params": params}, two, pos2, valid2, cache)
+    d0, q0 = propose(logits[:, -1], next_pos_B)
+
+    def step(carry, i):
+        tok, cache = carry
+        pos = next_pos_B - 1 + i  # where the previous draft sits
+        logits, cache = draft.apply(
+            {"params": params}, tok[:, None], pos[:, None], live_B[:, None], cache
+        )
+        d, q = propose(logits[:, 0], pos + 1)
+        return (d, cache), (d, q)
+
+    (_, cache), (d_rest, q_rest) = jax.lax.scan(step, (d0, cache), jnp.arange(1, gamma))
+    d_GB = jnp.concatenate([d0[None], d_rest], axis=0)
+    qs = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b], axis=0), q0, q_rest)
+    return d_GB.T, pack_q(encoding, qs), cache
+
+
 @functools.partial(
     jax.jit,
     static_argnames=("target", "draft", "gamma", "encoding", "sparse_k", "buffer", "mutant"),
@@ -153,38 +203,17 @@ def speculative_decode(
         live_B = ~done_B
         P_B = lengths_B + n_B  # committed length; the next token sits at P
 
-        def propose(logits_B1V, pos_B):
-            u = uniforms(keys_B2, pos_B[:, None], Purpose.DRAFT)[:, 0]
-            return draft_q_for(logits_B1V[:, -1], sampling, u, encoding, sparse_k, mutant)
-
-        # The first draft step re-feeds the token before the last one too: after a fully
-        # accepted sync block the draft never saw its own last draft (the bonus followed it).
-        two = jnp.stack([prev_B, last_B], axis=1)
-        pos2 = jnp.stack([P_B - 2, P_B - 1], axis=1)
-        valid2 = jnp.stack([live_B & (P_B >= 2), live_B], axis=1)
-        logits, dcache = draft.apply({"params": draft_params}, two, pos2, valid2, dcache)
-        d0, q0 = propose(logits, P_B)
-
-        def draft_step(carry, i):
-            tok, cache = carry
-            pos = P_B - 1 + i
-            logits, cache = draft.apply(
-                {"params": draft_params}, tok[:, None], pos[:, None], live_B[:, None], cache
-            )
-            d, q = propose(logits, pos + 1)
-            return (d, cache), (d, q)
-
-        (_, dcache), (d_rest, q_rest) = jax.lax.scan(draft_step, (d0, dcache), jnp.arange(1, K))
-        d_KB = jnp.concatenate([d0[None], d_rest], axis=0)
-        qs = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b], axis=0), q0, q_rest)
-        d_BK = d_KB.T
+        d_BK, draft_q, dcache = draft_block(
+            draft, draft_params, dcache, prev_B, last_B, P_B, P_B >= 2, live_B, sampling,
+            keys_B2, gamma=K, encoding=encoding, sparse_k=sparse_k, mutant=mutant,
+        )  # fmt: skip
         block = jnp.concatenate([last_B[:, None], d_BK], axis=1)
         pos = P_B[:, None] - 1 + jnp.arange(K + 1)[None, :]
         valid = jnp.broadcast_to(live_B[:, None], (B, K + 1))
         logits, tcache = target.apply({"params": target_params}, block, pos, valid, tcache)
         num_draft = jnp.where(live_B, K, 0)
         vr = _verify(
-            d_BK, num_draft, logits, pack_q(encoding, qs), sampling, keys_B2, P_B, sync_B,
+            d_BK, num_draft, logits, draft_q, sampling, keys_B2, P_B, sync_B,
             mutant=mutant,
         )  # fmt: skip
 
