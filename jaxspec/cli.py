@@ -4,11 +4,14 @@ Subcommands:
   generate      decode a prompt with a checkpoint (plain, or speculative with --draft);
                 `--checkpoint default --draft default-draft` uses the shipped pair
   init-random   write a random-weight tiny checkpoint (to try the tools without training)
+  demo          a live terminal view of edge tenants drafting against a verifier service
+  bench         run the benchmark suite; writes BENCHMARKS.md, bench/results.json, plots
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
@@ -84,7 +87,34 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("path")
     r.add_argument("--seed", type=int, default=0)
     r.set_defaults(func=_init_random)
+
+    # Larger subcommands live in their own modules, imported lazily: each defines
+    # `add_arguments(parser)` (stdlib only at import time) and `main(args) -> int`.
+    for name, module, help_ in (
+        ("demo", "jaxspec.demo", "live TUI of edge tenants drafting against a verifier"),
+        ("bench", "jaxspec.bench", "run the benchmark suite and write the report"),
+    ):
+        sp = sub.add_parser(name, help=help_)
+        sp.set_defaults(func=_lazy(module))
+        _lazy_arguments(module, sp)
     return p
+
+
+def _lazy(module: str):
+    def run(args: argparse.Namespace) -> int:
+        return importlib.import_module(module).main(args)
+
+    return run
+
+
+def _lazy_arguments(module: str, parser: argparse.ArgumentParser) -> None:
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
+        return  # not written yet
+    mod.add_arguments(parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
