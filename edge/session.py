@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 
 from edge.drafter import Drafter
-from jaxspec.protocol import DraftBlock, SessionConfig, VerifierEndpoint, VerifyResult
+from jaxspec.protocol import (
+    DraftBlock,
+    SessionConfig,
+    Unavailable,
+    VerifierEndpoint,
+    VerifyResult,
+)
 from jaxspec.sampling import SamplingParams, session_key
 
 
@@ -43,6 +49,7 @@ class SessionTrace:
     drafted: int = 0
     accepted: int = 0
     rounds: int = 0
+    resumes: int = 0  # sessions reopened after the verifier went away
     start_time: float = 0.0
     end_time: float = 0.0
     events: list[tuple[str, tuple[int, ...]]] = dataclasses.field(default_factory=list)
@@ -79,12 +86,17 @@ async def run_session(
     depth: int = 1,
     on_event: Callable[[str, tuple[int, ...]], None] | None = None,
     on_rollback: Callable[[Any, list[int]], None] | None = None,
+    resume_timeout_s: float = 0.0,
+    resume_backoff_s: float = 0.2,
 ) -> SessionTrace:
     """Generate with `drafter` against `endpoint` until the verifier says finished.
 
     `config.mode` "sync" forces depth 1. `on_event(kind, tokens)` sees "draft", "accept",
-    "correct", "bonus", "reject" (drafts thrown away) and "stale" as they happen;
+    "correct", "bonus", "reject" (drafts thrown away), "stale" and "resume" as they happen;
     `on_rollback(drafter_state, committed)` sees the drafter right after each rollback.
+    With `resume_timeout_s > 0`, a verifier that becomes unavailable (killed, restarted,
+    draining) is retried for that long and the session reopened with its committed tokens:
+    the output is exactly that of an uninterrupted run (draws are keyed by position).
     """
     if drafter.gamma != config.gamma or drafter.encoding != config.encoding:
         raise ValueError("the drafter's gamma/encoding must match the session config")
@@ -99,8 +111,17 @@ async def run_session(
         if on_event is not None:
             on_event(kind, tuple(int(t) for t in toks))
 
-    info = await endpoint.open_session(config)
-    sid = info.session_id
+    async def open_session(cfg: SessionConfig) -> str:
+        give_up = time.monotonic() + resume_timeout_s
+        while True:
+            try:
+                return (await endpoint.open_session(cfg)).session_id
+            except Unavailable:
+                if time.monotonic() + resume_backoff_s > give_up:
+                    raise
+                await asyncio.sleep(resume_backoff_s)
+
+    sid = await open_session(config)
     prompt = list(config.prompt)
     need = len(prompt) + config.max_new_tokens + (depth + 1) * config.gamma + 2
     max_len = 1 << max(6, (need - 1).bit_length())  # bucketed: sessions share compilations
@@ -132,7 +153,24 @@ async def run_session(
                 trace.blocks_sent += 1
                 emit("draft", block.tokens)
             block, task = inflight.pop(0)
-            r = await task
+            try:
+                r = await task
+            except Unavailable:
+                if resume_timeout_s <= 0:
+                    raise
+                # Resume: drop what was in flight, reopen with the committed tokens (epoch
+                # 0 again) and redraft from the committed prefix.
+                for _, t in inflight:
+                    t.cancel()
+                inflight.clear()
+                await endpoint.close_session(sid)
+                done = tuple(committed[len(prompt) :])
+                sid = await open_session(dataclasses.replace(config, committed=done))
+                epoch = 0
+                state = drafter.rollback(state, [0], [len(committed)])
+                trace.resumes += 1
+                emit("resume", ())
+                continue
             if r.stale:
                 trace.stale += 1
                 emit("stale", block.tokens)

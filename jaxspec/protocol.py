@@ -44,6 +44,39 @@ class ResourceExhausted(VerifierError):
         self.retry_after_s = retry_after_s
 
 
+class Unauthenticated(VerifierError):
+    code = "UNAUTHENTICATED"
+
+
+class PermissionDenied(VerifierError):
+    code = "PERMISSION_DENIED"
+
+
+class Unavailable(VerifierError):
+    """The verifier went away or is draining: reopen (resume) the session, maybe elsewhere."""
+
+    code = "UNAVAILABLE"
+
+
+class DeadlineExceeded(VerifierError):
+    code = "DEADLINE_EXCEEDED"
+
+
+ERRORS: dict[str, type[VerifierError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        FailedPrecondition,
+        ResourceExhausted,
+        Unauthenticated,
+        PermissionDenied,
+        Unavailable,
+        DeadlineExceeded,
+    )
+}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SessionConfig:
     """What `OpenSession` carries. Sampling params apply to the target and the draft alike."""
@@ -59,6 +92,9 @@ class SessionConfig:
     encoding: str = "full"  # "full" | "sparse" | "onehot"
     sparse_k: int = 8
     stop_tokens: tuple[int, ...] | None = None  # None: the target's EOS ids
+    # Resume: new tokens already committed by a verifier that went away. Draws are keyed
+    # by position, so the reopened session continues exactly where the old one stopped.
+    committed: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

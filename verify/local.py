@@ -103,6 +103,12 @@ class LocalVerifier:
             results = self.scheduler.close(session_id, self.tenant)
         self._resolve(results)
 
+    async def evict_idle(self) -> None:
+        """Drop sessions idle past the scheduler's timeout (their waiting blocks go stale)."""
+        with self._lock:
+            results = self.scheduler.evict_idle()
+        self._resolve(results)
+
     async def aclose(self) -> None:
         """Stop the worker task."""
         root = self._root()

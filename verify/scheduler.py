@@ -56,10 +56,11 @@ class Session:
     slot: int
     tokens: list[int]  # prompt + committed new tokens
     prompt_len: int
+    context_len: int  # prompt + tokens committed before a resume: what prefill covers
     stops: frozenset[int]
     key: np.ndarray
     epoch: int = 0
-    prefilled: int = 0  # prompt positions whose KV is in the slot (goal: prompt_len - 1)
+    prefilled: int = 0  # context positions whose KV is in the slot (goal: context_len - 1)
     finished: bool = False
     last_active: float = 0.0
     queue: collections.deque = dataclasses.field(default_factory=collections.deque)
@@ -78,7 +79,7 @@ class Session:
 
     @property
     def ready_to_verify(self) -> bool:
-        return self.prefilled >= self.prompt_len - 1
+        return self.prefilled >= self.context_len - 1
 
 
 @dataclasses.dataclass
@@ -176,8 +177,9 @@ class Scheduler:
             tenant=tenant,
             config=config,
             slot=self.free_slots.pop(),
-            tokens=list(config.prompt),
+            tokens=list(config.prompt) + list(config.committed),
             prompt_len=len(config.prompt),
+            context_len=len(config.prompt) + len(config.committed),
             stops=frozenset(stops),
             key=np.asarray(session_key(config.seed, 0)),
             last_active=self.clock(),
@@ -205,6 +207,14 @@ class Scheduler:
             raise InvalidArgument(f"sparse_k must be in [1, {self.max_sparse_k}]")
         if c.max_new_tokens < 1:
             raise InvalidArgument("max_new_tokens must be >= 1")
+        if not 0 <= c.seed < 2**63:
+            raise InvalidArgument("seed must be in [0, 2**63)")
+        if c.committed:
+            if any(not 0 <= t < self.vocab for t in c.committed):
+                raise InvalidArgument(f"committed token ids must be in [0, {self.vocab})")
+            stops = self.model.config.eos_token_ids if c.stop_tokens is None else c.stop_tokens
+            if len(c.committed) >= c.max_new_tokens or set(c.committed) & set(stops):
+                raise InvalidArgument("the committed tokens already finish this session")
         need = len(c.prompt) + c.max_new_tokens + self.max_gamma + 1
         if need > self.max_len:
             raise InvalidArgument(
@@ -466,7 +476,7 @@ class Scheduler:
         slots = np.full(R, todo[0].slot, np.int32)
         for i, s in enumerate(todo):
             lo = s.prefilled
-            hi = min(s.prompt_len - 1, lo + C)
+            hi = min(s.context_len - 1, lo + C)
             tokens[i, : hi - lo] = s.tokens[lo:hi]
             positions[i] = lo + np.arange(C)
             valid[i, : hi - lo] = True

@@ -1,0 +1,159 @@
+"""`GrpcEndpoint`: the edge's `VerifierEndpoint` over gRPC (`jaxspec.v1.Verifier`).
+
+One channel per endpoint; one bidirectional Verify stream per session, opened on the first
+block: blocks go up as they are drafted, results come back in order and resolve the
+callers' futures. A failed stream fails every block in flight with the protocol error its
+status maps to (UNAVAILABLE -> `Unavailable`, which `run_session` answers by resuming).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+from typing import Any
+
+import grpc
+
+from jaxspec import wire
+from jaxspec.proto import verifier_pb2 as pb
+from jaxspec.proto import verifier_pb2_grpc as pb_grpc
+from jaxspec.protocol import (
+    ERRORS,
+    DraftBlock,
+    NotFound,
+    SessionConfig,
+    SessionInfo,
+    Unavailable,
+    VerifierError,
+    VerifyResult,
+)
+
+
+def error_from_rpc(e: grpc.RpcError) -> VerifierError:
+    """The protocol error for a failed call (a server going away reads as Unavailable)."""
+    code = e.code() if hasattr(e, "code") else None
+    name = code.name if code is not None else "UNKNOWN"
+    details = (e.details() if hasattr(e, "details") else None) or name
+    if name == "CANCELLED":  # the server stopped under us (our own cancels never get here)
+        name = "UNAVAILABLE"
+    cls = ERRORS.get(name)
+    if cls is None:
+        err = VerifierError(f"{name}: {details}")
+        err.code = name
+        return err
+    return cls(details)
+
+
+@dataclasses.dataclass
+class _Stream:
+    call: Any
+    pending: collections.deque  # futures, in send order
+    reader: asyncio.Task | None = None
+
+
+class GrpcEndpoint:
+    """Connects to `target` ("host:port"); `token` is the tenant's bearer token; `tls_ca`
+    (PEM bytes or a path) turns on TLS, trusting that CA (None with `tls=True`: system CAs)."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: str | None = None,
+        tls: bool = False,
+        tls_ca: bytes | str | None = None,
+        tls_server_name: str | None = None,
+        timeout_s: float = 30.0,
+        max_message_bytes: int = 64 << 20,
+    ):
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        if tls_server_name:
+            options.append(("grpc.ssl_target_name_override", tls_server_name))
+        if tls or tls_ca is not None:
+            if isinstance(tls_ca, str):
+                with open(tls_ca, "rb") as f:
+                    tls_ca = f.read()
+            creds = grpc.ssl_channel_credentials(root_certificates=tls_ca)
+            self.channel = grpc.aio.secure_channel(target, creds, options=options)
+        else:
+            self.channel = grpc.aio.insecure_channel(target, options=options)
+        self.stub = pb_grpc.VerifierStub(self.channel)
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.timeout_s = timeout_s
+        self._streams: dict[str, _Stream] = {}
+
+    async def _unary(self, method: Any, request: Any) -> Any:
+        try:
+            return await method(request, metadata=self.metadata, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+
+    async def open_session(self, config: SessionConfig) -> SessionInfo:
+        reply = await self._unary(self.stub.OpenSession, wire.config_to_proto(config))
+        return wire.info_from_proto(reply)
+
+    async def verify(self, block: DraftBlock) -> VerifyResult:
+        stream = self._streams.get(block.session_id)
+        if stream is None:
+            call = self.stub.Verify(metadata=self.metadata)
+            stream = self._streams[block.session_id] = _Stream(call, collections.deque())
+            stream.reader = asyncio.ensure_future(self._read(block.session_id, stream))
+        fut: asyncio.Future[VerifyResult] = asyncio.get_running_loop().create_future()
+        stream.pending.append(fut)
+        try:
+            await stream.call.write(wire.block_to_proto(block))
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass  # the reader sees the stream's status and fails `fut` with it
+        return await fut
+
+    async def _read(self, sid: str, stream: _Stream) -> None:
+        error: VerifierError
+        try:
+            async for msg in stream.call:
+                if stream.pending:
+                    stream.pending.popleft().set_result(wire.result_from_proto(msg))
+            error = Unavailable("the verifier ended the stream")
+        except grpc.RpcError as e:
+            error = error_from_rpc(e)
+        except asyncio.CancelledError:
+            error = Unavailable("the stream was closed")
+        if self._streams.get(sid) is stream:
+            del self._streams[sid]
+        while stream.pending:
+            fut = stream.pending.popleft()
+            if not fut.done():
+                fut.set_exception(error)
+
+    async def close_session(self, session_id: str) -> None:
+        """End the session's stream and free its slot. A verifier that is gone has freed it
+        already, so Unavailable/NotFound are not errors here."""
+        stream = self._streams.pop(session_id, None)
+        if stream is not None:
+            stream.call.cancel()
+            if stream.reader is not None:
+                await asyncio.gather(stream.reader, return_exceptions=True)
+        try:
+            await self._unary(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))
+        except (Unavailable, NotFound):
+            pass
+
+    async def stats(self) -> dict[str, Any]:
+        """The verifier's scheduler figures (sessions, queue depth, step time, occupancy)."""
+        m = await self._unary(self.stub.Stats, pb.StatsRequest())
+        return {f.name: getattr(m, f.name) for f in m.DESCRIPTOR.fields}
+
+    async def aclose(self) -> None:
+        for sid in list(self._streams):
+            s = self._streams.pop(sid)
+            s.call.cancel()
+        await self.channel.close()
+
+    async def __aenter__(self) -> GrpcEndpoint:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,146 @@
+"""The protocol's Python types <-> their `jaxspec.v1` protobuf messages (DESIGN §4).
+
+Both transports' ends (the gRPC server in `verify`, the client in `edge`) and the wire-cost
+benchmark convert here, so a field means the same thing everywhere. Decoding checks only
+what the message layout itself can get wrong (unknown enum values, a q that is not
+`n x something`); everything that needs the session (vocabulary, gamma, epochs) is the
+scheduler's to check, with the same errors as in-process.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxspec.proto import verifier_pb2 as pb
+from jaxspec.protocol import DraftBlock, InvalidArgument, SessionConfig, SessionInfo, VerifyResult
+
+_MODES = {pb.MODE_UNSPECIFIED: "sync", pb.MODE_SYNC: "sync", pb.MODE_PIPELINED: "pipelined"}
+_ENCODINGS = {
+    pb.ENCODING_UNSPECIFIED: "full",
+    pb.ENCODING_FULL: "full",
+    pb.ENCODING_SPARSE: "sparse",
+    pb.ENCODING_ONEHOT: "onehot",
+}
+
+
+def _enum(value: int, table: dict[int, str], what: str) -> str:
+    if value not in table:
+        raise InvalidArgument(f"unknown {what} {value}")
+    return table[value]
+
+
+def _code(name: str, table: dict[int, str]) -> int:
+    return next(k for k, v in table.items() if v == name and k != 0)
+
+
+def config_to_proto(c: SessionConfig) -> pb.OpenSessionRequest:
+    if c.mode not in _MODES.values() or c.encoding not in _ENCODINGS.values():
+        raise InvalidArgument(f"unknown mode {c.mode!r} or encoding {c.encoding!r}")
+    return pb.OpenSessionRequest(
+        prompt=c.prompt,
+        max_new_tokens=c.max_new_tokens,
+        temperature=c.temperature,
+        top_k=c.top_k,
+        top_p=c.top_p,
+        seed=c.seed,
+        mode=_code(c.mode, _MODES),
+        gamma=c.gamma,
+        encoding=_code(c.encoding, _ENCODINGS),
+        sparse_k=c.sparse_k,
+        stop_tokens=c.stop_tokens or (),
+        default_stop_tokens=c.stop_tokens is None,
+        committed=c.committed,
+    )
+
+
+def config_from_proto(m: pb.OpenSessionRequest) -> SessionConfig:
+    return SessionConfig(
+        prompt=tuple(m.prompt),
+        max_new_tokens=m.max_new_tokens,
+        temperature=m.temperature,
+        top_k=m.top_k,
+        top_p=m.top_p if m.top_p > 0 else 1.0,
+        seed=m.seed,
+        mode=_enum(m.mode, _MODES, "mode"),
+        gamma=m.gamma,
+        encoding=_enum(m.encoding, _ENCODINGS, "encoding"),
+        sparse_k=m.sparse_k,
+        stop_tokens=None if m.default_stop_tokens else tuple(m.stop_tokens),
+        committed=tuple(m.committed),
+    )
+
+
+def info_to_proto(i: SessionInfo) -> pb.OpenSessionResponse:
+    return pb.OpenSessionResponse(
+        session_id=i.session_id,
+        max_gamma=i.max_gamma,
+        max_sparse_k=i.max_sparse_k,
+        vocab_size=i.vocab_size,
+        max_new_tokens=i.max_new_tokens,
+    )
+
+
+def info_from_proto(m: pb.OpenSessionResponse) -> SessionInfo:
+    return SessionInfo(
+        session_id=m.session_id,
+        max_gamma=m.max_gamma,
+        max_sparse_k=m.max_sparse_k,
+        vocab_size=m.vocab_size,
+        max_new_tokens=m.max_new_tokens,
+    )
+
+
+def block_to_proto(b: DraftBlock) -> pb.DraftBlock:
+    """q travels as float32 (what the drafter computes in), row-major."""
+    q = () if b.q is None else np.asarray(b.q, np.float32).ravel()
+    ids = () if b.q_ids is None else np.asarray(b.q_ids, np.int32).ravel()
+    return pb.DraftBlock(
+        session_id=b.session_id, epoch=b.epoch, start=b.start, tokens=b.tokens, q=q, q_ids=ids
+    )
+
+
+def _rows(values, n: int, dtype, what: str) -> np.ndarray | None:
+    if not len(values):
+        return None
+    if n == 0 or len(values) % n:
+        raise InvalidArgument(f"{what} holds {len(values)} values: not {n} equal rows")
+    return np.asarray(values, dtype).reshape(n, -1)
+
+
+def block_from_proto(m: pb.DraftBlock) -> DraftBlock:
+    n = len(m.tokens)
+    return DraftBlock(
+        session_id=m.session_id,
+        epoch=m.epoch,
+        start=m.start,
+        tokens=tuple(m.tokens),
+        q=_rows(m.q, n, np.float32, "q"),
+        q_ids=_rows(m.q_ids, n, np.int64, "q_ids"),
+    )
+
+
+def result_to_proto(r: VerifyResult) -> pb.VerifyResult:
+    return pb.VerifyResult(
+        epoch=r.epoch,
+        start=r.start,
+        accepted=r.accepted,
+        tokens=r.tokens,
+        has_next_token=r.next_token is not None,
+        next_token=r.next_token or 0,
+        new_epoch=r.new_epoch,
+        stale=r.stale,
+        finished=r.finished,
+    )
+
+
+def result_from_proto(m: pb.VerifyResult) -> VerifyResult:
+    return VerifyResult(
+        epoch=m.epoch,
+        start=m.start,
+        accepted=m.accepted,
+        tokens=tuple(m.tokens),
+        next_token=m.next_token if m.has_next_token else None,
+        new_epoch=m.new_epoch,
+        stale=m.stale,
+        finished=m.finished,
+    )
