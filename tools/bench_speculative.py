@@ -3,8 +3,9 @@
     python tools/bench_speculative.py --target default --draft default-draft
     python tools/bench_speculative.py --tiny          # random tiny pair, seconds (CI)
 
-Both decoders run on the same prompts in the same process, each warmed up (compiled)
-before it is timed, alternating repeats so machine noise hits both alike. Prints a table
+Prompts are windows of the documents held out of the shipped pair's training. Both decoders
+run on the same prompts in the same process, each warmed up (compiled) before it is timed
+(median of the repeats); `jaxspec bench` runs the same code on more prompts. Prints a table
 and writes JSON (`--json`): per configuration, plain and speculative tokens/s, their ratio,
 acceptance rate alpha, tokens per round and per-position acceptance. Greedy outputs are
 checked to be identical (the benchmark refuses to report a lossy speedup).
@@ -14,39 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from typing import Any
 
 import jax
-import numpy as np
 
 import jaxspec
-
-
-def _prompts(model: jaxspec.Model, n: int, length: int, seed: int) -> list[list[int]]:
-    """Held-out-style prompts: tokenized Python source when the model has a tokenizer."""
-    rng = np.random.RandomState(seed)
-    if model.tokenizer is None:
-        return [rng.randint(0, model.config.vocab_size, length).tolist() for _ in range(n)]
-    import inspect
-    import json as json_mod
-
-    text = inspect.getsource(json_mod)  # the stdlib ships with every Python
-    ids = model.tokenizer.encode(text, add_special_tokens=False)
-    starts = rng.randint(0, max(1, len(ids) - length), n)
-    return [ids[s : s + length] for s in starts]
-
-
-def _time(fn, repeats: int) -> tuple[float, Any]:
-    fn()  # compile
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+from jaxspec.bench import colocated
+from jaxspec.bench.common import heldout_stream, prompts_from
 
 
 def run(
@@ -61,45 +37,12 @@ def run(
     repeats: int,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
-    prompts = _prompts(target, batch, prompt_len, seed)
-    rows = []
-    for temp in temperatures:
-
-        def plain(temp=temp):
-            return jaxspec.generate(
-                target, prompts, new_tokens, temperature=temp, seed=seed, stop_tokens=()
-            )
-
-        t_plain, out_plain = _time(plain, repeats)
-        for gamma in gammas:
-            for mode in ("sync", "pipelined"):
-
-                def spec(temp=temp, gamma=gamma, mode=mode):
-                    return jaxspec.generate(
-                        target, prompts, new_tokens, temperature=temp, seed=seed, stop_tokens=(),
-                        draft=draft, gamma=gamma, mode=mode,
-                    )  # fmt: skip
-
-                t_spec, out_spec = _time(spec, repeats)
-                if temp == 0.0 and out_spec.tokens != out_plain.tokens:
-                    raise SystemExit(f"greedy outputs differ at gamma={gamma} {mode}: not lossless")
-                n_plain, n_spec = out_plain.stats.new_tokens, out_spec.stats.new_tokens
-                s = out_spec.stats
-                rows.append(
-                    {
-                        "temperature": temp,
-                        "gamma": gamma,
-                        "mode": mode,
-                        "batch": batch,
-                        "plain_tok_s": n_plain / t_plain,
-                        "spec_tok_s": n_spec / t_spec,
-                        "speedup": (n_spec / t_spec) / (n_plain / t_plain),
-                        "alpha": s.acceptance_rate,
-                        "tokens_per_round": s.tokens_per_round,
-                        "per_position_acceptance": list(s.per_position_acceptance),
-                    }
-                )
-    return rows
+    """One batch of `batch` held-out prompts (`jaxspec.bench.colocated.run` does the work)."""
+    prompts = prompts_from(heldout_stream(target), batch, prompt_len, seed)
+    return colocated.run(
+        target, draft, prompts, gammas=gammas, temperatures=temperatures,
+        new_tokens=new_tokens, repeats=repeats, batch=batch, seed=seed,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,8 @@ it reports
 - the edge drafter's (`edge.drafter`) draft tokens/s at batch 1, w4a16 next to bf16 with
   bf16 activations for both, timed in alternation in one run.
 
+The metrics are `jaxspec.bench.quality`'s, which `jaxspec bench` runs in short form.
+
 Writes `<out>.md` (tables for the README) and `<out>.json` (everything, with the command).
 
     python tools/quality_w4a16.py --out quality_w4a16      # the default pair (~8 min, 2 cores)
@@ -27,11 +29,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import hashlib
 import importlib.util
 import json
-import math
 import pathlib
 import platform
 import shlex
@@ -50,7 +50,7 @@ if str(REPO) not in sys.path:
 
 import jaxspec  # noqa: E402
 from edge.drafter import Drafter  # noqa: E402
-from jaxspec.model import Llama, init_cache  # noqa: E402
+from jaxspec.bench.quality import acceptance, batches, heldout_metrics, target_logp  # noqa: E402
 from jaxspec.sampling import SamplingParams, session_keys  # noqa: E402
 from jaxspec.testing import byte_tokenizer, tiny_config, to_dtype  # noqa: E402
 
@@ -159,78 +159,6 @@ def tiny_pair() -> tuple[jaxspec.Model, jaxspec.Model]:
 # ----------------------------------------------------------------------------- metrics
 
 
-def _logits(module: Llama, params: Any, batch_BT: jax.Array) -> jax.Array:
-    """Log-probabilities `[B, T, V]` for the windows `[B, T+1]` (inputs: all but the last)."""
-    x = batch_BT[:, :-1]
-    B, T = x.shape
-    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
-    cache = init_cache(module.config, B, T, module.dtype)
-    logits, _ = module.apply({"params": params}, x, pos, jnp.ones((B, T), bool), cache)
-    return jax.nn.log_softmax(logits, axis=-1)
-
-
-target_logp = jax.jit(_logits, static_argnames=("module",))
-
-
-@functools.partial(jax.jit, static_argnames=("module",))
-def _window_stats(
-    module: Llama, params: Any, batch_BT: jax.Array, t_logp_BTV: jax.Array
-) -> dict[str, jax.Array]:
-    """Per window: summed NLL, greedy agreement with the target and sum_x min(p, q) (the
-    expected acceptance of a temperature-1 draft, teacher-forced)."""
-    logp = _logits(module, params, batch_BT)
-    y = batch_BT[:, 1:]
-    nll = -jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0]
-    agree = jnp.argmax(logp, -1) == jnp.argmax(t_logp_BTV, -1)
-    accept = jnp.sum(jnp.minimum(jnp.exp(logp), jnp.exp(t_logp_BTV)), axis=-1)
-    return {"nll": nll.sum(1), "agree": agree.sum(1), "accept": accept.sum(1)}
-
-
-def batches(windows: dict[str, np.ndarray], batch: int) -> list[tuple[str, np.ndarray, int]]:
-    """(kind, zero-padded batch `[batch, T+1]`, real rows) over every held-out window."""
-    out = []
-    for kind, win in windows.items():
-        for i in range(0, len(win), batch):
-            chunk = win[i : i + batch]
-            pad = np.zeros((batch - len(chunk), win.shape[1]), np.int32)
-            out.append((kind, np.concatenate([chunk, pad]), len(chunk)))
-    return out
-
-
-def heldout_metrics(model: jaxspec.Model, evals: list[tuple[str, np.ndarray, int, Any]]) -> dict:
-    """Perplexity (per kind and all), teacher-forced greedy agreement and E[alpha] at T=1."""
-    sums: dict[str, dict[str, float]] = {}
-    for kind, batch, rows, t_logp in evals:
-        res = _window_stats(model.module, model.params, batch, t_logp)
-        s = sums.setdefault(kind, {"nll": 0.0, "agree": 0.0, "accept": 0.0, "n": 0})
-        for k in ("nll", "agree", "accept"):
-            s[k] += float(np.asarray(res[k])[:rows].sum())
-        s["n"] += rows * (batch.shape[1] - 1)
-    total = {k: sum(s[k] for s in sums.values()) for k in ("nll", "agree", "accept", "n")}
-    out = {f"ppl_{kind}": math.exp(s["nll"] / s["n"]) for kind, s in sums.items()}
-    return out | {
-        "ppl": math.exp(total["nll"] / total["n"]),
-        "greedy_agreement": total["agree"] / total["n"],
-        "expected_alpha_t1": total["accept"] / total["n"],
-        "positions": total["n"],
-    }
-
-
-def acceptance(
-    target: jaxspec.Model, draft: jaxspec.Model, prompts: list[list[int]], s: Settings
-) -> dict:
-    out = {}
-    for temp in (0.0, 1.0):
-        res = jaxspec.generate(
-            target, prompts, s.new_tokens, draft=draft, gamma=s.gamma, temperature=temp,
-            seed=0, stop_tokens=[],
-        )  # fmt: skip
-        key = f"t{temp:g}"
-        out[f"alpha_{key}"] = res.stats.acceptance_rate
-        out[f"tokens_per_round_{key}"] = res.stats.tokens_per_round
-    return out
-
-
 def drafter_speed(models: dict[str, jaxspec.Model], prompt: list[int], s: Settings) -> dict:
     """Draft tokens/s at batch 1 (full q, temperature 1): blocks of gamma drafts, each
     followed by a verdict (half accepted, one correction appended), timed per `draft` call;
@@ -336,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ppl_change": held["ppl"] / base_ppl - 1,
             }
             if not (family == "self" and v.scheme == "none"):  # the target drafting itself
-                row |= acceptance(target, model, prompts, s)
+                row |= acceptance(target, model, prompts, s.new_tokens, s.gamma)
             rows.append(row)
             log(
                 f"{family:5s} {v.label:32s} {row['bytes_vs_bf16']:.3f}x bf16  ppl "

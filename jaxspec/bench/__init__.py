@@ -1,0 +1,58 @@
+"""`jaxspec bench`: the benchmark suite, one command for the whole report.
+
+    jaxspec bench                 # the full profile (~10 min on 2 cores): BENCHMARKS.md,
+                                  # bench/results.json and bench/*.png under --out (default .)
+    jaxspec bench --quick         # tiny sizes, under two minutes: keeps the code from rotting
+
+Sections (each module of this package measures one; `suite` runs them in order):
+  colocated  speculative vs plain decoding on the shipped pair and on self-speculation
+  peer       the same checkpoints in HF transformers (plain and assisted generation), greedy
+             tokens asserted identical to ours
+  capacity   clients one verifier sustains at a fixed per-client rate: cloud autoregressive,
+             co-located SD, edge-cloud SD, against the (1 + gamma*t_d/t_v) prediction
+  latency    the RTT sweep (sync / pipelined edge-cloud vs co-located and cloud AR)
+  verifier   the verify step's batch sweep against this machine's roofline
+  wirecost   bytes per committed token on the gRPC wire for each draft encoding
+  quality    the W4A16 draft against the unquantized one: bytes, perplexity, alpha
+
+Only numbers measured in the run are reported; speed is compared as ratios within the run.
+The installed package imports `verify` and `edge` only inside the functions that drive them
+(like `jaxspec/cli.py`), and this module imports only the standard library (the CLI
+registers `jaxspec bench` without loading JAX).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from jaxspec.bench.profile import PROFILES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `jaxspec bench` options (stdlib only: called while the CLI parses)."""
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes, under two minutes (no speed claims)"
+    )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=None,
+        help="sizes: full (default), quick (= --quick), tiny (seconds, for tests with tiny "
+        "checkpoints)",
+    )
+    parser.add_argument("--out", default=".", help="writes BENCHMARKS.md and bench/ here")
+    parser.add_argument("--target", default="default", help="target checkpoint (dir or name)")
+    parser.add_argument("--draft", default="default-draft", help="draft checkpoint")
+    parser.add_argument(
+        "--sections",
+        default=None,
+        help="comma-separated subset of the sections (default: all); the report then has "
+        "only those",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the suite as `args` says; 0 on success."""
+    from jaxspec.bench.suite import run_suite
+
+    return run_suite(args)

@@ -1,0 +1,258 @@
+"""Inter-token latency over a simulated WAN: cloud autoregressive, co-located speculative,
+sync edge-cloud and pipelined edge-cloud decoding, measured next to the papers' model.
+
+Everything runs in this process: the edge drafter (`edge.Drafter`), the verifier
+(`verify.LocalVerifier`) behind `edge.DelayedEndpoint` (one-way delay RTT/2 each way, FIFO).
+t_d (draft time per token), t_v (one verify step) and t_ar (one target decode step) are
+measured first, alpha from co-located speculative decoding of the same prompt; the
+predictions are `jaxspec.bench.analytic` at those numbers. Cloud autoregressive and
+co-located speculative decoding stream tokens the cloud computes, so their inter-token
+latency is their measured compute time per token (the RTT delays only the first token).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from jaxspec.bench import analytic
+from jaxspec.bench.common import median_time
+
+MODES = ("cloud_ar", "colocated", "sync", "pipelined")
+
+
+def pipeline_depth(rtt: float, t_v: float, t_d: float, gamma: int) -> int:
+    """Blocks in flight that cover a round trip plus a verification, capped at 8."""
+    return max(1, min(8, math.ceil((rtt + t_v) / max(gamma * t_d, 1e-9))))
+
+
+def measure_components(
+    target: Any,
+    draft: Any,
+    prompt: Sequence[int],
+    gamma: int,
+    new_tokens: int,
+    temperature: float,
+    repeats: int,
+    scheduler: Any = None,
+) -> dict[str, float]:
+    """t_ar, t_d, t_v (seconds), co-located speculative time per token and its alpha."""
+    import jax
+
+    import jaxspec
+    from edge.drafter import Drafter
+    from jaxspec.bench.verifier import make_scheduler
+    from jaxspec.protocol import DraftBlock, SessionConfig
+    from jaxspec.sampling import SamplingParams, session_key
+
+    prompt = list(prompt)
+    plain, _ = median_time(
+        lambda: jaxspec.generate(target, prompt, new_tokens, temperature=temperature), repeats
+    )
+    t_spec, o = median_time(
+        lambda: jaxspec.generate(
+            target, prompt, new_tokens, temperature=temperature, draft=draft, gamma=gamma
+        ),
+        repeats,
+    )
+    drafter = Drafter(draft, gamma=gamma, encoding="onehot" if temperature == 0 else "full")
+    state = drafter.prefill(drafter.init(1, len(prompt) + 8 * gamma), [prompt])
+    params = SamplingParams.make(1, temperature)
+    keys = session_key(0, 0)[None]
+
+    def one_block() -> None:
+        _, blk = drafter.draft(state, params, keys)
+        jax.block_until_ready(blk.tokens)
+
+    t_block, _ = median_time(one_block, repeats * 3)
+    sched = scheduler or make_scheduler(
+        target, rows=(1,), gamma=gamma, max_len=len(prompt) + 4 * gamma + 16
+    )
+    cfg = SessionConfig(
+        prompt=tuple(prompt),
+        max_new_tokens=gamma + 1,
+        gamma=gamma,
+        encoding="onehot",
+        temperature=0.0,
+    )
+    times = []
+    for _ in range(repeats * 3):
+        sid = sched.open(cfg).session_id
+        while not sched.sessions[sid].ready_to_verify:
+            sched.tick()
+        jax.block_until_ready(sched.cache)  # the prefill is dispatched, not done: not t_v
+        sched.submit(DraftBlock(session_id=sid, epoch=0, start=len(prompt), tokens=(0,) * gamma))
+        sched.tick()
+        times.append(sched.metrics.last_step_s)
+        sched.close(sid)
+    return {
+        "t_ar": plain / new_tokens,
+        "t_d": t_block / gamma,
+        "t_v": statistics.median(times),
+        "colocated_token_s": t_spec / o.stats.new_tokens,
+        "alpha": o.stats.acceptance_rate,
+    }
+
+
+async def edge_session(
+    sched: Any,
+    draft: Any,
+    prompt: Sequence[int],
+    mode: str,
+    gamma: int,
+    depth: int,
+    rtt_s: float,
+    new_tokens: int,
+    temperature: float,
+) -> tuple[float, float]:
+    """One edge session against a `LocalVerifier` over `sched` behind a delayed link:
+    (time per token after the first round trip, alpha)."""
+    from edge.drafter import Drafter
+    from edge.session import DelayedEndpoint, run_session
+    from jaxspec.protocol import SessionConfig
+    from verify import LocalVerifier
+
+    enc = "onehot" if temperature == 0 else "full"
+    v = LocalVerifier(scheduler=sched)
+    ep = DelayedEndpoint(v, one_way_s=rtt_s / 2)
+    cfg = SessionConfig(
+        prompt=tuple(prompt),
+        max_new_tokens=new_tokens,
+        gamma=gamma,
+        mode=mode,
+        encoding=enc,
+        temperature=temperature,
+    )
+    try:
+        tr = await run_session(ep, Drafter(draft, gamma=gamma, encoding=enc), cfg, depth=depth)
+    finally:
+        await v.aclose()
+    return (tr.end_time - tr.start_time - rtt_s) / len(tr.tokens), tr.acceptance_rate
+
+
+def predict(comp: dict[str, float], gamma: int, rtt: float, depth: int) -> dict[str, float]:
+    """The model's time per token of every mode at measured t_d, t_v, t_ar and alpha."""
+    td, tv, a = comp["t_d"], comp["t_v"], comp["alpha"]
+    return {
+        "cloud_ar": comp["t_ar"],
+        "colocated": analytic.colocated_token_time(gamma, a, td, tv),
+        "sync": analytic.sync_token_time(gamma, a, td, rtt, tv),
+        "pipelined": analytic.pipelined_token_time(gamma, a, td, rtt, tv, depth),
+    }
+
+
+def run(
+    target: Any,
+    draft: Any,
+    *,
+    gamma: int,
+    new_tokens: int,
+    temperature: float,
+    rtts_ms: Sequence[float],
+    repeats: int,
+    prompt: Sequence[int],
+    scheduler: Any = None,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """(measured components, one row per RTT with measured and predicted time per token of
+    each mode). `scheduler` (a warmed-up `verify.Scheduler` with row buckets 1 and 2) is
+    shared with other sections when given."""
+    import asyncio
+
+    from jaxspec.bench.verifier import make_scheduler
+
+    sched = scheduler or make_scheduler(
+        target, rows=(1, 2), gamma=gamma, max_len=len(prompt) + new_tokens + 10 * gamma + 8
+    )
+    comp = measure_components(
+        target, draft, prompt, gamma, new_tokens, temperature, repeats, scheduler=sched
+    )
+    rows = []
+    for rtt_ms in rtts_ms:
+        rtt = rtt_ms / 1e3
+        depth = pipeline_depth(rtt, comp["t_v"], comp["t_d"], gamma)
+        meas = {}
+        for mode, dep in (("sync", 1), ("pipelined", depth)):
+            for _ in range(2):  # the first run compiles the drafter for this shape
+                meas[mode], _ = asyncio.run(
+                    edge_session(sched, draft, prompt, mode, gamma, dep, rtt, new_tokens,
+                                 temperature)
+                )  # fmt: skip
+        rows.append(
+            {
+                "rtt_ms": rtt_ms,
+                "depth": depth,
+                "measured": {
+                    "cloud_ar": comp["t_ar"],
+                    "colocated": comp["colocated_token_s"],
+                    **meas,
+                },
+                "predicted": predict(comp, gamma, rtt, depth),
+            }
+        )
+    return comp, rows
+
+
+def crossover_ms(rows: list[dict[str, Any]], key: str) -> float | None:
+    """The first RTT at which pipelined is slower per token than co-located SD."""
+    for r in rows:
+        if r[key]["pipelined"] > r[key]["colocated"]:
+            return r["rtt_ms"]
+    return None
+
+
+def predicted_crossover_ms(comp: dict[str, float], gamma: int, max_ms: int = 1000) -> float:
+    """The smallest RTT (0.5 ms grid) at which the model puts pipelined behind co-located."""
+    co = predict(comp, gamma, 0.0, 1)["colocated"]
+    for i in range(2 * max_ms):
+        rtt = i / 2e3
+        depth = pipeline_depth(rtt, comp["t_v"], comp["t_d"], gamma)
+        if predict(comp, gamma, rtt, depth)["pipelined"] > co:
+            return i / 2
+    return float("inf")
+
+
+def table_md(comp: dict[str, float], rows: list[dict[str, Any]], gamma: int) -> str:
+    """The components line, the RTT table (measured / predicted ms per token) and the
+    crossover sentence, as markdown."""
+    cross_m = crossover_ms(rows, "measured")
+    cross_p = predicted_crossover_ms(comp, gamma)
+    lines = [
+        f"Measured components: t_ar = {comp['t_ar'] * 1e3:.2f} ms/token, t_d = "
+        f"{comp['t_d'] * 1e3:.2f} ms/token, t_v = {comp['t_v'] * 1e3:.2f} ms/step, "
+        f"alpha = {comp['alpha']:.3f}, gamma = {gamma}.",
+        "",
+        "| RTT ms | depth | " + " | ".join(f"{m} meas / pred ms" for m in MODES) + " |",
+        "|---:|---:|" + "---:|" * len(MODES),
+    ]
+    for r in rows:
+        cells = [f"{r['measured'][m] * 1e3:.2f} / {r['predicted'][m] * 1e3:.2f}" for m in MODES]
+        lines.append(f"| {r['rtt_ms']} | {r['depth']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Pipelined stops beating co-located SD at RTT ≈ {cross_m} ms measured (first swept RTT "
+        f"where it is slower), {cross_p:g} ms predicted.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Any) -> None:
+    """Time per token vs RTT: measured points, predicted lines, one colour per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    x = [r["rtt_ms"] for r in rows]
+    for m, color in zip(MODES, ("C0", "C1", "C2", "C3"), strict=True):
+        ax.plot(x, [r["predicted"][m] * 1e3 for r in rows], "-", color=color, alpha=0.6)
+        ax.plot(x, [r["measured"][m] * 1e3 for r in rows], "o", color=color, label=m)
+    ax.set_xlabel("network round trip (ms)")
+    ax.set_ylabel("time per token (ms)")
+    ax.set_title("measured (points) vs predicted (lines)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

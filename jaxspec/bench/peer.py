@@ -1,0 +1,153 @@
+"""The peer: Hugging Face transformers on the same checkpoints and prompts (torch, CPU).
+
+Greedy, batch 1 (transformers' assisted generation takes one sequence at a time), default
+stop tokens on both sides. Per prompt: transformers' plain `generate`, its assisted
+generation (`assistant_model=draft`) with its default dynamic draft length and with a
+constant draft length gamma, our plain `jaxspec.generate` and our co-located speculative
+decoding (gamma, sync). All five must give the same tokens — asserted
+(`GreedyMismatch`); then tokens/s are compared as ratios, every decoder timed in turns
+within one run (median of the repeats, after a warm-up).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jaxspec.bench.common import check_same_tokens
+
+DECODERS = ("hf_plain", "hf_assisted", "hf_assisted_const", "ours_plain", "ours_spec")
+
+
+def checkpoint_dir(name: str) -> pathlib.Path:
+    """A checkpoint directory for a built-in name (`default`, `default-draft`) or a path."""
+    from jaxspec.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
+
+    if name in BUILTIN_NAMES and not pathlib.Path(name).is_dir():
+        return BUILTIN_DIR / BUILTIN_NAMES[name]
+    return pathlib.Path(name)
+
+
+def load_hf(path: str | pathlib.Path) -> Any:
+    """transformers' model for a checkpoint directory, float32 (our models load as float32)."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    transformers.logging.set_verbosity_error()  # deprecation chatter about generation kwargs
+    transformers.logging.disable_progress_bar()
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def hf_decoders(
+    hf_target: Any, hf_draft: Any, new_tokens: int, gamma: int
+) -> dict[str, Callable[[list[int]], list[int]]]:
+    """prompt -> new tokens, for transformers' plain and assisted greedy generation."""
+    import copy
+
+    import torch
+
+    const = copy.deepcopy(hf_draft)
+    const.generation_config.num_assistant_tokens = gamma
+    const.generation_config.num_assistant_tokens_schedule = "constant"
+    eos = hf_target.generation_config.eos_token_id
+
+    def make(assistant: Any) -> Callable[[list[int]], list[int]]:
+        def decode(prompt: list[int]) -> list[int]:
+            x = torch.tensor([prompt])
+            kw = {} if assistant is None else {"assistant_model": assistant}
+            with torch.no_grad():
+                out = hf_target.generate(
+                    x, max_new_tokens=new_tokens, do_sample=False, pad_token_id=eos, **kw
+                )
+            return out[0, len(prompt) :].tolist()
+
+        return decode
+
+    return {"hf_plain": make(None), "hf_assisted": make(hf_draft), "hf_assisted_const": make(const)}
+
+
+def our_decoders(
+    target: Any, draft: Any, new_tokens: int, gamma: int
+) -> dict[str, Callable[[list[int]], list[int]]]:
+    """prompt -> new tokens, for our plain and co-located speculative greedy decoding."""
+    import jaxspec
+
+    def plain(prompt: list[int]) -> list[int]:
+        return jaxspec.generate(target, prompt, new_tokens, temperature=0.0).tokens
+
+    def spec(prompt: list[int]) -> list[int]:
+        out = jaxspec.generate(
+            target, prompt, new_tokens, temperature=0.0, draft=draft, gamma=gamma
+        )
+        return out.tokens
+
+    return {"ours_plain": plain, "ours_spec": spec}
+
+
+def compare(
+    decoders: dict[str, Callable[[list[int]], list[int]]],
+    prompts: Sequence[Sequence[int]],
+    repeats: int,
+    reference: str = "hf_plain",
+) -> dict[str, Any]:
+    """Run every decoder on every prompt (warm-up, then `repeats` timed turns), assert all
+    give the `reference`'s tokens, and return tokens/s per decoder over all prompts."""
+    seconds = dict.fromkeys(decoders, 0.0)
+    tokens = dict.fromkeys(decoders, 0)
+    for i, prompt in enumerate(prompts):
+        prompt = [int(t) for t in prompt]
+        outs = {name: fn(prompt) for name, fn in decoders.items()}  # warm-up (compilation)
+        for name, got in outs.items():
+            check_same_tokens(f"{name} vs {reference}, prompt {i}", got, outs[reference])
+        times: dict[str, list[float]] = {name: [] for name in decoders}
+        for _ in range(repeats):
+            for name, fn in decoders.items():  # in turns: machine noise hits all alike
+                t0 = time.perf_counter()
+                fn(prompt)
+                times[name].append(time.perf_counter() - t0)
+        for name in decoders:
+            seconds[name] += statistics.median(times[name])
+            tokens[name] += len(outs[name])
+    return {
+        "tok_s": {name: tokens[name] / seconds[name] for name in decoders},
+        "new_tokens": tokens[reference],
+        "prompts": len(prompts),
+    }
+
+
+def run(
+    target: Any,
+    draft: Any,
+    target_dir: str | pathlib.Path,
+    draft_dir: str | pathlib.Path,
+    prompts: Sequence[Sequence[int]],
+    *,
+    new_tokens: int,
+    gamma: int,
+    repeats: int,
+) -> dict[str, Any]:
+    """The comparison on the same checkpoints; ratios ours / theirs. The speculative ratio is
+    against the faster of transformers' two assisted settings (the harder bar)."""
+    import torch
+    import transformers
+
+    hf_target, hf_draft = load_hf(target_dir), load_hf(draft_dir)
+    decoders = hf_decoders(hf_target, hf_draft, new_tokens, gamma)
+    decoders |= our_decoders(target, draft, new_tokens, gamma)
+    res = compare(decoders, prompts, repeats)
+    tps = res["tok_s"]
+    best_assisted = max(tps["hf_assisted"], tps["hf_assisted_const"])
+    return res | {
+        "gamma": gamma,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "peer_plain_ratio": tps["ours_plain"] / tps["hf_plain"],
+        "peer_spec_ratio": tps["ours_spec"] / best_assisted,
+        "hf_assisted_speedup": best_assisted / tps["hf_plain"],
+        "ours_spec_speedup": tps["ours_spec"] / tps["ours_plain"],
+    }

@@ -1,0 +1,150 @@
+"""Quantized drafts against the float ones: held-out perplexity, alpha, resident bytes.
+
+The metric functions are shared with `tools/quality_w4a16.py` (the full variant table);
+`w4a16_summary` is the suite's short form: the shipped draft at W4A16 (group 128) against
+the same draft unquantized, on the documents held out of the pair's training.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxspec
+from jaxspec.model import Llama, init_cache
+
+
+def _logits(module: Llama, params: Any, batch_BT: jax.Array) -> jax.Array:
+    """Log-probabilities `[B, T, V]` for the windows `[B, T+1]` (inputs: all but the last)."""
+    x = batch_BT[:, :-1]
+    B, T = x.shape
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
+    cache = init_cache(module.config, B, T, module.dtype)
+    logits, _ = module.apply({"params": params}, x, pos, jnp.ones((B, T), bool), cache)
+    return jax.nn.log_softmax(logits, axis=-1)
+
+
+target_logp = jax.jit(_logits, static_argnames=("module",))
+
+
+@functools.partial(jax.jit, static_argnames=("module",))
+def _window_stats(
+    module: Llama, params: Any, batch_BT: jax.Array, t_logp_BTV: jax.Array
+) -> dict[str, jax.Array]:
+    """Per window: summed NLL, greedy agreement with the target and sum_x min(p, q) (the
+    expected acceptance of a temperature-1 draft, teacher-forced)."""
+    logp = _logits(module, params, batch_BT)
+    y = batch_BT[:, 1:]
+    nll = -jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0]
+    agree = jnp.argmax(logp, -1) == jnp.argmax(t_logp_BTV, -1)
+    accept = jnp.sum(jnp.minimum(jnp.exp(logp), jnp.exp(t_logp_BTV)), axis=-1)
+    return {"nll": nll.sum(1), "agree": agree.sum(1), "accept": accept.sum(1)}
+
+
+def batches(windows: dict[str, np.ndarray], batch: int) -> list[tuple[str, np.ndarray, int]]:
+    """(kind, zero-padded batch `[batch, T+1]`, real rows) over every held-out window."""
+    out = []
+    for kind, win in windows.items():
+        for i in range(0, len(win), batch):
+            chunk = win[i : i + batch]
+            pad = np.zeros((batch - len(chunk), win.shape[1]), np.int32)
+            out.append((kind, np.concatenate([chunk, pad]), len(chunk)))
+    return out
+
+
+def heldout_metrics(
+    model: jaxspec.Model, evals: list[tuple[str, np.ndarray, int, Any]]
+) -> dict[str, float]:
+    """Perplexity (per kind and all), teacher-forced greedy agreement and E[alpha] at T=1."""
+    sums: dict[str, dict[str, float]] = {}
+    for kind, batch, rows, t_logp in evals:
+        res = _window_stats(model.module, model.params, batch, t_logp)
+        s = sums.setdefault(kind, {"nll": 0.0, "agree": 0.0, "accept": 0.0, "n": 0})
+        for k in ("nll", "agree", "accept"):
+            s[k] += float(np.asarray(res[k])[:rows].sum())
+        s["n"] += rows * (batch.shape[1] - 1)
+    total = {k: sum(s[k] for s in sums.values()) for k in ("nll", "agree", "accept", "n")}
+    out = {f"ppl_{kind}": math.exp(s["nll"] / s["n"]) for kind, s in sums.items()}
+    return out | {
+        "ppl": math.exp(total["nll"] / total["n"]),
+        "greedy_agreement": total["agree"] / total["n"],
+        "expected_alpha_t1": total["accept"] / total["n"],
+        "positions": total["n"],
+    }
+
+
+def acceptance(
+    target: jaxspec.Model,
+    draft: jaxspec.Model,
+    prompts: list[list[int]],
+    new_tokens: int,
+    gamma: int,
+) -> dict[str, float]:
+    """Measured alpha and tokens per round of co-located speculative decoding at T=0 and 1."""
+    out = {}
+    for temp in (0.0, 1.0):
+        res = jaxspec.generate(
+            target, prompts, new_tokens, draft=draft, gamma=gamma, temperature=temp,
+            seed=0, stop_tokens=[],
+        )  # fmt: skip
+        key = f"t{temp:g}"
+        out[f"alpha_{key}"] = res.stats.acceptance_rate
+        out[f"tokens_per_round_{key}"] = res.stats.tokens_per_round
+    return out
+
+
+def spread_windows(stream: np.ndarray, length: int, n: int) -> np.ndarray:
+    """`n` windows `[n, length]` at evenly spaced offsets of `stream` (all of it is sampled)."""
+    n = max(1, min(n, len(stream) // length))
+    starts = np.linspace(0, len(stream) - length, n).astype(int)
+    return np.stack([stream[s : s + length] for s in starts]).astype(np.int32)
+
+
+def w4a16_summary(
+    target: jaxspec.Model,
+    draft: jaxspec.Model,
+    stream: np.ndarray,
+    prompts: Sequence[Sequence[int]],
+    *,
+    windows: int,
+    seq_len: int,
+    new_tokens: int,
+    gamma: int,
+    group_size: int = 128,
+) -> dict[str, Any]:
+    """The draft as loaded and at W4A16: bytes, held-out perplexity, agreement, alpha; and
+    the ratios W4A16 / unquantized (bytes against bf16, the paper's baseline precision)."""
+    win = {"heldout": spread_windows(stream, seq_len + 1, windows)}
+    evals = [
+        (kind, b, rows, target_logp(target.module, target.params, b))
+        for kind, b, rows in batches(win, min(8, windows))
+    ]
+    rows = {}
+    for label, model in (
+        ("float", draft),
+        (f"w4a16 g{group_size}", jaxspec.quantize(draft, "w4a16", group_size)),
+    ):
+        rows[label] = {
+            "resident_bytes": model.nbytes(),
+            "bytes_vs_bf16": model.nbytes() / (2 * draft.num_params()),
+            **heldout_metrics(model, evals),
+            **acceptance(target, model, [list(p) for p in prompts], new_tokens, gamma),
+        }
+    f, q = rows["float"], rows[f"w4a16 g{group_size}"]
+    return {
+        "rows": rows,
+        "windows": len(win["heldout"]),
+        "seq_len": seq_len,
+        "prompts": len(prompts),
+        "new_tokens": new_tokens,
+        "w4a16_bytes_ratio": q["bytes_vs_bf16"],
+        "w4a16_ppl_ratio": q["ppl"] / f["ppl"],
+        "w4a16_alpha_ratio": q["alpha_t1"] / f["alpha_t1"],
+        "w4a16_alpha_ratio_t0": q["alpha_t0"] / f["alpha_t0"],
+    }

@@ -1,0 +1,283 @@
+"""Runs every section of `jaxspec bench` in one process and writes the report.
+
+One target/draft pair, one set of held-out prompts and one warmed-up `verify.Scheduler` are
+shared by the sections, so compilations are paid once. A greedy mismatch in any section
+(speculative vs plain, ours vs transformers) is recorded, the report still written, and the
+command exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from jaxspec.bench.common import GreedyMismatch
+from jaxspec.bench.profile import PROFILES, SECTIONS, Profile
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(6, (n - 1).bit_length())
+
+
+def scheduler_len(p: Profile) -> int:
+    """A slot length that fits every section's sessions (prompt + new tokens + a block)."""
+    g = p.gamma
+    need = max(
+        p.capacity_new_tokens + 2 * g + 2,
+        p.latency_new_tokens + g + 1,
+        p.wire_new_tokens + g + 1,
+        (p.batch_steps + 2) * (g + 1) + 8 + g + 1,
+        4 * g + 16,
+    )
+    return _pow2(p.prompt_len + need)
+
+
+def _command(args: argparse.Namespace) -> str:
+    words = ["jaxspec", "bench"]
+    if args.profile:
+        words += ["--profile", args.profile]
+    elif args.quick:
+        words.append("--quick")
+    for flag, default in (("target", "default"), ("draft", "default-draft"), ("out", ".")):
+        if getattr(args, flag) != default:
+            words += [f"--{flag}", str(getattr(args, flag))]
+    if args.sections:
+        words += ["--sections", args.sections]
+    return shlex.join(words)
+
+
+def headline(results: dict[str, Any]) -> dict[str, Any]:
+    """The keys `bench/results.json` promises, from the sections that ran."""
+    s = results["sections"]
+    out: dict[str, Any] = {}
+    if "colocated" in s:
+        p = results["profile_settings"]
+        (row,) = [
+            r
+            for r in s["colocated"]["default_pair"]
+            if r["temperature"] == 0.0 and r["gamma"] == p["gamma"] and r["mode"] == "sync"
+        ]
+        out["colocated_speedup"] = row["speedup"]
+    if "peer" in s:
+        out["peer_plain_ratio"] = s["peer"]["peer_plain_ratio"]
+        out["peer_spec_ratio"] = s["peer"]["peer_spec_ratio"]
+    if "verifier" in s:
+        by_batch = {r["batch"]: r for r in s["verifier"]["rows"]}
+        if 1 in by_batch and 32 in by_batch:
+            b32 = by_batch[32]
+            out["batch32_over_batch1"] = b32["ratio_to_batch1"]
+            out["batch_scaling_vs_roofline"] = (
+                b32["ratio_to_batch1"] / b32["roofline_ratio_to_batch1"]
+            )
+            out["roofline_fraction"] = {
+                "batch1": by_batch[1]["roofline_fraction"],
+                "batch32": b32["roofline_fraction"],
+            }
+    if "capacity" in s:
+        out["capacity_factor_measured"] = s["capacity"]["capacity_factor_measured"]
+        out["capacity_factor_predicted"] = s["capacity"]["capacity_factor_predicted"]
+    if "latency" in s:
+        at50 = [r for r in s["latency"]["rows"] if r["rtt_ms"] == 50]
+        if at50:
+            m = at50[0]["measured"]
+            out["pipelined_over_sync_at_50ms"] = m["sync"] / m["pipelined"]
+    if "wirecost" in s and "rows" in s["wirecost"]:
+        out["wire_bytes_per_token"] = {
+            r["encoding"]: r["bytes_per_token"] for r in s["wirecost"]["rows"]
+        }
+    if "quality" in s:
+        for k in ("w4a16_bytes_ratio", "w4a16_ppl_ratio", "w4a16_alpha_ratio"):
+            out[k] = s["quality"][k]
+    return out
+
+
+def run_suite(args: argparse.Namespace) -> int:
+    """Run the sections `args` selects; write BENCHMARKS.md, bench/results.json and plots."""
+    t_start = time.time()
+    load_start = os.getloadavg()[0]
+    name = args.profile or ("quick" if args.quick else "full")
+    p = PROFILES[name]
+    sections = SECTIONS if not args.sections else tuple(args.sections.split(","))
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        raise ValueError(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+
+    def log(msg: str) -> None:
+        print(f"[{time.time() - t_start:6.1f}s] {msg}", flush=True)
+
+    import dataclasses
+
+    import jaxspec
+    from jaxspec.bench import capacity, colocated, latency, peer, quality, verifier, wirecost
+    from jaxspec.bench.common import heldout_stream, machine, prompts_from
+
+    target, draft = jaxspec.load(args.target), jaxspec.load(args.draft)
+    stream = heldout_stream(target)
+    n_prompts = max(p.prompts, p.peer_prompts, p.wire_prompts)
+    prompts = prompts_from(stream, n_prompts, p.prompt_len, seed=0)
+    log(f"profile {name}: {target.num_params():,}-param target, {draft.num_params():,}-param "
+        f"draft, {len(stream):,} held-out tokens")  # fmt: skip
+    results: dict[str, Any] = {
+        "command": _command(args),
+        "profile": name,
+        "profile_settings": dataclasses.asdict(p),
+        "models": {
+            "target": args.target,
+            "draft": args.draft,
+            "target_params": target.num_params(),
+            "draft_params": draft.num_params(),
+            "target_bytes": target.nbytes(),
+            "draft_bytes": draft.nbytes(),
+        },
+        "sections": {},
+        "failures": {},
+        "skipped": {},
+    }
+    shared: dict[str, Any] = {}
+
+    def sched() -> Any:
+        if "sched" not in shared:
+            rows = {1, *p.capacity_ns, *p.batches}
+            shared["sched"] = verifier.make_scheduler(
+                target, rows=rows, gamma=p.gamma, max_len=scheduler_len(p)
+            )
+            log(f"verifier warmed up: row buckets {sorted(rows)}, slot length {scheduler_len(p)}")
+        return shared["sched"]
+
+    def run_colocated() -> dict[str, Any]:
+        kw = dict(temperatures=p.temperatures, new_tokens=p.new_tokens, repeats=p.repeats)
+        pair = colocated.run(
+            target, draft, prompts[: p.prompts], gammas=p.gammas, modes=p.modes, **kw
+        )
+        self_draft = jaxspec.quantize(target, "w4a16")
+        self_rows = colocated.run(
+            target, self_draft, prompts[: p.prompts], gammas=(p.gamma,), modes=p.self_modes, **kw
+        )
+        return {
+            "default_pair": pair,
+            "self_w4a16": self_rows,
+            "self_draft_bytes": self_draft.nbytes(),
+        }
+
+    def run_peer() -> dict[str, Any]:
+        return peer.run(
+            target, draft, peer.checkpoint_dir(args.target), peer.checkpoint_dir(args.draft),
+            prompts[: p.peer_prompts], new_tokens=p.peer_new_tokens, gamma=p.gamma,
+            repeats=p.repeats,
+        )  # fmt: skip
+
+    def run_capacity() -> dict[str, Any]:
+        cap_prompts = prompts_from(stream, max(p.capacity_ns), p.prompt_len, seed=1)
+        return capacity.run(
+            target, draft, cap_prompts, sched(), ns=p.capacity_ns, gamma=p.gamma,
+            new_tokens=p.capacity_new_tokens, client_rate=p.client_rate, repeats=p.repeats,
+        )  # fmt: skip
+
+    def run_latency() -> dict[str, Any]:
+        comp, rows = latency.run(
+            target, draft, gamma=p.gamma, new_tokens=p.latency_new_tokens, temperature=0.0,
+            rtts_ms=p.rtts_ms, repeats=p.repeats, prompt=prompts[0], scheduler=sched(),
+        )  # fmt: skip
+        return {
+            "gamma": p.gamma,
+            "new_tokens": p.latency_new_tokens,
+            "components": comp,
+            "rows": rows,
+            "crossover_ms_measured": latency.crossover_ms(rows, "measured"),
+            "crossover_ms_predicted": latency.predicted_crossover_ms(comp, p.gamma),
+        }
+
+    def run_verifier() -> dict[str, Any]:
+        roof = verifier.measure_roofline(p.roofline_mib, p.roofline_n)
+        out = verifier.batch_sweep(
+            target, p.batches, p.gamma, p.prompt_len, p.batch_steps, scheduler=sched(),
+            roofline=roof,
+        )  # fmt: skip
+        return {"gamma": p.gamma, "roofline": roof, "rows": out[1:]}
+
+    def run_wirecost() -> dict[str, Any]:
+        try:
+            import jaxspec.wire  # noqa: F401
+        except ModuleNotFoundError as e:
+            if e.name != "jaxspec.wire":
+                raise
+            return {"skipped": "jaxspec.wire (the gRPC converters) is not in this tree yet"}
+        rows = wirecost.run(
+            draft, prompts[: p.wire_prompts], sched(), gamma=p.gamma, new_tokens=p.wire_new_tokens,
+            sparse_ks=p.wire_sparse_ks,
+        )  # fmt: skip
+        return {"gamma": p.gamma, "new_tokens": p.wire_new_tokens, "rows": rows}
+
+    def run_quality() -> dict[str, Any]:
+        return quality.w4a16_summary(
+            target, draft, stream, prompts_from(stream, p.quality_prompts, p.prompt_len, seed=2),
+            windows=p.quality_windows, seq_len=p.quality_seq_len,
+            new_tokens=p.quality_new_tokens, gamma=p.gamma,
+        )  # fmt: skip
+
+    runners: dict[str, Callable[[], dict[str, Any]]] = {
+        "colocated": run_colocated,
+        "peer": run_peer,
+        "capacity": run_capacity,
+        "latency": run_latency,
+        "verifier": run_verifier,
+        "wirecost": run_wirecost,
+        "quality": run_quality,
+    }
+    for section in sections:
+        t0 = time.time()
+        try:
+            if section == "peer":
+                import torch  # noqa: F401  (the peer runs on torch: the `test` extra)
+            data = runners[section]()
+        except GreedyMismatch as e:
+            results["failures"][section] = str(e)
+            log(f"{section}: GREEDY MISMATCH: {e}")
+            continue
+        except ModuleNotFoundError as e:
+            if e.name not in ("torch",):
+                raise
+            results["skipped"][section] = f"{e.name} is not installed (pip install -e .[test])"
+            log(f"{section}: skipped, {e.name} is not installed")
+            continue
+        if "skipped" in data:
+            results["skipped"][section] = data["skipped"]
+            log(f"{section}: skipped, {data['skipped']}")
+            continue
+        data["wall_s"] = time.time() - t0
+        results["sections"][section] = data
+        log(f"{section}: done in {data['wall_s']:.0f} s")
+
+    results["machine"] = machine() | {"load_average_1min_start": load_start}
+    results |= headline(results)
+    results["wall_time_s"] = time.time() - t_start
+    write_outputs(results, pathlib.Path(args.out), log)
+    return 1 if results["failures"] else 0
+
+
+def write_outputs(results: dict[str, Any], out: pathlib.Path, log: Callable[[str], None]) -> None:
+    """`out/bench/results.json`, `out/bench/*.png` (if matplotlib is installed) and
+    `out/BENCHMARKS.md`."""
+    from jaxspec.bench import report
+
+    bench = out / "bench"
+    bench.mkdir(parents=True, exist_ok=True)
+    (bench / "results.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
+    try:
+        plots = report.plots(results, bench)
+    except ModuleNotFoundError as e:
+        if e.name != "matplotlib":
+            raise
+        plots = {}
+        print("note: matplotlib is not installed; no plots (pip install -e .[test])")
+    (out / "BENCHMARKS.md").write_text(report.markdown(results, plots))
+    log(f"wrote {out / 'BENCHMARKS.md'}, {bench / 'results.json'} and {len(plots)} plots")
+    if results["failures"]:
+        print(f"FAILED: {results['failures']}", file=sys.stderr)

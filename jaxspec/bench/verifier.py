@@ -1,0 +1,139 @@
+"""The multi-tenant verify step: verified tokens/s vs batch size, against this machine's roofline.
+
+For each batch size B (sessions verified in one step, each a block of gamma drafts), opens B
+sessions on one `verify.Scheduler`, then times `tick()`s: verified positions per second
+(B * (gamma + 1) / step time) as a ratio to B = 1, and the step time next to the roofline
+bound measured in the same run: max(weight bytes / read bandwidth, FLOPs / matmul FLOP/s).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure_roofline(mib: int = 256, n: int = 2048) -> dict[str, float]:
+    """Read bandwidth (a jitted sum over `mib` MiB) and float32 matmul FLOP/s (n^3)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((mib * 2**20 // 4,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    total(x).block_until_ready()
+    t = min(_timed(lambda: total(x).block_until_ready()) for _ in range(5))
+    a = jnp.ones((n, n), jnp.float32)
+    mm = jax.jit(jnp.matmul)
+    mm(a, a).block_until_ready()
+    tm = min(_timed(lambda: mm(a, a).block_until_ready()) for _ in range(3))
+    return {"bandwidth_Bps": x.nbytes / t, "flops_per_s": 2 * n**3 / tm}
+
+
+def step_flops(model: Any, rows: int, width: int, context: int) -> float:
+    """Matmul FLOPs of one step: 2 * params per token, plus attention over the slot."""
+    c = model.config
+    attn = 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * context
+    return rows * width * (2 * model.num_params() + attn)
+
+
+def make_scheduler(
+    model: Any, *, rows: Sequence[int], gamma: int, max_len: int, max_sparse_k: int = 16
+) -> Any:
+    """A warmed-up `verify.Scheduler` with one row bucket per size in `rows` and one width
+    bucket (gamma + 1), so every section of a run shares its compilations."""
+    from verify import Scheduler
+
+    rows = tuple(sorted(set(rows)))
+    sched = Scheduler(
+        model,
+        max_sessions=rows[-1],
+        max_len=max_len,
+        max_gamma=gamma,
+        max_sparse_k=max_sparse_k,
+        row_buckets=rows,
+        width_buckets=(gamma + 1,),
+    )
+    sched.warmup()
+    return sched
+
+
+def batch_sweep(
+    model: Any,
+    batches: Sequence[int],
+    gamma: int,
+    prompt_len: int,
+    steps: int,
+    *,
+    scheduler: Any = None,
+    roofline: dict[str, float] | None = None,
+) -> list[dict[str, Any]]:
+    """`[{"roofline": ...}, row per batch size]`; each row has the step time (median of
+    `steps` ticks of greedy one-hot blocks of random drafts), verified tokens/s, its ratio
+    to batch 1, the roofline floor and the fraction of it achieved. `scheduler` (from
+    `make_scheduler`) must have a row bucket for every batch size."""
+    import numpy as np
+
+    from jaxspec.protocol import DraftBlock, SessionConfig
+
+    sched = scheduler or make_scheduler(
+        model,
+        rows=batches,
+        gamma=gamma,
+        max_len=prompt_len + (steps + 2) * (gamma + 1) + gamma + 16,
+    )
+    roof = roofline or measure_roofline()
+    rng = np.random.RandomState(0)
+    rows = []
+    for b in batches:
+        cfg = SessionConfig(
+            prompt=tuple(rng.randint(0, model.config.vocab_size, prompt_len)),
+            max_new_tokens=(steps + 2) * (gamma + 1) + 8,
+            gamma=gamma,
+            encoding="onehot",
+            temperature=0.0,
+        )
+        sids = [sched.open(cfg).session_id for _ in range(b)]
+        while any(not sched.sessions[s].ready_to_verify for s in sids):
+            sched.tick()
+        times = []
+        for step in range(steps + 2):  # two untimed steps: the prefill finishes, caches warm
+            for sid in sids:
+                s = sched.sessions[sid]
+                toks = tuple(rng.randint(0, model.config.vocab_size, gamma).tolist())
+                sched.submit(
+                    DraftBlock(session_id=sid, epoch=s.epoch, start=s.committed, tokens=toks)
+                )
+            sched.tick()
+            assert sched.metrics.last_rows == b
+            if step >= 2:
+                times.append(sched.metrics.last_step_s)
+        for sid in sids:
+            sched.close(sid)
+        t = statistics.median(times)
+        mem_s = model.nbytes() / roof["bandwidth_Bps"]
+        context = prompt_len + (steps + 2) * (gamma + 1) // 2  # mean slot length while timed
+        flop_s = step_flops(model, b, gamma + 1, context) / roof["flops_per_s"]
+        rows.append(
+            {
+                "batch": b,
+                "step_s": t,
+                "verified_tok_s": b * (gamma + 1) / t,
+                "roofline_s": max(mem_s, flop_s),
+                "memory_floor_s": mem_s,
+                "compute_floor_s": flop_s,
+            }
+        )
+    base, roof1 = rows[0]["verified_tok_s"], rows[0]["roofline_s"]
+    for r in rows:
+        r["ratio_to_batch1"] = r["verified_tok_s"] / base
+        r["roofline_fraction"] = r["roofline_s"] / r["step_s"]
+        # The same ratio as the roofline predicts it: B rows per roofline_s(B).
+        r["roofline_ratio_to_batch1"] = r["batch"] * roof1 / (rows[0]["batch"] * r["roofline_s"])
+    return [{"roofline": roof}, *rows]

@@ -1,0 +1,118 @@
+"""Wire cost of the draft encodings: bytes per committed token on the gRPC path, next to alpha.
+
+Real edge sessions (`edge.run_session`, `edge.Drafter`) run against a `verify.LocalVerifier`
+wrapped in `CountingEndpoint`, which converts every message exactly as the gRPC client and
+server do (`jaxspec.wire.block_to_proto` / `result_to_proto`) and adds up their serialized
+sizes (`ByteSize()`, the protobuf payload; gRPC/HTTP2 framing and TLS add a few bytes per
+message on top). Session open/close are one-off and not counted. The encodings trade bytes
+for acceptance: `full` sends q over the whole vocabulary, `sparse` k (id, prob) pairs per
+draft (the edge samples from its renormalized top-k), `onehot` token ids only (greedy
+drafts, q = delta).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+
+class CountingEndpoint:
+    """A `VerifierEndpoint` that forwards to `inner` and counts the protobuf bytes of every
+    block sent up and every result sent down."""
+
+    def __init__(self, inner: Any):
+        from jaxspec import wire  # the gRPC service's converters (imported late: optional)
+
+        self.inner = inner
+        self._wire = wire
+        self.up_bytes = self.down_bytes = self.blocks = 0
+
+    async def open_session(self, config: Any) -> Any:
+        return await self.inner.open_session(config)
+
+    async def verify(self, block: Any) -> Any:
+        self.up_bytes += self._wire.block_to_proto(block).ByteSize()
+        self.blocks += 1
+        result = await self.inner.verify(block)
+        self.down_bytes += self._wire.result_to_proto(result).ByteSize()
+        return result
+
+    async def close_session(self, session_id: str) -> None:
+        await self.inner.close_session(session_id)
+
+
+def encodings(sparse_ks: Sequence[int]) -> list[tuple[str, str, int]]:
+    """(label, encoding, sparse_k) for full, sparse at each k, and onehot."""
+    return [
+        ("full", "full", 8),
+        *((f"sparse{k}", "sparse", k) for k in sparse_ks),
+        ("onehot", "onehot", 8),
+    ]
+
+
+async def _session(
+    sched: Any, draft: Any, prompt: Sequence[int], config: dict[str, Any]
+) -> dict[str, Any]:
+    from edge.drafter import Drafter
+    from edge.session import run_session
+    from jaxspec.protocol import SessionConfig
+    from verify import LocalVerifier
+
+    cfg = SessionConfig(prompt=tuple(int(t) for t in prompt), **config)
+    verifier = LocalVerifier(scheduler=sched)
+    ep = CountingEndpoint(verifier)
+    drafter = Drafter(draft, gamma=cfg.gamma, encoding=cfg.encoding, sparse_k=cfg.sparse_k)
+    try:
+        tr = await run_session(ep, drafter, cfg, depth=1)
+    finally:
+        await verifier.aclose()
+    return {
+        "tokens": len(tr.tokens),
+        "drafted": tr.drafted,
+        "accepted": tr.accepted,
+        "up_bytes": ep.up_bytes,
+        "down_bytes": ep.down_bytes,
+        "blocks": ep.blocks,
+    }
+
+
+def run(
+    draft: Any,
+    prompts: Sequence[Sequence[int]],
+    sched: Any,
+    *,
+    gamma: int,
+    new_tokens: int,
+    sparse_ks: Sequence[int],
+    temperature: float = 1.0,
+) -> list[dict[str, Any]]:
+    """One row per encoding: bytes up/down per committed token and alpha, over one sampled
+    sync session per prompt (same seeds for every encoding)."""
+    rows = []
+    for label, enc, k in encodings(sparse_ks):
+        config = dict(
+            max_new_tokens=new_tokens, gamma=gamma, mode="sync", encoding=enc, sparse_k=k,
+            temperature=temperature, stop_tokens=(),
+        )  # fmt: skip
+        runs = [
+            asyncio.run(_session(sched, draft, p, config | {"seed": i}))
+            for i, p in enumerate(prompts)
+        ]
+        tot = {key: sum(r[key] for r in runs) for key in runs[0]}
+        rows.append(
+            {
+                "encoding": label,
+                "sparse_k": k if enc == "sparse" else None,
+                "temperature": temperature,
+                "sessions": len(runs),
+                "tokens": tot["tokens"],
+                "bytes_up_per_token": tot["up_bytes"] / tot["tokens"],
+                "bytes_down_per_token": tot["down_bytes"] / tot["tokens"],
+                "bytes_per_token": (tot["up_bytes"] + tot["down_bytes"]) / tot["tokens"],
+                "bytes_per_block_up": tot["up_bytes"] / tot["blocks"],
+                "alpha": tot["accepted"] / tot["drafted"],
+                "tokens_per_round": tot["tokens"] / tot["blocks"],
+            }
+        )
+    return rows

@@ -1,0 +1,213 @@
+"""`jaxspec bench`: the whole suite at tiny sizes (report, results.json, plots), the greedy
+equality check against transformers with a mutant it must catch, and the analytic model held
+equal to `proofs.latency`. No speed is asserted: speeds are ratios of one run."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+import math
+import pathlib
+import sys
+from fractions import Fraction
+
+import jax
+import pytest
+
+import jaxspec
+from jaxspec import bench, cli
+from jaxspec.bench import analytic, peer
+from jaxspec.bench.capacity import capacity_at
+from jaxspec.bench.common import GreedyMismatch, check_same_tokens
+from jaxspec.testing import byte_tokenizer, tiny_config
+from proofs import latency as proofs_latency
+
+REQUIRED = (
+    "colocated_speedup",
+    "peer_plain_ratio",
+    "peer_spec_ratio",
+    "batch32_over_batch1",
+    "batch_scaling_vs_roofline",
+    "capacity_factor_measured",
+    "capacity_factor_predicted",
+    "pipelined_over_sync_at_50ms",
+    "w4a16_bytes_ratio",
+    "w4a16_ppl_ratio",
+    "w4a16_alpha_ratio",
+)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Tiny checkpoints with the byte tokenizer: a target, a draft close to it (the target's
+    weights x 1.05) and an unrelated model (another seed). Weights x 3 keep the logits spread,
+    so greedy decisions are far from ties and torch and JAX agree."""
+    tok = byte_tokenizer()
+    cfg = tiny_config(
+        vocab_size=len(tok),
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_ids=(tok.eos_token_id,),
+    )
+    root = tmp_path_factory.mktemp("bench_ckpt")
+
+    def write(name, params):
+        jaxspec.save(jaxspec.Model(config=cfg, params=params, tokenizer=tok), root / name)
+        return str(root / name)
+
+    base = jax.tree.map(lambda a: 3 * a, jaxspec.init_params(cfg, 0))
+    return {
+        "target": write("target", base),
+        "draft": write("draft", jax.tree.map(lambda a: 1.05 * a, base)),
+        "other": write("other", jax.tree.map(lambda a: 3 * a, jaxspec.init_params(cfg, 5))),
+    }
+
+
+def _bench(argv: list[str]) -> int:
+    """`jaxspec bench ARGV` through the module's own hooks (what the CLI calls)."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return bench.main(parser.parse_args(argv))
+
+
+def _number(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def test_the_tiny_suite_writes_the_report_results_and_plots(checkpoints, tmp_path):
+    argv = ["--profile", "tiny", "--out", str(tmp_path)]
+    argv += ["--target", checkpoints["target"], "--draft", checkpoints["draft"]]
+    assert _bench(argv) == 0
+    res = json.loads((tmp_path / "bench" / "results.json").read_text())
+    assert res["failures"] == {} and res["skipped"] == {}
+    for key in REQUIRED:
+        assert _number(res[key]) and res[key] > 0, key
+    assert set(res["roofline_fraction"]) == {"batch1", "batch32"}
+    assert all(0 < v for v in res["roofline_fraction"].values())
+    assert set(res["wire_bytes_per_token"]) == {"full", "sparse4", "sparse16", "onehot"}
+    m = res["machine"]
+    assert m["cores"] >= 1 and m["memory_bytes"] > 0 and m["jax"] == jax.__version__
+
+    s = res["sections"]
+    # The headline numbers are the sections' own measurements.
+    (row,) = [r for r in s["colocated"]["default_pair"] if r["temperature"] == 0]
+    assert res["colocated_speedup"] == row["speedup"] == row["spec_tok_s"] / row["plain_tok_s"]
+    assert 0 <= row["alpha"] <= 1 and row["tokens_per_round"] >= 1
+    cap = s["capacity"]["capacity"]
+    assert res["capacity_factor_measured"] == (
+        cap["edge_cloud"]["clients"] / cap["colocated"]["clients"]
+    )
+    c = s["capacity"]
+    assert res["capacity_factor_predicted"] == 1 + 4 * c["t_d"] / c["t_v"]
+    at50 = next(r for r in s["latency"]["rows"] if r["rtt_ms"] == 50)["measured"]
+    assert res["pipelined_over_sync_at_50ms"] == at50["sync"] / at50["pipelined"]
+    # Bytes per block follow the encodings' payloads: vocab floats > 16 pairs > 4 > ids only.
+    up = {r["encoding"]: r["bytes_per_block_up"] for r in s["wirecost"]["rows"]}
+    assert up["full"] > up["sparse16"] > up["sparse4"] > up["onehot"] > 0
+    assert all(0 <= r["alpha"] <= 1 for r in s["wirecost"]["rows"])
+    assert res["w4a16_bytes_ratio"] < 0.35
+    assert s["peer"]["new_tokens"] > 0
+
+    md = (tmp_path / "BENCHMARKS.md").read_text()
+    assert res["command"] in md and f"{m['cores']} CPU cores" in md
+    for heading in (
+        "## Headline numbers",
+        "## 1. Co-located",
+        "## 2. Peer",
+        "## 3. Multi-tenant capacity",
+        "### RTT sweep",
+        "### Batch sweep",
+        "## 5. Wire cost",
+        "## W4A16 draft quality",
+    ):
+        assert heading in md, heading
+    assert "identical tokens on every prompt (asserted)" in md
+    for name in ("colocated", "peer", "capacity", "rtt", "batch", "wire"):
+        png = tmp_path / "bench" / f"{name}.png"
+        assert png.stat().st_size > 1000 and f"(bench/{name}.png)" in md
+
+
+def test_check_same_tokens_names_the_first_difference():
+    check_same_tokens("same", [1, 2, 3], (1, 2, 3))
+    with pytest.raises(GreedyMismatch, match="at new token 2"):
+        check_same_tokens("x", [1, 2, 3, 4], [1, 2, 9, 4])
+    with pytest.raises(GreedyMismatch, match=r"at new token 2 \(lengths 2 vs 3\)"):
+        check_same_tokens("x", [1, 2], [1, 2, 3])
+
+
+def test_the_peer_comparison_catches_a_model_that_decodes_differently(checkpoints):
+    """Mutant: transformers is given another checkpoint than ours. The comparison must refuse
+    to report ratios."""
+    target, draft = jaxspec.load(checkpoints["target"]), jaxspec.load(checkpoints["draft"])
+    prompts = [[5, 6, 7, 8, 9]]
+    kw = dict(new_tokens=8, gamma=4, repeats=1)
+    ok = peer.run(target, draft, checkpoints["target"], checkpoints["draft"], prompts, **kw)
+    assert ok["new_tokens"] == 8
+    with pytest.raises(GreedyMismatch, match="vs hf_plain"):
+        peer.run(target, draft, checkpoints["other"], checkpoints["draft"], prompts, **kw)
+
+
+def test_a_mismatch_fails_the_command_but_still_writes_the_report(
+    checkpoints, tmp_path, monkeypatch
+):
+    load_hf = peer.load_hf
+
+    def wrong_target(path):  # the mutant: transformers decodes an unrelated model
+        return load_hf(checkpoints["other"] if str(path) == checkpoints["target"] else path)
+
+    monkeypatch.setattr(peer, "load_hf", wrong_target)
+    argv = ["--profile", "tiny", "--out", str(tmp_path), "--sections", "peer"]
+    argv += ["--target", checkpoints["target"], "--draft", checkpoints["draft"]]
+    assert _bench(argv) == 1
+    res = json.loads((tmp_path / "bench" / "results.json").read_text())
+    assert "greedy tokens differ" in res["failures"]["peer"]
+    assert "peer_plain_ratio" not in res
+    assert "## FAILED" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+def test_the_analytic_model_equals_the_proofs_exactly():
+    """`jaxspec.bench.analytic` is the installed copy of `proofs/latency.py`'s formulas."""
+    fracs = [Fraction(0), Fraction(1, 3), Fraction(9, 10), Fraction(1)]
+    times = [Fraction(1, 7), Fraction(2), Fraction(5)]
+    for g, a, td, tv, rtt, depth in itertools.product(
+        range(1, 5), fracs, times, times, [Fraction(0), Fraction(3)], range(1, 4)
+    ):
+        assert analytic.expected_tokens(a, g) == proofs_latency.expected_tokens(a, g)
+        assert analytic.sync_token_time(g, a, td, rtt, tv) == proofs_latency.sync_token_time(
+            g, a, td, rtt, tv
+        )
+        assert analytic.colocated_token_time(g, a, td, tv) == (
+            proofs_latency.colocated_token_time(g, a, td, tv)
+        )
+        assert analytic.pipelined_token_time(g, a, td, rtt, tv, depth) == (
+            proofs_latency.pipelined_expected_token_time(g, a, td, rtt, tv, depth)
+        )
+        assert analytic.capacity_factor(g, td, tv) == proofs_latency.capacity_gain(g, td, tv)
+
+
+def test_capacity_interpolates_between_measured_client_counts():
+    assert capacity_at([1, 2, 4], [300, 200, 100], 150) == {"clients": 3.0, "censored": False}
+    assert capacity_at([1, 2, 4], [300, 200, 180], 150) == {"clients": 4.0, "censored": True}
+    assert capacity_at([1, 2], [50, 20], 100) == {"clients": 0.5, "censored": False}
+
+
+def test_the_cli_hook_imports_only_the_standard_library():
+    """`jaxspec/cli.py` imports `jaxspec.bench` while parsing; its top level stays stdlib."""
+    root = pathlib.Path(jaxspec.__file__).parent / "bench"
+    for name in ("__init__.py", "profile.py"):
+        tree = ast.parse((root / name).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                mods = [node.module or ""]
+            else:
+                continue
+            for mod in mods:
+                top = mod.split(".")[0]
+                assert top in sys.stdlib_module_names or mod == "jaxspec.bench.profile", mod
+    args = cli.build_parser().parse_args(["bench", "--quick"])
+    assert args.quick and args.out == "." and args.target == "default"
