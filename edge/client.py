@@ -50,6 +50,7 @@ class _Stream:
     call: Any
     pending: collections.deque  # futures, in send order
     reader: asyncio.Task | None = None
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one write at a time
 
 
 class GrpcEndpoint:
@@ -103,11 +104,13 @@ class GrpcEndpoint:
             stream = self._streams[block.session_id] = _Stream(call, collections.deque())
             stream.reader = asyncio.ensure_future(self._read(block.session_id, stream))
         fut: asyncio.Future[VerifyResult] = asyncio.get_running_loop().create_future()
-        stream.pending.append(fut)
-        try:
-            await stream.call.write(wire.block_to_proto(block))
-        except (grpc.RpcError, asyncio.InvalidStateError):
-            pass  # the reader sees the stream's status and fails `fut` with it
+        message = wire.block_to_proto(block)
+        async with stream.lock:  # grpc.aio allows one write in flight; FIFO keeps the order
+            stream.pending.append(fut)
+            try:
+                await stream.call.write(message)
+            except (grpc.RpcError, asyncio.InvalidStateError):
+                pass  # the reader sees the stream's status and fails `fut` with it
         return await fut
 
     async def _read(self, sid: str, stream: _Stream) -> None:

@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-gamma", type=int, default=8, help="largest drafts per block")
     s.add_argument("--max-sparse-k", type=int, default=16)
     s.add_argument("--idle-timeout-s", type=float, default=300.0)
-    s.add_argument("--drain-timeout-s", type=float, default=30.0)
+    s.add_argument("--drain-timeout-s", type=float, default=30.0, help="most time to drain")
+    s.add_argument("--drain-min-s", type=float, default=0.5, help="least time NOT_SERVING")
     s.add_argument("--metrics-port", type=int, default=None, help="Prometheus text over HTTP")
     s.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
     s.add_argument("--no-warmup", action="store_true", help="compile lazily (tests, demos)")
@@ -122,7 +123,7 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     await stop.wait()
     log.warning("draining: no new sessions; answering the blocks already received")
-    await server.drain(args.drain_timeout_s)
+    await server.drain(args.drain_timeout_s, args.drain_min_s)
     return 0
 
 

@@ -161,6 +161,8 @@ class VerifierService(pb_grpc.VerifierServicer):
         self.counters = Counters()
         self.draining = asyncio.Event()
         self.streams = 0
+        self.blocks_taken = 0  # blocks read off streams and queued
+        self.blocks_answered = 0  # results written back
         self._buckets: dict[str, _Bucket] = {}
 
     # ---- helpers -------------------------------------------------------------------------
@@ -247,6 +249,7 @@ class VerifierService(pb_grpc.VerifierServicer):
                     if bucket is not None:
                         await bucket.take(len(block.tokens) + 1)
                     items.put_nowait((block, asyncio.ensure_future(endpoint.verify(block))))
+                    self.blocks_taken += 1
                 items.put_nowait(None)
             except VerifierError as e:
                 items.put_nowait(e)
@@ -279,6 +282,7 @@ class VerifierService(pb_grpc.VerifierServicer):
                 res = await fut
                 self._count(tenant.name, block, res)
                 yield wire.result_to_proto(res)
+                self.blocks_answered += 1
         except VerifierError as e:
             clean = True  # the session stays; the client may reopen a stream
             await self._fail(context, "Verify", e.code, str(e))
@@ -375,14 +379,20 @@ class Server:
     metrics_port: int | None = None
     _tasks: list[asyncio.Task] = dataclasses.field(default_factory=list)
 
-    async def drain(self, timeout_s: float = 30.0) -> None:
-        """Stop taking work, answer what was taken, end every stream with UNAVAILABLE."""
+    async def drain(self, timeout_s: float = 30.0, min_s: float = 0.0) -> None:
+        """Stop taking work, answer what was taken, end every stream with UNAVAILABLE.
+        Stays up (NOT_SERVING) at least `min_s` so load balancers notice before the port
+        closes, at most `timeout_s` for streams to finish."""
         await self.health.enter_graceful_shutdown()  # NOT_SERVING, and stays so
         self.service.draining.set()
-        deadline = time.monotonic() + timeout_s
-        while self.service.streams and time.monotonic() < deadline:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < min_s or (
+            self.service.streams and time.monotonic() - t0 < timeout_s
+        ):
             await asyncio.sleep(0.02)
         await self.stop(grace=1.0)
+        s = self.service
+        log.info("drained: %d blocks taken, %d answered", s.blocks_taken, s.blocks_answered)
 
     async def stop(self, grace: float | None = None) -> None:
         for t in self._tasks:

@@ -1,0 +1,146 @@
+"""Helpers shared by the gRPC tests: checkpoints, certificates, servers and clients."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import functools
+import ipaddress
+import os
+import pathlib
+import socket
+
+import grpc
+
+import jaxspec
+from edge.client import GrpcEndpoint
+from edge.drafter import Drafter
+from edge.session import run_session
+from jaxspec.protocol import SessionConfig
+from jaxspec.testing import write_random_checkpoint
+from verify.process import VerifierProcess
+
+TOKENS = {"alice": "alice-secret-token", "bob": "bob-secret-token", "carol": "carol-token"}
+SERVER_FLAGS = ["--max-sessions", "8", "--max-gamma", "4", "--max-len", "128", "--no-warmup"]
+
+
+def write_models(root: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """A random tiny target and draft (byte tokenizer) in HF format."""
+    return (
+        write_random_checkpoint(root / "target", seed=0),
+        write_random_checkpoint(root / "draft", seed=1),
+    )
+
+
+def write_tenants(path: pathlib.Path) -> pathlib.Path:
+    path.write_text(
+        f'[tenants.alice]\ntoken = "{TOKENS["alice"]}"\n\n'
+        f'[tenants.bob]\ntoken = "{TOKENS["bob"]}"\nmax_sessions = 4\n\n'
+        f'[tenants.carol]\ntoken = "{TOKENS["carol"]}"\nmax_sessions = 1\ntokens_per_s = 40\n'
+    )
+    return path
+
+
+def self_signed(root: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """A self-signed certificate for localhost / 127.0.0.1: (cert.pem, key.pem)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = root / "cert.pem", root / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_env(cache_dir: pathlib.Path, devices: int | None = None) -> dict[str, str]:
+    """Restarted servers reuse compiled steps through JAX's persistent cache."""
+    env = {
+        "JAX_COMPILATION_CACHE_DIR": str(cache_dir),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PLATFORMS": "cpu",
+    }
+    if devices:
+        env["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
+        )
+    return env
+
+
+def spawn(checkpoint: pathlib.Path, *extra: str, port: int = 0, env=None) -> VerifierProcess:
+    return VerifierProcess(
+        ["--checkpoint", str(checkpoint), *SERVER_FLAGS, *extra], port=port, env=env
+    ).start()
+
+
+@functools.cache
+def drafter(draft_dir: str, gamma: int, encoding: str) -> Drafter:
+    return Drafter(jaxspec.load(draft_dir), gamma=gamma, encoding=encoding, sparse_k=4)
+
+
+def config(prompt=(1, 2, 3, 4), **kw) -> SessionConfig:
+    base = dict(prompt=tuple(prompt), max_new_tokens=24, temperature=1.0, gamma=4, mode="pipelined")
+    base.update(kw)
+    if base.get("encoding") == "sparse":
+        base.setdefault("sparse_k", 4)
+    return SessionConfig(**base)
+
+
+def endpoint(address: str, token: str | None = None, ca: pathlib.Path | None = None):
+    return GrpcEndpoint(address, token=token, tls_ca=None if ca is None else str(ca), timeout_s=20)
+
+
+async def session(address, draft_dir, cfg, token=None, ca=None, depth=2, **kw):
+    """One edge session over gRPC; returns its SessionTrace."""
+    d = drafter(str(draft_dir), cfg.gamma, cfg.encoding)
+    async with endpoint(address, token, ca) as ep:
+        return await run_session(ep, d, cfg, depth=depth, **kw)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def channel(address: str, ca: pathlib.Path | None = None) -> grpc.Channel:
+    """A synchronous channel (fuzzing and raw calls)."""
+    if ca is None:
+        return grpc.insecure_channel(address)
+    creds = grpc.ssl_channel_credentials(root_certificates=ca.read_bytes())
+    return grpc.secure_channel(address, creds)
+
+
+def auth(tenant: str | None) -> tuple[tuple[str, str], ...]:
+    return () if tenant is None else (("authorization", f"Bearer {TOKENS[tenant]}"),)

@@ -1,0 +1,394 @@
+"""The gRPC verifier service against real clients: one TLS server with three tenants on a
+loopback port (a `python -m verify serve` subprocess) for the whole module."""
+
+from __future__ import annotations
+
+import asyncio
+import filecmp
+import pathlib
+import secrets
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jaxspec
+from jaxspec import wire
+from jaxspec.proto import verifier_pb2 as pb
+from jaxspec.proto import verifier_pb2_grpc as pb_grpc
+from jaxspec.protocol import NotFound, ResourceExhausted, Unauthenticated
+from tests import grpc_helpers as h
+from verify.local import LocalVerifier
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+VOCAB = 258  # the byte tokenizer of jaxspec.testing
+ALLOWED_OPEN = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
+ALLOWED_VERIFY = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grpc")
+    target, draft = h.write_models(root)
+    cert, key = h.self_signed(root)
+    tenants = h.write_tenants(root / "tenants.toml")
+    server = h.spawn(
+        target,
+        "--tenants", str(tenants), "--tls-cert", str(cert), "--tls-key", str(key),
+        "--metrics-port", "0", "--idle-timeout-s", "60",
+        env=h.server_env(root / "jax-cache"),
+    )  # fmt: skip
+    try:
+        yield dict(
+            root=root, target=target, draft=draft, ca=cert, server=server,
+            address=f"localhost:{server.port}",
+        )  # fmt: skip
+    finally:
+        assert server.stop() == 0, server.log[-3000:]
+
+
+def client(world, tenant, cfg, **kw):
+    return h.session(world["address"], world["draft"], cfg, h.TOKENS[tenant], world["ca"], **kw)
+
+
+def stub(world):
+    return pb_grpc.VerifierStub(h.channel(world["address"], world["ca"]))
+
+
+def live_sessions(world) -> int:
+    return stub(world).Stats(pb.StatsRequest(), metadata=h.auth("alice")).sessions
+
+
+BOB_CFG = h.config(prompt=(5, 6, 7), max_new_tokens=48, mode="sync", gamma=2, seed=11)
+
+
+@pytest.fixture(scope="module")
+def bob_reference(world):
+    return h.run(client(world, "bob", BOB_CFG)).tokens
+
+
+def test_checked_in_stubs_match_the_proto(tmp_path):
+    from grpc_tools import protoc
+
+    rel = "jaxspec/proto/verifier.proto"
+    args = ["protoc", f"-I{ROOT}", f"--python_out={tmp_path}", f"--pyi_out={tmp_path}"]
+    assert protoc.main([*args, f"--grpc_python_out={tmp_path}", str(ROOT / rel)]) == 0
+    for name in ("verifier_pb2.py", "verifier_pb2.pyi", "verifier_pb2_grpc.py"):
+        fresh = tmp_path / "jaxspec" / "proto" / name
+        assert filecmp.cmp(fresh, ROOT / "jaxspec" / "proto" / name, shallow=False), name
+
+
+@pytest.mark.parametrize(
+    ("mode", "encoding", "temperature"),
+    [("pipelined", "full", 1.0), ("sync", "sparse", 0.7), ("pipelined", "onehot", 0.0)],
+)
+def test_session_over_tls_equals_in_process(world, mode, encoding, temperature):
+    """The wire changes nothing: same tokens as the in-process LocalVerifier."""
+    cfg = h.config(mode=mode, encoding=encoding, temperature=temperature, seed=5)
+    over_grpc = h.run(client(world, "alice", cfg))
+    assert 0 < len(over_grpc.tokens) <= cfg.max_new_tokens
+    assert over_grpc.rounds > 0 and 0 <= over_grpc.acceptance_rate <= 1
+
+    async def local():
+        from edge.session import run_session
+
+        v = LocalVerifier(
+            jaxspec.load(world["target"]), max_sessions=8, max_len=128, max_gamma=4,
+            row_buckets=(1, 2, 4, 8),
+        )  # fmt: skip
+        try:
+            d = h.drafter(str(world["draft"]), cfg.gamma, cfg.encoding)
+            return await run_session(v, d, cfg, depth=2)
+        finally:
+            await v.aclose()
+
+    assert over_grpc.tokens == h.run(local()).tokens
+
+
+def test_health_is_serving_and_reflection_is_off(world):
+    ch = h.channel(world["address"], world["ca"])
+    health = health_pb2_grpc.HealthStub(ch)
+    for service in ("", "jaxspec.v1.Verifier"):
+        reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    reflect = ch.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+    with pytest.raises(grpc.RpcError) as e:
+        list(reflect(iter([b""]), timeout=10))
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_plaintext_client_cannot_reach_the_tls_server(world):
+    ch = grpc.insecure_channel(world["address"])
+    with pytest.raises(grpc.RpcError) as e:
+        pb_grpc.VerifierStub(ch).Stats(pb.StatsRequest(), metadata=h.auth("alice"), timeout=5)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token", ""])
+def test_every_rpc_refuses_a_missing_or_invalid_token_before_any_state(world, token):
+    s = stub(world)
+    md = () if token is None else (("authorization", f"Bearer {token}"),)
+    before = live_sessions(world)
+    calls = [
+        lambda: s.OpenSession(wire.config_to_proto(h.config()), metadata=md, timeout=10),
+        lambda: s.CloseSession(pb.CloseSessionRequest(session_id="00" * 16), metadata=md),
+        lambda: s.Stats(pb.StatsRequest(), metadata=md, timeout=10),
+        lambda: list(s.Verify(iter([pb.DraftBlock(tokens=[1])]), metadata=md, timeout=10)),
+    ]
+    for call in calls:
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "secret" not in (e.value.details() or "")
+    assert live_sessions(world) == before
+    assert "secret-token" not in world["server"].log  # tokens are never logged
+
+
+def test_tenants_are_isolated(world, bob_reference):
+    """Bob cannot read, advance or close Alice's session: her id answers him exactly like an
+    unknown id; her session is untouched. And Bob's output is what it is alone."""
+
+    async def go():
+        a = h.endpoint(world["address"], h.TOKENS["alice"], world["ca"])
+        b = h.endpoint(world["address"], h.TOKENS["bob"], world["ca"])
+        async with a, b:
+            info = await a.open_session(h.config(seed=1))
+            sid, unknown = info.session_id, secrets.token_hex(16)
+            errors = []
+            for target in (sid, unknown):
+                block = jaxspec.protocol.DraftBlock(
+                    session_id=target, epoch=0, start=4, tokens=(1,), q=np.eye(VOCAB)[[1]]
+                )
+                close = pb.CloseSessionRequest(session_id=target)
+                for call in (b._unary(b.stub.CloseSession, close), b.verify(block)):
+                    try:
+                        await call
+                    except NotFound as e:
+                        errors.append(str(e))
+            assert len(errors) == 4 and len(set(errors)) == 1  # indistinguishable
+            # Alice's session is intact: she can still verify at start 4, epoch 0.
+            r = await a.verify(
+                jaxspec.protocol.DraftBlock(
+                    session_id=sid, epoch=0, start=4, tokens=(1,), q=np.eye(VOCAB)[[1]]
+                )
+            )
+            assert not r.stale and r.start == 4
+            await a.close_session(sid)
+
+    h.run(go())
+    assert h.run(client(world, "bob", BOB_CFG)).tokens == bob_reference
+
+
+def test_per_tenant_session_limit_and_rate_limit(world):
+    async def go():
+        async with h.endpoint(world["address"], h.TOKENS["carol"], world["ca"]) as ep:
+            info = await ep.open_session(h.config())
+            with pytest.raises(ResourceExhausted):
+                await ep.open_session(h.config())
+            await ep.close_session(info.session_id)
+
+    h.run(go())
+    # carol may verify 40 positions/s (bursts of 40): 16 blocks of 4 drafts cost 80.
+    cfg = h.config(max_new_tokens=64, mode="sync", gamma=4, temperature=0.0, seed=2)
+    t0 = time.monotonic()
+    trace = h.run(client(world, "carol", cfg))
+    cost = 5 * trace.blocks_sent
+    assert time.monotonic() - t0 >= (cost - 40) / 40 * 0.95
+
+
+def test_oversized_messages_are_refused(world):
+    s = stub(world)
+    sid = s.OpenSession(
+        wire.config_to_proto(h.config()), metadata=h.auth("alice"), timeout=10
+    ).session_id
+    huge = pb.DraftBlock(session_id=sid, start=4, tokens=[1], q=[0.0] * 2_000_000)
+    with pytest.raises(grpc.RpcError) as e:
+        list(s.Verify(iter([huge]), metadata=h.auth("alice"), timeout=10))
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    s.CloseSession(pb.CloseSessionRequest(session_id=sid), metadata=h.auth("alice"))
+
+
+# ---- fuzzing ------------------------------------------------------------------------------
+
+floats = st.floats(allow_nan=True, allow_infinity=True, width=32)
+ints = st.one_of(st.integers(-3, VOCAB + 3), st.integers(-(2**31), 2**31 - 1))
+
+
+@st.composite
+def open_requests(draw):
+    return pb.OpenSessionRequest(
+        prompt=draw(st.lists(st.one_of(st.integers(0, VOCAB - 1), ints), max_size=6)),
+        max_new_tokens=draw(st.one_of(st.integers(0, 100), st.integers(0, 2**32 - 1))),
+        temperature=draw(st.one_of(floats, st.sampled_from([0.0, 0.7, 1.0]))),
+        top_k=draw(st.one_of(st.integers(0, 300), st.integers(0, 2**32 - 1))),
+        top_p=draw(st.one_of(floats, st.sampled_from([0.0, 0.9, 1.0]))),
+        seed=draw(st.integers(0, 2**64 - 1)),
+        mode=draw(st.integers(0, 5)),
+        gamma=draw(st.integers(0, 9)),
+        encoding=draw(st.integers(0, 5)),
+        sparse_k=draw(st.integers(0, 40)),
+        stop_tokens=draw(st.lists(ints, max_size=3)),
+        default_stop_tokens=draw(st.booleans()),
+        committed=draw(st.lists(st.one_of(st.integers(0, VOCAB - 1), ints), max_size=4)),
+    )
+
+
+@st.composite
+def draft_blocks(draw, sessions):
+    """Mostly near-valid blocks for the fuzz sessions, each with a few fields spoiled."""
+    sid, enc, epoch, start = draw(st.sampled_from(sessions))
+    n = draw(st.integers(0, 6))
+    k = VOCAB if enc == "full" else 4
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    q = rng.dirichlet(np.ones(k), n).astype(np.float32)
+    spoil = draw(st.sampled_from(["none", "none", "value", "scale", "short", "empty"]))
+    if spoil == "value" and q.size:
+        q.flat[draw(st.integers(0, q.size - 1))] = draw(floats)
+    elif spoil == "scale":
+        q *= draw(floats)
+    q = q.ravel().tolist()
+    if spoil == "short":
+        q = q[: draw(st.integers(0, len(q)))]
+    elif spoil == "empty" or (enc == "onehot" and draw(st.booleans())):
+        q = []
+    ids = [rng.choice(VOCAB, k, replace=False).tolist() for _ in range(n)]
+    q_ids = [i for row in ids for i in row] if enc == "sparse" else []
+    if draw(st.booleans()) and q_ids:
+        q_ids[draw(st.integers(0, len(q_ids) - 1))] = draw(ints)
+    tokens = draw(st.lists(st.one_of(st.integers(0, VOCAB - 1), ints), min_size=n, max_size=n))
+    if enc == "sparse" and draw(st.booleans()):  # drafts among their rows' ids
+        tokens = [r[0] for r in ids]
+    return pb.DraftBlock(
+        session_id=draw(st.sampled_from([sid, sid, secrets.token_hex(16), ""])),
+        epoch=draw(st.sampled_from([epoch, epoch, epoch + 1, 2**32 - 1])),
+        start=draw(st.sampled_from([start, start, start + 1, 0, 2**32 - 1])),
+        tokens=tokens,
+        q=q,
+        q_ids=q_ids,
+    )
+
+
+def test_fuzzed_messages_get_only_documented_statuses(world, bob_reference):
+    """While Bob runs a session, Alice sends fuzzed OpenSession requests and DraftBlocks.
+    Every answer is OK or a documented status; the server stays healthy and Bob's output
+    is exactly what it was without the fuzz."""
+    s, md = stub(world), h.auth("alice")
+    bob: list = []
+    thread = threading.Thread(target=lambda: bob.append(h.run(client(world, "bob", BOB_CFG))))
+    thread.start()
+    seen: dict[str, int] = {}
+
+    @settings(max_examples=60, database=None)
+    @given(open_requests())
+    def fuzz_open(req):
+        try:
+            sid = s.OpenSession(req, metadata=md, timeout=20).session_id
+        except grpc.RpcError as e:
+            assert e.code() in ALLOWED_OPEN, (e.code(), e.details())
+            seen[e.code().name] = seen.get(e.code().name, 0) + 1
+            return
+        seen["OK"] = seen.get("OK", 0) + 1
+        s.CloseSession(pb.CloseSessionRequest(session_id=sid), metadata=md, timeout=20)
+
+    fuzz_open()
+    sessions = []
+    for enc in ("full", "sparse", "onehot"):
+        cfg = h.config(encoding=enc, max_new_tokens=60)
+        sid = s.OpenSession(wire.config_to_proto(cfg), metadata=md, timeout=20).session_id
+        sessions.append([sid, enc, 0, 4])
+
+    @settings(max_examples=120, database=None)
+    @given(st.data())
+    def fuzz_blocks(data):
+        block = data.draw(draft_blocks([tuple(x) for x in sessions]))
+        try:
+            results = list(s.Verify(iter([block]), metadata=md, timeout=20))
+        except grpc.RpcError as e:
+            assert e.code() in ALLOWED_VERIFY, (e.code(), e.details())
+            seen[e.code().name] = seen.get(e.code().name, 0) + 1
+            return
+        (r,) = results
+        seen["stale" if r.stale else "OK"] = seen.get("stale" if r.stale else "OK", 0) + 1
+        for x in sessions:  # follow the session so later blocks can be valid
+            if x[0] == block.session_id and not r.stale:
+                x[2], x[3] = r.new_epoch, r.start + len(r.tokens)
+
+    fuzz_blocks()
+    thread.join()
+    for sid, *_ in sessions:
+        s.CloseSession(pb.CloseSessionRequest(session_id=sid), metadata=md, timeout=20)
+    assert bob[0].tokens == bob_reference
+    health = health_pb2_grpc.HealthStub(h.channel(world["address"], world["ca"]))
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == 1
+    # The fuzz reached verification and every kind of refusal, not only the first check.
+    assert {"OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_FOUND"} <= set(seen), seen
+
+
+def test_a_killed_client_frees_its_slot_and_others_are_unaffected(world, bob_reference):
+    script = f"""
+import asyncio, sys
+sys.path.insert(0, {str(ROOT)!r})
+from tests import grpc_helpers as h
+from jaxspec import wire
+from jaxspec.proto import verifier_pb2 as pb
+import numpy as np
+async def main():
+    ep = h.endpoint({world["address"]!r}, h.TOKENS["alice"], h.pathlib.Path({str(world["ca"])!r}))
+    info = await ep.open_session(h.config())
+    q = np.full((1, {VOCAB}), 1 / {VOCAB})
+    await ep.verify(h.jaxspec.protocol.DraftBlock(
+        session_id=info.session_id, epoch=0, start=4, tokens=(1,), q=q))
+    print("streaming", flush=True)
+    await asyncio.sleep(600)
+asyncio.run(main())
+"""
+    before = live_sessions(world)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "streaming"
+        assert live_sessions(world) == before + 1
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 20
+        while live_sessions(world) != before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert live_sessions(world) == before
+    finally:
+        proc.kill()
+    assert h.run(client(world, "bob", BOB_CFG)).tokens == bob_reference
+
+
+def test_prometheus_metrics(world):
+    port = world["server"].log.split("metrics on :")[1].split()[0]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert values['jaxspec_drafted_tokens_total{tenant="bob"}'] > 0
+    assert values['jaxspec_accepted_tokens_total{tenant="bob"}'] >= 0
+    assert values["jaxspec_batch_occupancy"] > 0
+    assert any(k.startswith("jaxspec_rejected_requests_total{") for k in values)
+
+
+def test_unauthenticated_client_error_is_precise(world):
+    async def go():
+        async with h.endpoint(world["address"], "nope", world["ca"]) as ep:
+            with pytest.raises(Unauthenticated):
+                await ep.open_session(h.config())
+
+    asyncio.run(go())
