@@ -37,6 +37,10 @@ def error_from_rpc(e: grpc.RpcError) -> VerifierError:
     details = (e.details() if hasattr(e, "details") else None) or name
     if name == "CANCELLED":  # the server stopped under us (our own cancels never get here)
         name = "UNAVAILABLE"
+    if name == "INTERNAL" and details == "Internal error from Core":
+        # grpc.aio replaces the real status with this one when a write races the end of
+        # the stream (grpc/grpc#36066): a server that died or ended the stream. Reopen.
+        name = "UNAVAILABLE"
     cls = ERRORS.get(name)
     if cls is None:
         err = VerifierError(f"{name}: {details}")
@@ -114,7 +118,7 @@ class GrpcEndpoint:
         return await fut
 
     async def _read(self, sid: str, stream: _Stream) -> None:
-        error: VerifierError
+        error: VerifierError | None
         try:
             async for msg in stream.call:
                 if stream.pending:
@@ -123,12 +127,16 @@ class GrpcEndpoint:
         except grpc.RpcError as e:
             error = error_from_rpc(e)
         except asyncio.CancelledError:
-            error = Unavailable("the stream was closed")
+            error = None  # closed by us: whoever still waits is cancelled with it
         if self._streams.get(sid) is stream:
             del self._streams[sid]
         while stream.pending:
             fut = stream.pending.popleft()
-            if not fut.done():
+            if fut.done():
+                continue
+            if error is None:
+                fut.cancel()
+            else:
                 fut.set_exception(error)
 
     async def close_session(self, session_id: str) -> None:

@@ -163,6 +163,8 @@ class VerifierService(pb_grpc.VerifierServicer):
         self.streams = 0
         self.blocks_taken = 0  # blocks read off streams and queued
         self.blocks_answered = 0  # results written back
+        self.answered_draining = 0  # ... of which while draining
+        self.unanswered_draining = 0  # taken, then the stream ended in the drain: must stay 0
         self._buckets: dict[str, _Bucket] = {}
 
     # ---- helpers -------------------------------------------------------------------------
@@ -250,6 +252,7 @@ class VerifierService(pb_grpc.VerifierServicer):
                         await bucket.take(len(block.tokens) + 1)
                     items.put_nowait((block, asyncio.ensure_future(endpoint.verify(block))))
                     self.blocks_taken += 1
+                    counts[0] += 1
                 items.put_nowait(None)
             except VerifierError as e:
                 items.put_nowait(e)
@@ -260,6 +263,7 @@ class VerifierService(pb_grpc.VerifierServicer):
         drain = asyncio.ensure_future(self.draining.wait())
         self.streams += 1
         clean = False
+        counts = [0, 0]  # this stream's blocks taken, answered
         try:
             while True:
                 if items.empty() and drain.done() and reader.done():
@@ -283,6 +287,8 @@ class VerifierService(pb_grpc.VerifierServicer):
                 self._count(tenant.name, block, res)
                 yield wire.result_to_proto(res)
                 self.blocks_answered += 1
+                self.answered_draining += self.draining.is_set()
+                counts[1] += 1
         except VerifierError as e:
             clean = True  # the session stays; the client may reopen a stream
             await self._fail(context, "Verify", e.code, str(e))
@@ -290,6 +296,8 @@ class VerifierService(pb_grpc.VerifierServicer):
             self.streams -= 1
             drain.cancel()
             reader.cancel()
+            if self.draining.is_set():
+                self.unanswered_draining += counts[0] - counts[1]
             if not clean and session and not self.draining.is_set():
                 # Cancelled, disconnected or past its deadline: nobody will read the
                 # answers, so the slot goes back to the pool now.
@@ -392,7 +400,10 @@ class Server:
             await asyncio.sleep(0.02)
         await self.stop(grace=1.0)
         s = self.service
-        log.info("drained: %d blocks taken, %d answered", s.blocks_taken, s.blocks_answered)
+        log.info(
+            "drained: %d blocks answered while draining, %d taken but unanswered",
+            s.answered_draining, s.unanswered_draining,
+        )  # fmt: skip
 
     async def stop(self, grace: float | None = None) -> None:
         for t in self._tasks:

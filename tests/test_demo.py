@@ -1,0 +1,438 @@
+"""`jaxspec demo`: the screen it draws, the verifier it owns, and a real run end to end.
+
+The end-to-end tests run the real thing: a `python -m verify serve` subprocess with the
+shipped default target, the shipped W4A16 draft in the tenants, gRPC on loopback. One runs
+in-process on a recording 80x24 console (the screen is checked against the tenants' texts),
+one runs the installed command in a pseudo-terminal and stops it with Ctrl-C, one SIGKILLs
+the demo. Each checks that the verifier process is gone afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import io
+import os
+import pathlib
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from rich.console import Console
+
+from jaxspec.demo import _check, add_arguments, run
+from jaxspec.demo._process import SpawnedVerifier, parse_ready_line
+from jaxspec.demo._render import STYLES, Dashboard, bar, sparkline, summary, tenant_text
+from jaxspec.demo._state import (
+    ACCEPT,
+    BONUS,
+    CORRECT,
+    PROMPT,
+    REJECT,
+    SEPARATOR,
+    DemoSettings,
+    DemoState,
+    TenantView,
+)
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def demo_args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def screen(renderable, width: int = 80, height: int = 24) -> list[str]:
+    """What a width x height terminal shows for `renderable` (text only)."""
+    con = Console(file=io.StringIO(), width=width, height=height, force_terminal=True)
+    con.begin_capture()
+    con.print(renderable)
+    return con.end_capture().rstrip("\n").split("\n")
+
+
+def plain(line: str) -> str:
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line)
+
+
+# ---- the screen's model --------------------------------------------------------------------
+
+
+def chars(ids: list[int]) -> str:
+    return "".join(chr(i) for i in ids)
+
+
+def ids(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def test_events_build_the_text_in_styles_and_count_alpha():
+    v = TenantView(index=0, prompt_text="ab", decode=chars, max_new_tokens=16)
+    v.start_sample(ids("ab"), now=0.0)
+    v.on_event("draft", ids("cdef"), now=0.1)
+    v.on_event("draft", ids("ghij"), now=0.1)  # pipelined: a second block in flight
+    assert [t for _, t in v.inflight] == ["cdef", "ghij"]
+    v.on_event("accept", ids("cd"), now=1.0)  # the head block: 2 of 4 accepted
+    v.on_event("reject", ids("ef"), now=1.0)
+    v.on_event("correct", ids("X"), now=1.0)
+    v.on_event("stale", ids("ghij"), now=1.1)  # the block after a rejection is stale
+    v.on_event("draft", ids("yzuv"), now=1.1)
+    v.on_event("accept", ids("yzuv"), now=2.0)
+    v.on_event("bonus", ids("B"), now=2.0)
+    assert v.pieces == [
+        (PROMPT, "ab"),
+        (ACCEPT, "cd"),
+        (REJECT, "ef"),
+        (CORRECT, "X"),
+        (ACCEPT, "yzuv"),
+        (BONUS, "B"),
+    ]
+    assert v.inflight == []
+    assert chars(v.ids) == "abcdXyzuvB" and v.new_tokens == 8
+    assert v.acceptance_rate == pytest.approx(6 / 8)  # the stale block was never verified
+    assert (v.rounds, v.rejections, v.stale) == (2, 1, 1)
+    assert v.ttft_s == [1.0]  # from the session's start to the first commit
+    assert v.tokens_per_s == pytest.approx(5 / 1.0)  # after the first commit (compilation)
+    assert v.inter_token_latency_s == pytest.approx(1.0 / 5)
+    v.on_event("draft", ids("pq"), now=2.1)
+    v.on_event("resume", (), now=2.2)  # the verifier went away: drafts in flight are void
+    assert v.inflight == [] and v.resumes == 1
+    text = tenant_text(v)
+    assert text.plain == "abcdefXyzuvB"
+    spans = [(text.plain[sp.start : sp.end], sp.style) for sp in text.spans]
+    assert spans == [
+        ("ab", STYLES[PROMPT]),
+        ("cd", STYLES[ACCEPT]),
+        ("ef", STYLES[REJECT]),
+        ("X", STYLES[CORRECT]),
+        ("yzuv", STYLES[ACCEPT]),
+        ("B", STYLES[BONUS]),
+    ]
+    assert len(set(STYLES.values())) == len(STYLES)  # every kind looks different
+
+
+def test_a_new_sample_keeps_the_previous_text_above_a_separator():
+    v = TenantView(index=0, prompt_text="ab", decode=chars, max_new_tokens=4)
+    for n in range(3):
+        v.start_sample(ids("ab"), now=10.0 * n)
+        v.on_event("draft", ids(f"{n}{n}"), now=10.0 * n)
+        v.on_event("accept", ids(f"{n}{n}"), now=10.0 * n + 1)
+    v.finish()
+    kinds = [k for k, _ in v.pieces]
+    assert kinds == [PROMPT, ACCEPT, SEPARATOR, PROMPT, ACCEPT]  # samples 2 and 3 only
+    assert "".join(t for _, t in v.pieces).endswith("sample 3 ──\nab22")
+    assert (v.sample, v.tokens, v.status) == (3, 6, "done")
+
+
+def test_pieces_are_decoded_in_context():
+    # A decoder where token 1 reads differently after token 0 (like a BPE leading space).
+    def decode(toks: list[int]) -> str:
+        return "".join(
+            {0: "x", 1: " y" if i and toks[i - 1] == 0 else "y"}[t] for i, t in enumerate(toks)
+        )
+
+    v = TenantView(index=0, prompt_text="x", decode=decode)
+    v.start_sample([0])
+    v.on_event("draft", [1])
+    v.on_event("accept", [1])
+    assert v.pieces[-1] == (ACCEPT, " y")
+
+
+def fake_state(n: int, lines: int = 30) -> DemoState:
+    state = DemoState(settings=DemoSettings(tenants=n, verifier="127.0.0.1:1234"), tenants=[])
+    for i in range(n):
+        v = TenantView(index=i, prompt_text=f"def f{i}():\n", decode=chars, max_new_tokens=999)
+        v.start_sample(ids(v.prompt_text), now=0.0)
+        body = "".join(f"    x{i} = {k} * {k}  # line {k} of tenant {i}\n" for k in range(lines))
+        v.on_event("draft", ids(body), now=0.5)
+        v.on_event("accept", ids(body), now=1.0)
+        v.on_event("draft", ids("tail"), now=1.5)
+        v.on_event("accept", ids("tail"), now=2.0)
+        state.tenants.append(v)
+    state.set_stats({"sessions": n, "queued_blocks": 1, "steps": 10, "last_step_s": 0.007})
+    for k in range(20):
+        state.sample_throughput(now=float(k))
+    return state
+
+
+def panel_bodies(rows: list[str]) -> dict[int, str]:
+    """Tenant index -> the text inside its panel (panels may sit side by side), borders and
+    whitespace removed."""
+    out = {}
+    for r, row in enumerate(rows):
+        for m in re.finditer(r"╭[^╮]*?edge (\d+) ·[^╮]*╮", row):
+            left, right = m.start(), m.end() - 1
+            body = []
+            for below in rows[r + 1 :]:
+                if below[left : left + 1] == "╰":
+                    break
+                body.append(below[left + 1 : right])
+            out[int(m.group(1)) - 1] = re.sub(r"\s", "", "".join(body))
+    return out
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 50), (120, 30)])
+def test_the_dashboard_fits_the_terminal_and_shows_each_tenants_latest_text(size):
+    width, height = size
+    state = fake_state(4)
+    rows = screen(Dashboard(state, height=height - 1), width, height)
+    assert len(rows) == height - 1
+    assert all(len(plain(r)) <= width for r in rows)
+    text = "\n".join(map(plain, rows))
+    bodies = panel_bodies(text.split("\n"))
+    assert sorted(bodies) == [0, 1, 2, 3]
+    for v in state.tenants:
+        whole = re.sub(r"\s", "", tenant_text(v).plain)
+        assert bodies[v.index] and whole.endswith(bodies[v.index]), (v.index, text)
+        assert "tail" in bodies[v.index]
+    assert "127.0.0.1:1234" in text and "α 1.00" in text and "prompt" in text
+
+
+def test_many_tenants_on_a_small_screen_get_one_line_each():
+    state = fake_state(24, lines=2)
+    rows = [plain(r) for r in screen(Dashboard(state, height=23))]
+    assert len(rows) == 23 and all(len(r) <= 80 for r in rows)
+    assert rows[5].startswith(" edge 1 ·") and rows[5].endswith("tail")
+    assert "more tenants" in rows[-2]
+
+
+def test_summary_lists_every_tenant_and_its_text():
+    state = fake_state(2, lines=1)
+    out = "\n".join(screen(summary(state), 100, 200))
+    assert "edge 1" in out and "edge 2" in out and "x1 = 0 * 0" in out
+
+
+def test_sparkline_and_bar():
+    assert sparkline([0, 1, 2, 4], 10) == "▁▃▅█"
+    assert sparkline([5, 0, 0], 2) == "▁▁"
+    assert sparkline([], 5) == ""
+    assert bar(0.5, 4) == "██░░" and bar(1.0, 4) == "████" and bar(0.0, 2) == "░░"
+
+
+def test_arguments_are_checked():
+    assert demo_args().tenants == 3 and demo_args().mode == "pipelined"
+    for bad in (["--tenants", "0"], ["--gamma", "0"], ["--rtt-ms", "-1"], ["--prompt", ""]):
+        with pytest.raises(ValueError):
+            _check(demo_args(*bad))
+
+
+def test_the_cli_module_imports_only_the_stdlib_at_top_level():
+    """The CLI imports jaxspec.demo to build its parser: no jax/rich/grpc at import time."""
+    for name in ("__init__.py", "_process.py", "_state.py"):
+        tree = ast.parse((REPO / "jaxspec" / "demo" / name).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                mods = (
+                    [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                )
+                for m in mods:
+                    top = m.split(".")[0]
+                    assert (
+                        top in sys.stdlib_module_names
+                        or m.startswith("jaxspec.demo._state")
+                        or top == "__future__"
+                    ), (name, m)
+
+
+def test_parse_ready_line():
+    line = "jaxspec verifier serving default on 127.0.0.1:40123 (TLS)\n"
+    assert parse_ready_line(line) == ("127.0.0.1", 40123)
+    assert parse_ready_line("verify: WARNING: no --tenants file") is None
+
+
+# ---- the verifier process ------------------------------------------------------------------
+
+FAKE_SERVER = textwrap.dedent(
+    """\
+    #!{python}
+    import signal, sys, time
+    if "--ignore-term" in sys.argv:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("jaxspec verifier serving fake on 127.0.0.1:5555", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    path = tmp_path / "fake-python"
+    path.write_text(FAKE_SERVER.format(python=sys.executable))
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_verifier_that_ignores_sigterm_is_killed(fake_python):
+    v = SpawnedVerifier(["--ignore-term"], python=fake_python, stop_timeout_s=0.5).start()
+    assert v.wait_ready(30) == "127.0.0.1:5555"
+    pid = v.pid
+    t0 = time.monotonic()
+    v.stop()
+    assert 0.4 < time.monotonic() - t0 < 10
+    assert not alive(pid)
+
+
+def test_the_verifier_is_stopped_when_the_owner_raises(fake_python):
+    with pytest.raises(ZeroDivisionError), SpawnedVerifier([], python=fake_python) as v:
+        v.wait_ready(30)
+        pid = v.pid
+        1 / 0  # noqa: B018
+    assert not alive(pid)
+
+
+def test_a_verifier_that_dies_at_start_reports_its_log(tmp_path):
+    v = SpawnedVerifier(["--checkpoint", str(tmp_path / "missing")], stop_timeout_s=5).start()
+    try:
+        with pytest.raises(RuntimeError, match="exited with status"):
+            v.wait_ready(120)
+    finally:
+        v.stop()
+
+
+# ---- end to end -----------------------------------------------------------------------------
+
+
+def test_demo_runs_tenants_against_a_real_verifier_on_an_80x24_screen():
+    """The issue's done-when: headless run, every tenant's text, non-zero α and throughput
+    on the screen, and the verifier process gone afterwards."""
+    console = Console(file=io.StringIO(), width=80, height=24, force_terminal=True, record=True)
+    args = demo_args(
+        "--tenants", "2", "--tokens", "40", "--rtt-ms", "20", "--jitter-ms", "2", "--mode", "sync"
+    )  # fmt: skip
+    t0 = time.monotonic()
+    result = run(args, console)
+    took = time.monotonic() - t0
+    state = result.state
+    assert not result.interrupted and result.errors == []
+    pid = state.settings.verifier_pid
+    assert pid is not None and not alive(pid)  # stopped and reaped before run() returned
+    assert "jaxspec demo" in console.export_text()  # the live view drew frames
+    rows = [plain(r) for r in screen(Dashboard(state, height=23))]
+    text = "\n".join(rows)
+    bodies = panel_bodies(rows)
+    for v in state.tenants:
+        assert v.status == "done" and v.new_tokens > 0
+        whole = re.sub(r"\s", "", tenant_text(v).plain)
+        assert bodies[v.index] and whole.endswith(bodies[v.index]), text
+        assert v.acceptance_rate > 0 and v.tokens_per_s > 0
+    alphas = [float(a) for a in re.findall(r"α (\d\.\d\d)", text)]
+    rates = [float(r) for r in re.findall(r"· (\d+) tok/s · ITL", text)]
+    assert len(alphas) == 2 and all(a > 0 for a in alphas), text
+    assert len(rates) == 2 and all(r > 0 for r in rates), text
+    steps = re.search(r"(\d+) steps · (\d+) tokens", text)
+    assert steps and int(steps.group(1)) > 0 and int(steps.group(2)) >= 80, text
+    assert "done" in rows[0]
+    print(f"\n{text}\n[{took:.1f} s]")
+
+
+def _jaxspec_cmd() -> list[str]:
+    exe = shutil.which("jaxspec")
+    return [exe] if exe else [sys.executable, "-m", "jaxspec.cli"]
+
+
+def test_ctrl_c_in_a_terminal_stops_the_demo_and_its_verifier():
+    """The installed command in an 80x24 pseudo-terminal: the live view appears, Ctrl-C
+    ends it with status 130, and the verifier named on the screen no longer exists."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the pty is its controlling terminal
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        os.environ["TERM"] = "xterm-256color"
+        cmd = _jaxspec_cmd()
+        args = ["demo", "--tenants", "1", "--tokens", "400", "--rtt-ms", "10", "--jitter-ms", "0"]
+        os.execv(cmd[0], [*cmd, *args])
+    out = b""
+    verifier = None
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([fd], [], [], 0.2)
+            if r:
+                try:
+                    out += os.read(fd, 65536)
+                except OSError:
+                    break
+            text = plain(out.decode("utf-8", "replace"))
+            if verifier is None and (m := re.search(r"spawned, pid (\d+)", text)):
+                verifier = int(m.group(1))
+            if re.search(r"edge 1 · α 0\.[0-9][0-9] · [1-9]", text):  # tokens are flowing
+                break
+        assert verifier is not None and alive(verifier), text[-3000:]
+        assert re.search(r"edge 1 · α 0\.\d\d · [1-9]", text), text[-3000:]
+        os.write(fd, b"\x03")  # Ctrl-C, through the terminal's line discipline
+        status = None
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            r, _, _ = select.select([fd], [], [], 0.2)
+            if r:
+                try:
+                    out += os.read(fd, 65536)
+                except OSError:
+                    pass
+        assert status is not None and os.waitstatus_to_exitcode(status) == 130
+        assert wait_gone(verifier, 5)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
+    assert "interrupted" in plain(out.decode("utf-8", "replace"))
+
+
+def test_a_killed_demo_takes_its_verifier_down():
+    """SIGKILL leaves no chance to clean up: the kernel's parent-death signal does it."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux-only")
+    proc = subprocess.Popen(
+        [*_jaxspec_cmd(), "demo", "--plain", "--tenants", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        line = ""
+        while "verifier pid" not in line:
+            line = proc.stdout.readline()
+            assert line, "the demo ended before starting its verifier"
+        verifier = int(re.search(r"verifier pid (\d+)", line).group(1))
+        assert alive(verifier)
+        proc.kill()
+        proc.wait()
+        assert wait_gone(verifier, 30)
+    finally:
+        proc.kill()
+        proc.wait()
