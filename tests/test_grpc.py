@@ -419,7 +419,7 @@ def test_the_ledger_catches_lost_and_duplicated_tokens():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("load_gen", ROOT / "tools" / "load_gen.py")
-    mod = importlib.util.module_from_spec(spec)
+    mod = sys.modules["load_gen"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     from jaxspec.protocol import VerifyResult
 
