@@ -20,6 +20,7 @@ from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import (
     ERRORS,
+    DeadlineExceeded,
     DraftBlock,
     NotFound,
     SessionConfig,
@@ -59,7 +60,8 @@ class _Stream:
 
 class GrpcEndpoint:
     """Connects to `target` ("host:port"); `token` is the tenant's bearer token; `tls_ca`
-    (PEM bytes or a path) turns on TLS, trusting that CA (None with `tls=True`: system CAs)."""
+    (PEM bytes or a path) turns on TLS, trusting that CA (None with `tls=True`: system CAs).
+    `timeout_s` is the deadline of each unary call and of each block's result."""
 
     def __init__(
         self,
@@ -108,6 +110,9 @@ class GrpcEndpoint:
             stream = self._streams[block.session_id] = _Stream(call, collections.deque())
             stream.reader = asyncio.ensure_future(self._read(block.session_id, stream))
         fut: asyncio.Future[VerifyResult] = asyncio.get_running_loop().create_future()
+        # A failed stream fails every pending block, also those whose callers have moved
+        # on (a session that already raised): mark the error seen so asyncio stays quiet.
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         message = wire.block_to_proto(block)
         async with stream.lock:  # grpc.aio allows one write in flight; FIFO keeps the order
             stream.pending.append(fut)
@@ -115,14 +120,19 @@ class GrpcEndpoint:
                 await stream.call.write(message)
             except (grpc.RpcError, asyncio.InvalidStateError):
                 pass  # the reader sees the stream's status and fails `fut` with it
-        return await fut
+        try:
+            return await asyncio.wait_for(fut, self.timeout_s)
+        except TimeoutError:
+            raise DeadlineExceeded(f"no result within {self.timeout_s} s") from None
 
     async def _read(self, sid: str, stream: _Stream) -> None:
         error: VerifierError | None
         try:
             async for msg in stream.call:
                 if stream.pending:
-                    stream.pending.popleft().set_result(wire.result_from_proto(msg))
+                    fut = stream.pending.popleft()
+                    if not fut.done():  # a caller that timed out has cancelled it
+                        fut.set_result(wire.result_from_proto(msg))
             error = Unavailable("the verifier ended the stream")
         except grpc.RpcError as e:
             error = error_from_rpc(e)
@@ -140,17 +150,17 @@ class GrpcEndpoint:
                 fut.set_exception(error)
 
     async def close_session(self, session_id: str) -> None:
-        """End the session's stream and free its slot. A verifier that is gone has freed it
-        already, so Unavailable/NotFound are not errors here."""
+        """Free the session's slot, then end its stream. A verifier that is gone has freed
+        it already, so Unavailable/NotFound are not errors here."""
+        try:
+            await self._unary(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))
+        except (Unavailable, NotFound):
+            pass
         stream = self._streams.pop(session_id, None)
         if stream is not None:
             stream.call.cancel()
             if stream.reader is not None:
                 await asyncio.gather(stream.reader, return_exceptions=True)
-        try:
-            await self._unary(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))
-        except (Unavailable, NotFound):
-            pass
 
     async def stats(self) -> dict[str, Any]:
         """The verifier's scheduler figures (sessions, queue depth, step time, occupancy)."""

@@ -130,6 +130,21 @@ async def session(address, draft_dir, cfg, token=None, ca=None, depth=2, **kw):
         return await run_session(ep, d, cfg, depth=depth, **kw)
 
 
+async def local_session(target_dir, draft_dir, cfg, depth=2):
+    """The same session against an in-process LocalVerifier (the servers' flags)."""
+    from verify.local import LocalVerifier
+
+    v = LocalVerifier(
+        jaxspec.load(target_dir), max_sessions=8, max_len=128, max_gamma=4,
+        row_buckets=(1, 2, 4, 8),
+    )  # fmt: skip
+    try:
+        d = drafter(str(draft_dir), cfg.gamma, cfg.encoding)
+        return await run_session(v, d, cfg, depth=depth)
+    finally:
+        await v.aclose()
+
+
 def run(coro):
     return asyncio.run(coro)
 

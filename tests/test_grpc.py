@@ -26,7 +26,6 @@ from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import NotFound, ResourceExhausted, Unauthenticated
 from tests import grpc_helpers as h
-from verify.local import LocalVerifier
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 258  # the byte tokenizer of jaxspec.testing
@@ -102,20 +101,7 @@ def test_session_over_tls_equals_in_process(world, mode, encoding, temperature):
     assert 0 < len(over_grpc.tokens) <= cfg.max_new_tokens
     assert over_grpc.rounds > 0 and 0 <= over_grpc.acceptance_rate <= 1
 
-    async def local():
-        from edge.session import run_session
-
-        v = LocalVerifier(
-            jaxspec.load(world["target"]), max_sessions=8, max_len=128, max_gamma=4,
-            row_buckets=(1, 2, 4, 8),
-        )  # fmt: skip
-        try:
-            d = h.drafter(str(world["draft"]), cfg.gamma, cfg.encoding)
-            return await run_session(v, d, cfg, depth=2)
-        finally:
-            await v.aclose()
-
-    assert over_grpc.tokens == h.run(local()).tokens
+    assert over_grpc.tokens == h.run(h.local_session(world["target"], world["draft"], cfg)).tokens
 
 
 def test_health_is_serving_and_reflection_is_off(world):

@@ -14,13 +14,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-import jaxspec
-from edge.session import run_session
 from jaxspec import wire
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import Unavailable
 from tests import grpc_helpers as h
-from verify.local import LocalVerifier
 
 MESH = ["--mesh", "data=2,model=2", "--drain-min-s", "3"]
 CONFIGS = [
@@ -66,17 +63,7 @@ def test_sharded_server_equals_the_single_device_verifier(world, reference):
     """The 2x2 mesh gives the greedy session the tokens of an unsharded in-process run."""
     cfg = CONFIGS[2]
 
-    async def local():
-        v = LocalVerifier(
-            jaxspec.load(world["target"]), max_sessions=8, max_len=128, max_gamma=4,
-            row_buckets=(1, 2, 4, 8),
-        )  # fmt: skip
-        try:
-            return await run_session(v, h.drafter(str(world["draft"]), 4, "onehot"), cfg, depth=2)
-        finally:
-            await v.aclose()
-
-    assert h.run(local()).tokens == reference[2]
+    assert h.run(h.local_session(world["target"], world["draft"], cfg)).tokens == reference[2]
 
 
 def test_sigkill_mid_generation_then_restart_loses_and_repeats_nothing(world, reference):
