@@ -1,0 +1,220 @@
+"""`jaxspec demo`: watch edge tenants draft against a cloud verifier, live in the terminal.
+
+    jaxspec demo                                  # 3 tenants, pipelined, 50 ms RTT
+    jaxspec demo --tenants 4 --mode sync --rtt-ms 100 --seconds 30
+    jaxspec demo --verifier host:50051 --token $TOKEN  # a verifier that is already running
+
+It starts a real verifier service (`python -m verify serve` on a free loopback port, with the
+shipped default target) unless `--verifier` names one, and N edge tenants in this process,
+each drafting with the shipped W4A16 draft over its own gRPC channel behind a simulated WAN
+link. The screen shows every tenant's text as it grows (accepted drafts, corrections, bonus
+tokens, rejected drafts and drafts in flight in distinct styles), α, tokens/s and inter-token
+latency; the verifier's batch occupancy, step time and queue depth; throughput over time.
+Without a terminal it prints a plain summary instead. Ctrl-C stops it; the spawned verifier
+never outlives the demo.
+
+Only the stdlib is imported here: the CLI imports this module to build its parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+from typing import Any
+
+MAX_TENANTS = 64
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The `jaxspec demo` options (the CLI calls this while building its parser)."""
+    p.description = "Live view of edge tenants drafting against a verifier service."
+    p.add_argument("--tenants", type=int, default=3, help="edge tenants (default 3)")
+    p.add_argument("--mode", default="pipelined", choices=["sync", "pipelined"])
+    p.add_argument("--depth", type=int, default=2, help="blocks in flight when pipelined")
+    p.add_argument("--rtt-ms", type=float, default=50.0, help="simulated round trip (ms)")
+    p.add_argument("--jitter-ms", type=float, default=5.0, help="± on the round trip (ms)")
+    p.add_argument("--gamma", type=int, default=4, help="drafts per block")
+    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    p.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help="prompt (repeat for several; tenants take them in turn); default: Python code",
+    )
+    p.add_argument("--tokens", type=int, default=160, help="new tokens per tenant and sample")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=0.0,
+        help="run this long, each tenant starting a new sample (next seed) when one ends; "
+        "0 (default): one sample per tenant, then stop",
+    )
+    p.add_argument("--seed", type=int, default=0, help="tenant i samples with seed + i")
+    p.add_argument("--verifier", default=None, help="host:port of a running verifier")
+    p.add_argument("--token", default=None, help="bearer token for --verifier ($JAXSPEC_TOKEN)")
+    p.add_argument("--checkpoint", default="default", help="target the spawned verifier serves")
+    p.add_argument("--draft", default="default-draft", help="draft checkpoint or built-in name")
+    p.add_argument("--quantize", default="w4a16", choices=["w4a16", "w8a16", "none"])
+    p.add_argument(
+        "--warmup",
+        action="store_true",
+        help="compile every verifier step shape before starting (slower start, no stalls)",
+    )
+    p.add_argument("--plain", action="store_true", help="no live view: print a summary at the end")
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Refuse nonsense before anything starts (the CLI prints ValueErrors cleanly)."""
+    if not 1 <= args.tenants <= MAX_TENANTS:
+        raise ValueError(f"--tenants must be in [1, {MAX_TENANTS}]")
+    if not 1 <= args.gamma <= 16:
+        raise ValueError("--gamma must be in [1, 16]")
+    if args.depth < 1:
+        raise ValueError("--depth must be >= 1")
+    if args.tokens < 1:
+        raise ValueError("--tokens must be >= 1")
+    if args.rtt_ms < 0 or args.jitter_ms < 0 or args.jitter_ms > args.rtt_ms:
+        raise ValueError("--rtt-ms and --jitter-ms must be >= 0, jitter at most the RTT")
+    if args.temperature < 0:
+        raise ValueError("--temperature must be >= 0")
+    if args.seconds < 0:
+        raise ValueError("--seconds must be >= 0")
+    if args.prompt is not None and not all(p for p in args.prompt):
+        raise ValueError("--prompt must not be empty")
+
+
+def serve_args(args: argparse.Namespace) -> list[str]:
+    """The spawned verifier's flags: one KV slot per tenant, the demo's gamma, enough length
+    for the longest prompt (bytes bound its tokens) plus --tokens."""
+    from jaxspec.demo._run import DEFAULT_PROMPTS
+
+    prompts = args.prompt or DEFAULT_PROMPTS
+    need = max(len(p.encode()) for p in prompts) + args.tokens + 16
+    max_len = max(512, 1 << (need - 1).bit_length())
+    out = ["--checkpoint", args.checkpoint, "--max-sessions", str(args.tenants)]
+    out += ["--max-gamma", str(args.gamma), "--max-len", str(max_len), "--drain-timeout-s", "2"]
+    return out if args.warmup else [*out, "--no-warmup"]
+
+
+def run(
+    args: argparse.Namespace,
+    console: Any,
+    *,
+    live: bool | None = None,
+    state: Any = None,
+) -> Any:
+    """Run the demo on `console` (a `rich.console.Console`); a `_run.DemoResult`.
+
+    `live` (default: whether the console is a terminal) draws the dashboard with rich.live;
+    otherwise only plain progress lines are printed. `state` (from `_run.make_state(args)`)
+    lets a caller watch the run from another thread. Ctrl-C, SIGTERM and SIGHUP end the run
+    early (`interrupted`); whatever happens, a spawned verifier is stopped before this
+    returns.
+    """
+    import asyncio
+
+    from rich.live import Live
+
+    from jaxspec.demo._process import SpawnedVerifier
+    from jaxspec.demo._render import Dashboard
+    from jaxspec.demo._run import DemoResult, make_state, run_demo
+
+    _check(args)
+    live = console.is_terminal if live is None else live
+    if state is None:
+        state = make_state(args)
+    result = DemoResult(state=state, interrupted=True)  # unless the run ends by itself
+
+    def on_phase(text: str) -> None:
+        if not live:
+            console.print(f"jaxspec demo: {text}", highlight=False)
+
+    try:
+        with contextlib.ExitStack() as stack:
+            _raise_on_termination(stack)
+            server = None
+            if args.verifier is None:
+                server = stack.enter_context(SpawnedVerifier(serve_args(args)))
+                state.settings.verifier_pid = server.pid
+                state.detail = "starting the verifier…"
+                on_phase(f"verifier pid {server.pid} starting")
+            else:
+                state.settings.verifier = args.verifier
+                state.detail = f"connecting to {args.verifier}…"
+
+            async def address() -> str:
+                if server is None:
+                    return args.verifier
+                while (addr := server.ready_address()) is None:
+                    await asyncio.sleep(0.05)
+                return addr
+
+            async def run_async() -> DemoResult:
+                loop, task = asyncio.get_running_loop(), asyncio.current_task()
+                for sig in (signal.SIGTERM, signal.SIGHUP):
+                    with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+                        loop.add_signal_handler(sig, task.cancel)
+                try:
+                    return await run_demo(args, state, address, on_phase=on_phase)
+                except asyncio.CancelledError:  # stopped before the tenants ran
+                    task.uncancel()
+                    with state.lock:
+                        state.phase = "interrupted"
+                    return DemoResult(state=state, interrupted=True)
+
+            if live:
+                dashboard = Dashboard(state)
+                stack.enter_context(
+                    Live(dashboard, console=console, refresh_per_second=8, transient=False)
+                )
+            try:
+                result = asyncio.run(run_async())
+            except KeyboardInterrupt:
+                with state.lock:
+                    state.phase = "interrupted"
+                raise
+            finally:
+                _raise_on_termination(stack)  # the event loop left SIGTERM at its default
+    except KeyboardInterrupt:  # before or after the event loop, or a second Ctrl-C
+        with state.lock:
+            state.phase = "interrupted"
+    return result
+
+
+def _raise_on_termination(stack: contextlib.ExitStack) -> None:
+    """SIGTERM/SIGHUP act like Ctrl-C (clean exit, server stopped) outside the event loop,
+    which installs its own handlers while it runs."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            old = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            continue
+        stack.callback(signal.signal, sig, old)
+
+
+def main(args: argparse.Namespace) -> int:
+    """`jaxspec demo`: 0 when every tenant finished, 130 after Ctrl-C, 1 on a failure."""
+    from rich.console import Console
+
+    from jaxspec.demo._render import summary
+
+    console = Console()
+    live = console.is_terminal and not args.plain
+    try:
+        result = run(args, console, live=live)
+    except RuntimeError as e:  # the verifier did not start
+        print(f"jaxspec demo: error: {e}", file=sys.stderr)
+        return 1
+    if not live:
+        console.print(summary(result.state))
+    for err in result.errors:
+        print(f"jaxspec demo: {err}", file=sys.stderr)
+    if result.interrupted:
+        return 130
+    return 1 if result.errors else 0

@@ -1,0 +1,353 @@
+"""Drawing the demo with rich: the live dashboard and the plain summary.
+
+    jaxspec demo · pipelined γ=4 depth 2 · RTT 50±5 ms · T=0.8 · 12.3 s · running
+    ╭─ cloud verifier 127.0.0.1:40123 (spawned, pid 4242) ─────────────────────────╮
+    │ sessions 3 · queue 1 · step 7.1 ms · 512 steps · 1536 tokens committed        │
+    │ batch ███░ 3/4 rows · occupancy 0.62 · 183 tok/s ▁▂▄▆█▇▆▅▆▇▇▆▅▆▇█             │
+    ╰───────────────────────────────────────────────────────────────────────────────╯
+    ╭─ edge 1 · α 0.81 · 63 tok/s · ITL 16 ms · 87/160 ─────────────────────────────╮
+    │ def fibonacci(n):                                                             │
+    │     if n < 2:  ...                 (the tail of the text, wrapped)            │
+    ╰───────────────────────────────────────────────────────────────────────────────╯
+    ■ prompt  ■ accepted  ■ correction  ■ bonus  ■ rejected  ■ in flight
+
+The dashboard sizes itself to the console (one line short of its height, so a live region
+never scrolls): tenant panels stack, go side by side on wide terminals, and fall back to one
+line per tenant when there are more tenants than lines.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.layout import Layout
+from rich.panel import Panel
+from rich.segment import Segment
+from rich.table import Table
+from rich.text import Text
+
+from jaxspec.demo._state import (
+    ACCEPT,
+    BONUS,
+    CORRECT,
+    PROMPT,
+    REJECT,
+    SEPARATOR,
+    DemoState,
+    TenantView,
+)
+
+STYLES = {
+    PROMPT: "bold",
+    ACCEPT: "green",
+    CORRECT: "bold yellow",
+    BONUS: "bold cyan",
+    REJECT: "red strike",
+    SEPARATOR: "dim",
+    "inflight": "dim italic",
+}
+LEGEND = (
+    (PROMPT, "prompt"),
+    (ACCEPT, "accepted"),
+    (CORRECT, "correction"),
+    (BONUS, "bonus"),
+    (REJECT, "rejected"),
+    ("inflight", "in flight"),
+)
+SPARKS = "▁▂▃▄▅▆▇█"
+MIN_PANEL_WIDTH = 60  # a tenant panel narrower than this is hard to read
+
+
+def sparkline(values: list[float], width: int) -> str:
+    """The last `width` values as block characters scaled to their maximum."""
+    vals = list(values)[-width:] if width > 0 else []
+    top = max(vals, default=0.0)
+    if top <= 0:
+        return SPARKS[0] * len(vals)
+    top_i = len(SPARKS) - 1
+    return "".join(SPARKS[min(top_i, max(0, round(v / top * top_i)))] for v in vals)
+
+
+def bar(fraction: float, width: int) -> str:
+    """A horizontal bar of `width` cells, eighths resolution."""
+    fraction = min(1.0, max(0.0, fraction))
+    eighths = round(fraction * width * 8)
+    full, part = divmod(eighths, 8)
+    partial = " ▏▎▍▌▋▊▉"[part] if part and full < width else ""
+    return ("█" * full + partial).ljust(width, "░")
+
+
+def tenant_text(view: TenantView) -> Text:
+    """The tenant's text with every piece in its style, drafts in flight at the end."""
+    text = Text(overflow="fold")
+    for kind, piece in view.pieces:
+        text.append(piece, STYLES[kind])
+    for _, piece in view.inflight:
+        text.append(piece, STYLES["inflight"])
+    if view.status == "error":
+        text.append(f"\n{view.error}", "bold red")
+    return text
+
+
+def tenant_title(view: TenantView, now: float) -> Text:
+    """`edge 1 · α 0.81 · 63 tok/s · ITL 16 ms · 87/160` (live rate while it runs)."""
+    running = view.status == "drafting"
+    rate = view.recent_tokens_per_s(now) if running else view.tokens_per_s
+    itl = view.inter_token_latency_s
+    t = Text.assemble(
+        (f" edge {view.index + 1}", "bold"),
+        f" · α {view.acceptance_rate:.2f}",
+        f" · {rate:.0f} tok/s",
+        f" · ITL {itl * 1e3:.0f} ms" if itl else " · ITL –",
+        f" · {view.new_tokens}/{view.max_new_tokens}",
+    )
+    if view.sample > 1:
+        t.append(f" · #{view.sample}")
+    if view.status not in ("drafting", "waiting"):
+        t.append(f" · {view.status}", "bold red" if view.status == "error" else "dim")
+    t.append(" ")
+    return t
+
+
+class Tail:
+    """The last lines of a renderable that fit the height it is given (a text that grows at
+    the bottom stays visible at the bottom)."""
+
+    def __init__(self, renderable: Any) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        height = options.height
+        lines = console.render_lines(self.renderable, options.update(height=None), pad=False)
+        if height is not None:
+            lines = lines[-height:] if height > 0 else []
+        for i, line in enumerate(lines):
+            if i:
+                yield Segment.line()
+            yield from line
+
+
+class Fixed:
+    """A renderable cut or padded to exactly `height` lines."""
+
+    def __init__(self, renderable: Any, height: int) -> None:
+        self.renderable, self.height = renderable, height
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        opts = options.update(height=self.height)
+        lines = console.render_lines(self.renderable, opts, pad=True)
+        for i, line in enumerate(lines):
+            if i:
+                yield Segment.line()
+            yield from line
+
+
+class _Spark:
+    """A sparkline that fills whatever width its cell has."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = values
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Text(sparkline(self.values, options.max_width), "magenta", no_wrap=True)
+
+
+def header(state: DemoState, now: float) -> Text:
+    """`jaxspec demo · running · 12.3 s · pipelined γ=4 depth 2 · RTT 50±5 ms · T=0.8`."""
+    s = state.settings
+    mode = f"{s.mode} γ={s.gamma}" + (f" depth {s.depth}" if s.mode == "pipelined" else "")
+    rtt = f"RTT {s.rtt_ms:g}±{s.jitter_ms:g} ms" if s.jitter_ms else f"RTT {s.rtt_ms:g} ms"
+    colour = {"running": "green", "done": "green", "interrupted": "yellow"}.get(state.phase)
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append("jaxspec demo", "bold magenta")
+    t.append(" · ")
+    t.append(state.phase, f"bold {colour}" if colour else "bold")
+    t.append(f" · {state.elapsed_s(now):.1f} s · {mode} · {rtt} · T={s.temperature:g}")
+    return t
+
+
+def verifier_panel(state: DemoState) -> Panel:
+    """Address, sessions, queue, step time; batch rows per step and the throughput line."""
+    s, st = state.settings, state.stats
+    where = "spawned" + (f", pid {s.verifier_pid}" if s.verifier_pid else "")
+    title = f" cloud verifier {s.verifier or '…'} ({where if s.spawned else 'remote'}) "
+    rate = state.throughput[-1] if state.throughput else 0.0
+    rows = state.rows_per_step
+    if st:
+        steps = int(st.get("steps", 0))
+        note = ""
+        if not st.get("serving", True):
+            note = " · draining"
+        elif state.stalled_s >= 1.0:  # blocks wait, no step: a new batch shape compiles
+            note = f" · compiling a new batch shape ({state.stalled_s:.0f} s)"
+        line1 = Text(
+            f"sessions {st.get('sessions', 0)} · queue {st.get('queued_blocks', 0)} · "
+            f"step {st.get('last_step_s', 0.0) * 1e3:.1f} ms · {steps} steps · "
+            f"{st.get('tokens_committed', 0)} tokens{note}",
+            no_wrap=True,
+            overflow="ellipsis",
+        )
+        slots = max(1, s.tenants)
+        left = Text.assemble(
+            "batch ",
+            (bar((rows or 0.0) / slots, 4), "green"),
+            f" {rows:.1f} rows/step · " if rows is not None else " – rows/step · ",
+            (f"{rate:.0f} tok/s ", "bold"),
+        )
+    else:
+        line1 = Text(state.stats_error or state.detail or "waiting for its figures…", "dim")
+        line1.no_wrap, line1.overflow = True, "ellipsis"
+        left = Text.assemble((f"{rate:.0f} tok/s ", "bold"))
+    line2 = Table.grid(expand=True)
+    line2.add_column(no_wrap=True)
+    line2.add_column(ratio=1, no_wrap=True)
+    line2.add_row(left, _Spark(list(state.throughput)))
+    return Panel(Group(line1, line2), title=title, title_align="left", box=box.ROUNDED)
+
+
+def legend() -> Text:
+    t = Text(no_wrap=True, overflow="ellipsis")
+    for kind, name in LEGEND:
+        t.append("■ ", STYLES[kind].replace("strike", "").strip())
+        t.append(name, STYLES[kind])
+        t.append("  ")
+    return t
+
+
+def tenant_panel(view: TenantView, now: float) -> Panel:
+    border = {"error": "red", "done": "green", "stopped": "yellow"}.get(view.status, "blue")
+    return Panel(
+        Tail(tenant_text(view)),
+        title=tenant_title(view, now),
+        title_align="left",
+        border_style=border,
+        box=box.ROUNDED,
+        padding=(0, 1),
+    )
+
+
+class _LastLine:
+    """The end of a text on one line, newlines shown as ⏎, cut at the left to fit."""
+
+    def __init__(self, text: Text) -> None:
+        self.text = text
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        flat = self.text.copy()
+        flat.plain = flat.plain.replace("\n", "⏎")  # same length: the spans still fit
+        width = options.max_width
+        if flat.cell_len > width:
+            flat = Text("…", "dim") + flat[-(width - 1) :] if width > 1 else Text("…")
+        flat.no_wrap = True
+        yield flat
+
+
+def compact_tenants(views: list[TenantView], now: float, height: int) -> Table:
+    """One line per tenant (figures + the end of its text), for crowded screens."""
+    table = Table.grid(expand=True, padding=(0, 1))
+    table.add_column(no_wrap=True)
+    table.add_column(ratio=1, no_wrap=True)
+    shown = views if len(views) <= height else views[: max(0, height - 1)]
+    for v in shown:
+        table.add_row(tenant_title(v, now), _LastLine(tenant_text(v)))
+    if len(shown) < len(views):
+        table.add_row(Text(f" … and {len(views) - len(shown)} more tenants", "dim"), "")
+    return table
+
+
+def tenants_layout(views: list[TenantView], now: float, width: int, height: int) -> Any:
+    """Stacked panels; side by side when the terminal is wide; one line each when crowded."""
+    n = len(views)
+    if n == 0 or height <= 0:
+        return Text("")
+    cols = max(1, min(n, width // MIN_PANEL_WIDTH))
+    while cols > 1 and height // math.ceil(n / cols) < 3:
+        cols -= 1  # never mind: fall back below
+    rows = math.ceil(n / cols)
+    # Prefer more height per panel over columns when height allows 6+ lines each.
+    while cols > 1 and height // math.ceil(n / (cols - 1)) >= 6:
+        cols -= 1
+        rows = math.ceil(n / cols)
+    if height // rows < 3:
+        return compact_tenants(views, now, height)
+    layout = Layout()
+    row_layouts = []
+    for r in range(rows):
+        row = Layout()
+        cells = [Layout(tenant_panel(v, now)) for v in views[r * cols : (r + 1) * cols]]
+        cells += [Layout(Text("")) for _ in range(cols - len(cells))]
+        row.split_row(*cells)
+        row_layouts.append(row)
+    layout.split_column(*row_layouts)
+    return layout
+
+
+class Dashboard:
+    """The whole screen, redrawn from `state` on every refresh (rich's thread calls it)."""
+
+    def __init__(self, state: DemoState, height: int | None = None) -> None:
+        self.state = state
+        self.height = height
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        height = self.height or max(8, console.height - 1)
+        width = options.max_width
+        now = time.perf_counter()
+        with self.state.lock:
+            layout = Layout()
+            parts = [Layout(header(self.state, now), size=1)]
+            parts.append(Layout(verifier_panel(self.state), size=4))
+            body = height - 6
+            views = list(self.state.tenants)
+            parts.append(Layout(tenants_layout(views, now, width, body), size=max(0, body)))
+            parts.append(Layout(legend(), size=1))
+            layout.split_column(*parts)
+            yield Fixed(layout, height)
+
+
+def summary(state: DemoState) -> Group:
+    """The plain report: one row per tenant, the verifier's figures, every tenant's text."""
+    s = state.settings
+    table = Table(
+        title=(
+            f"jaxspec demo: {s.tenants} tenants, {s.mode} γ={s.gamma}, RTT {s.rtt_ms:g} ms, "
+            f"T={s.temperature:g}, verifier {s.verifier or '?'}"
+        ),
+        box=box.SIMPLE,
+    )
+    for name in ("tenant", "status", "tokens", "α", "tok/s", "ITL ms", "TTFT s", "rounds"):
+        table.add_column(name, justify="left" if name in ("tenant", "status") else "right")
+    table.add_column("rej/stale", justify="right")
+    with state.lock:
+        for v in state.tenants:
+            ttft = f"{v.ttft_s[0]:.2f}" if v.ttft_s else "–"
+            table.add_row(
+                f"edge {v.index + 1}",
+                v.status,
+                str(v.tokens),
+                f"{v.acceptance_rate:.2f}",
+                f"{v.tokens_per_s:.1f}",
+                f"{v.inter_token_latency_s * 1e3:.1f}",
+                ttft,
+                str(v.rounds),
+                f"{v.rejections}/{v.stale}",
+            )
+        st = state.stats
+        lines: list[Any] = [table]
+        if st:
+            lines.append(
+                Text(
+                    f"verifier: {st.get('steps', 0)} steps, {st.get('tokens_committed', 0)} "
+                    f"tokens committed, mean batch occupancy {st.get('mean_occupancy', 0.0):.2f}, "
+                    f"last step {st.get('last_step_s', 0.0) * 1e3:.1f} ms"
+                )
+            )
+        for v in state.tenants:
+            lines.append(Text(f"\n── edge {v.index + 1} ──", "bold"))
+            body = "".join(p for k, p in v.pieces if k != REJECT)
+            lines.append(Text(body + (f"\n{v.error}" if v.error else "")))
+    return Group(*lines)

@@ -1,0 +1,272 @@
+"""Running the demo: edge tenants as asyncio tasks against a verifier service.
+
+    load the W4A16 draft ─┬─ compile it on a stand-in verifier ─┐
+    verifier starting  ───┴──────────── wait for "serving" ─────┴─ N tenants ── stop
+                                                                 stats poller
+
+Every tenant is one `edge.session.run_session` over its own gRPC channel (one device each),
+behind a `DelayedEndpoint` that adds the simulated WAN round trip. One `Drafter` serves them
+all: its state is per tenant. The draft model compiles while the verifier loads, on a stand-in
+endpoint that takes the same shapes, so the first real round does not stall on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from jaxspec.demo._state import DemoSettings, DemoState, TenantView
+
+DEFAULT_PROMPTS = (
+    "def fibonacci(n):\n",
+    'class Stack:\n    """A last-in, first-out stack."""\n\n    def push(self, item):\n',
+    "import os\n\n\ndef walk(top):\n",
+    "def read_lines(path):\n",
+    "class Timer:\n    def __enter__(self):\n",
+    "def quicksort(items):\n",
+    "def parse_args(argv=None):\n",
+    "async def fetch(session, url):\n",
+)
+STATS_EVERY_S = 0.25
+
+
+@dataclasses.dataclass
+class DemoResult:
+    """What a run leaves behind (the CLI prints it; tests check it)."""
+
+    state: DemoState
+    interrupted: bool = False
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+
+class _StandIn:
+    """A verifier stand-in for compiling the drafter: it accepts every draft but the last,
+    answers a correction and finishes after two rounds, so `run_session` traces the same
+    draft/rollback/append shapes a real session will."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    async def open_session(self, config: Any) -> Any:
+        from jaxspec.protocol import SessionInfo
+
+        self.config = config
+        return SessionInfo(
+            session_id="warmup",
+            max_gamma=config.gamma,
+            max_sparse_k=0,
+            vocab_size=0,
+            max_new_tokens=config.max_new_tokens,
+        )
+
+    async def verify(self, block: Any) -> Any:
+        from jaxspec.protocol import VerifyResult
+
+        self.rounds += 1
+        a = len(block.tokens) - 1
+        return VerifyResult(
+            epoch=block.epoch,
+            start=block.start,
+            accepted=a,
+            tokens=(*block.tokens[:a], block.tokens[0]),
+            next_token=block.tokens[0],
+            new_epoch=block.epoch + 1,
+            stale=False,
+            finished=self.rounds >= 2,
+        )
+
+    async def close_session(self, session_id: str) -> None:
+        pass
+
+
+def _compile_drafter(drafter: Any, configs: list[Any], depth: int) -> None:
+    """Run each distinct session shape once against the stand-in (in a worker thread)."""
+    from edge.session import run_session
+
+    seen = set()
+    for cfg in configs:
+        key = (len(cfg.prompt).bit_length(), cfg.max_new_tokens)
+        if key not in seen:
+            seen.add(key)
+            asyncio.run(run_session(_StandIn(), drafter, cfg, depth=depth))
+
+
+def _prompts(args: argparse.Namespace) -> list[str]:
+    given = args.prompt or list(DEFAULT_PROMPTS)
+    return [given[i % len(given)] for i in range(args.tenants)]
+
+
+def _configs(args: argparse.Namespace, state: DemoState, drafter, encode, SessionConfig) -> list:
+    """Each tenant's session (prompt, seed); teaches the views to decode token ids."""
+    tok = drafter.model.tokenizer
+    bos = drafter.model.config.bos_token_id
+
+    def decode(ids: list[int]) -> str:
+        if tok is None:  # a checkpoint without a tokenizer: show the ids
+            return "".join(f" {i}" for i in ids)
+        return tok.decode(ids, skip_special_tokens=True)
+
+    configs = []
+    for i, view in enumerate(state.tenants):
+        view.decode = decode
+        configs.append(
+            SessionConfig(
+                prompt=encode(tok, view.prompt_text, bos),
+                max_new_tokens=args.tokens,
+                temperature=args.temperature,
+                seed=args.seed + i,
+                mode=args.mode,
+                gamma=args.gamma,
+                encoding="full",
+            )
+        )
+    return configs
+
+
+def make_state(args: argparse.Namespace, address: str = "", pid: int | None = None) -> DemoState:
+    """The screen's initial contents from the command line."""
+    settings = DemoSettings(
+        tenants=args.tenants,
+        mode=args.mode,
+        depth=1 if args.mode == "sync" else args.depth,
+        gamma=args.gamma,
+        rtt_ms=args.rtt_ms,
+        jitter_ms=args.jitter_ms,
+        temperature=args.temperature,
+        max_new_tokens=args.tokens,
+        seconds=args.seconds,
+        verifier=address,
+        spawned=args.verifier is None,
+        verifier_pid=pid,
+        checkpoint=args.checkpoint,
+        draft=args.draft,
+        quantize=args.quantize,
+    )
+    views = [
+        TenantView(index=i, prompt_text=p, max_new_tokens=args.tokens)
+        for i, p in enumerate(_prompts(args))
+    ]
+    return DemoState(settings=settings, tenants=views)
+
+
+async def run_demo(
+    args: argparse.Namespace,
+    state: DemoState,
+    wait_address: Callable[[], Awaitable[str]],
+    *,
+    on_phase: Callable[[str], None] | None = None,
+) -> DemoResult:
+    """Load the draft, wait for the verifier (`await wait_address()` gives its host:port
+    once it serves), run the tenants until they finish, `--seconds` pass or the task is
+    cancelled (Ctrl-C); sessions and channels are closed before returning."""
+    from edge.__main__ import encode, load_drafter
+    from edge.client import GrpcEndpoint
+    from edge.session import DelayedEndpoint, run_session
+    from jaxspec.protocol import SessionConfig
+
+    loop = asyncio.get_running_loop()
+    result = DemoResult(state=state)
+    s = state.settings
+
+    def phase(word: str, detail: str = "") -> None:
+        with state.lock:
+            state.phase, state.detail = word, detail
+        if on_phase is not None:
+            on_phase(detail or word)
+
+    address_fut = asyncio.ensure_future(wait_address())
+    try:
+        busy = "" if address_fut.done() else "; the verifier is loading"
+        phase("starting", f"loading the {s.quantize.upper()} draft {s.draft}{busy}…")
+        drafter = await loop.run_in_executor(
+            None, load_drafter, args.draft, args.quantize, args.gamma, "full", 8
+        )
+        configs = _configs(args, state, drafter, encode, SessionConfig)
+        busy = "" if address_fut.done() else "; the verifier is loading"
+        phase("starting", f"compiling the draft model{busy}…")
+        await loop.run_in_executor(None, _compile_drafter, drafter, configs, s.depth)
+        if not address_fut.done():
+            phase("starting", "waiting for the verifier…")
+        address = await address_fut
+    finally:
+        address_fut.cancel()
+    with state.lock:
+        s.verifier = address
+
+    token = args.token or os.environ.get("JAXSPEC_TOKEN")
+    endpoints = [GrpcEndpoint(address, token=token) for _ in state.tenants]
+    monitor = GrpcEndpoint(address, token=token)
+    one_way, jitter = args.rtt_ms / 2e3, args.jitter_ms / 2e3
+
+    async def tenant(i: int) -> None:
+        view = state.tenants[i]
+        ep = DelayedEndpoint(endpoints[i], one_way_s=one_way, jitter_s=jitter, seed=i)
+        cfg = configs[i]
+        sample = 0
+        try:
+            while True:
+                if sample:  # --seconds: a fresh sample with the next seed
+                    cfg = dataclasses.replace(cfg, seed=cfg.seed + len(state.tenants))
+                with state.lock:
+                    view.start_sample(cfg.prompt)
+
+                def on_event(kind: str, toks: tuple[int, ...]) -> None:
+                    with state.lock:
+                        view.on_event(kind, toks)
+
+                await run_session(ep, drafter, cfg, depth=s.depth, on_event=on_event)
+                sample += 1
+                if args.seconds <= 0:
+                    break
+            with state.lock:
+                view.finish("done")
+        except asyncio.CancelledError:
+            with state.lock:
+                view.finish("stopped" if view.status == "drafting" else view.status)
+            raise
+        except Exception as e:  # one tenant's failure is shown, the others go on
+            msg = f"{getattr(e, 'code', type(e).__name__)}: {e}"
+            result.errors.append(f"edge {i + 1}: {msg}")
+            with state.lock:
+                view.finish("error", msg)
+
+    async def poll_stats() -> None:
+        while True:
+            try:
+                state.set_stats(await monitor.stats())
+            except Exception as e:
+                state.set_stats(None, f"stats unavailable: {e}")
+            state.sample_throughput()
+            await asyncio.sleep(STATS_EVERY_S)
+
+    phase("running")
+    tasks = [asyncio.ensure_future(tenant(i)) for i in range(len(state.tenants))]
+    poller = asyncio.ensure_future(poll_stats())
+    try:
+        timeout = args.seconds if args.seconds > 0 else None
+        await asyncio.wait(tasks, timeout=timeout)
+        phase("done" if all(t.done() for t in tasks) else "time is up")
+    except asyncio.CancelledError:  # Ctrl-C, SIGTERM: stop the tenants, keep the screen
+        result.interrupted = True
+        asyncio.current_task().uncancel()
+        phase("interrupted")
+    finally:
+        for t in tasks:
+            t.cancel()
+        # The sessions close in run_session's `finally`; a second Ctrl-C cuts this short.
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            state.set_stats(await asyncio.wait_for(monitor.stats(), 2.0))
+        poller.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(poller, return_exceptions=True)
+        for ep in (*endpoints, monitor):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await ep.aclose()
+    return result
