@@ -86,6 +86,7 @@ PROFILES["tiny"] = dataclasses.replace(
     latency_new_tokens=8,
     quality_new_tokens=8,
     quality_prompts=1,
+    capacity_ns=(1,),  # one point: capacity_at is unit-tested; the machinery runs
     roofline_mib=8,
     roofline_n=256,
     wire_new_tokens=6,
