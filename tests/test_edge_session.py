@@ -24,11 +24,10 @@ PROMPT, NEW = (1, 2, 3, 4), 16
 
 @pytest.fixture(scope="module", autouse=True)
 def x64():
-    """This module runs in float64 (exact decisions). Globally, not as a context manager:
-    the LocalVerifier ticks in a worker thread, and JAX config contexts are per thread."""
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
+    """This module runs in float64 (exact decisions). A context, not a global flip: the
+    LocalVerifier's worker thread takes the setting in force where the verifier was made."""
+    with jax.enable_x64(True):
+        yield
 
 
 @functools.cache
@@ -73,6 +72,8 @@ def session(
     return asyncio.run(go())
 
 
+# The verifier ticks in a worker thread: it must run in float64 too, not truncate to float32.
+@pytest.mark.filterwarnings("error:Explicitly requested dtype float64")
 @pytest.mark.parametrize(
     ("mode", "encoding", "temperature"),
     [("sync", "full", 1.0), ("pipelined", "sparse", 0.8), ("pipelined", "onehot", 0.0)],

@@ -11,6 +11,8 @@ import asyncio
 import threading
 from typing import Any
 
+import jax
+
 from jaxspec.model import Model
 from jaxspec.protocol import DraftBlock, SessionConfig, SessionInfo, VerifyResult
 from verify.scheduler import Scheduler
@@ -28,6 +30,9 @@ class LocalVerifier:
             scheduler = Scheduler(model, **scheduler_kw)
         self.scheduler = scheduler
         self.tenant = tenant
+        # JAX config contexts are per thread and ticks run in a worker thread: they take
+        # the x64 setting in force where the verifier was made (e.g. `jax.enable_x64()`).
+        self._x64 = bool(jax.config.jax_enable_x64)
         self._lock = threading.Lock()
         self._futures: dict[int, asyncio.Future[VerifyResult]] = {}
         self._wake: asyncio.Event | None = None
@@ -36,6 +41,7 @@ class LocalVerifier:
     def for_tenant(self, tenant: str) -> LocalVerifier:
         """A view of the same verifier that acts as another tenant."""
         view = LocalVerifier(scheduler=self.scheduler, tenant=tenant)
+        view._x64 = self._x64
         view._lock, view._futures = self._lock, self._futures
         view._shared = self
         return view
@@ -73,7 +79,7 @@ class LocalVerifier:
                 self._resolve(results)
 
     def _tick(self) -> list[tuple[int, VerifyResult]]:
-        with self._lock:
+        with self._lock, jax.enable_x64(self._x64):
             return self.scheduler.tick()
 
     def _resolve(self, results: list[tuple[int, VerifyResult]]) -> None:
