@@ -417,3 +417,19 @@ def test_the_ledger_catches_lost_and_duplicated_tokens():
     assert led.lost == 1
     led.result("s", VerifyResult(epoch=0, start=5, tokens=(7, 8)), 0.0)  # 5 again
     assert led.duplicated == 1
+
+
+@pytest.mark.parametrize(
+    ("tenants", "message"),
+    [
+        ("[tenants.x]\nmax_sessions = 2\n", "needs exactly one of token / token_sha256"),
+        ('[tenants.x]\ntoken = "a"\n[tenants.y]\ntoken = "a"\n', "two tenants share a token"),
+        ("not toml [", "cannot read tenants file"),
+    ],
+)
+def test_serve_refuses_a_bad_tenants_file(tmp_path, tenants, message):
+    path = tmp_path / "tenants.toml"
+    path.write_text(tenants)
+    cmd = [sys.executable, "-m", "verify", "serve", "--port", "0", "--tenants", str(path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
