@@ -1,8 +1,17 @@
 """edge: the device side of jaxspec — the W4A16 drafter (own KV cache, rollback by length)
 and the transport-agnostic session state machine (sync, or pipelined with blocks in
-flight), plus `DelayedEndpoint`, a simulated WAN. It imports `jaxspec`, never `verify`."""
+flight, resuming after a verifier restart), `GrpcEndpoint` (the gRPC client) and
+`DelayedEndpoint`, a simulated WAN. It imports `jaxspec`, never `verify`."""
 
+from edge.client import GrpcEndpoint
 from edge.drafter import Drafter, DrafterState
 from edge.session import DelayedEndpoint, SessionTrace, run_session
 
-__all__ = ["DelayedEndpoint", "Drafter", "DrafterState", "SessionTrace", "run_session"]
+__all__ = [
+    "DelayedEndpoint",
+    "Drafter",
+    "DrafterState",
+    "GrpcEndpoint",
+    "SessionTrace",
+    "run_session",
+]
