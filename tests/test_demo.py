@@ -50,9 +50,10 @@ TOKENS = "48"
 
 
 def demo_args(*argv: str) -> argparse.Namespace:
+    """Demo options; the verifier compiles lazily here (CI time), unlike the default."""
     p = argparse.ArgumentParser()
     add_arguments(p)
-    return p.parse_args(list(argv))
+    return p.parse_args(["--no-warmup", *argv])
 
 
 def alive(pid: int) -> bool:
@@ -240,7 +241,10 @@ def test_sparkline_and_bar():
 
 
 def test_arguments_are_checked():
-    assert demo_args().tenants == 3 and demo_args().mode == "pipelined"
+    defaults = argparse.ArgumentParser()
+    add_arguments(defaults)
+    d = defaults.parse_args([])
+    assert (d.tenants, d.mode, d.warmup, d.verifier) == (3, "pipelined", True, None)
     for bad in (["--tenants", "0"], ["--gamma", "0"], ["--rtt-ms", "-1"], ["--prompt", ""]):
         with pytest.raises(ValueError):
             _check(demo_args(*bad))
@@ -392,7 +396,7 @@ def test_a_terminated_or_killed_demo_takes_its_verifier_down(sig):
     if sig == signal.SIGKILL and not sys.platform.startswith("linux"):
         pytest.skip("PR_SET_PDEATHSIG is Linux-only")
     proc = subprocess.Popen(
-        [*_jaxspec_cmd(), "demo", "--tenants", "1"],
+        [*_jaxspec_cmd(), "demo", "--tenants", "1", "--no-warmup"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -48,8 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--seconds",
         type=float,
         default=0.0,
-        help="run this long, each tenant starting a new sample (next seed) when one ends; "
-        "0 (default): one sample per tenant, then stop",
+        help="generate for this long once started, each tenant beginning a new sample (next "
+        "seed) when one ends; 0 (default): one sample per tenant, then stop",
     )
     p.add_argument("--seed", type=int, default=0, help="tenant i samples with seed + i")
     p.add_argument("--verifier", default=None, help="host:port of a running verifier")
@@ -59,10 +59,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", default="w4a16", choices=["w4a16", "w8a16", "none"])
     p.add_argument(
         "--warmup",
-        action="store_true",
-        help="compile every verifier step shape before starting (slower start, no stalls)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the spawned verifier compiles every batch shape before serving (default): a "
+        "slower start, then no stalls; --no-warmup starts sooner and compiles on first use",
     )
     p.add_argument("--plain", action="store_true", help="no live view: print a summary at the end")
+    p.add_argument(
+        "--capture",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="save the screen as the run ends: SVG for a .svg name, else text "
+        "(the terminal's size; 80x24 without one); repeatable",
+    )
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -131,6 +141,14 @@ def run(
         if not live:
             console.print(f"jaxspec demo: {text}", highlight=False)
 
+    def capture() -> None:
+        if args.capture:
+            from jaxspec.demo._render import save_capture
+
+            width, height = (console.width, console.height) if live else (80, 24)
+            for path in args.capture:
+                save_capture(state, path, width, height)
+
     try:
         with contextlib.ExitStack() as stack:
             _raise_on_termination(stack)
@@ -157,7 +175,7 @@ def run(
                     with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
                         loop.add_signal_handler(sig, task.cancel)
                 try:
-                    return await run_demo(args, state, address, on_phase=on_phase)
+                    return await run_demo(args, state, address, on_phase=on_phase, on_end=capture)
                 except asyncio.CancelledError:  # stopped before the tenants ran
                     task.uncancel()
                     with state.lock:

@@ -18,6 +18,7 @@ line per tenant when there are more tenants than lines.
 
 from __future__ import annotations
 
+import io
 import math
 import time
 from typing import Any
@@ -318,10 +319,12 @@ def summary(state: DemoState) -> Group:
             f"T={s.temperature:g}, verifier {s.verifier or '?'}"
         ),
         box=box.SIMPLE,
+        pad_edge=False,
     )
-    for name in ("tenant", "status", "tokens", "α", "tok/s", "ITL ms", "TTFT s", "rounds"):
+    for name in ("tenant", "status", "tokens", "α", "tok/s", "ITL ms", "TTFT s"):
         table.add_column(name, justify="left" if name in ("tenant", "status") else "right")
-    table.add_column("rej/stale", justify="right")
+    table.add_column("rejected", justify="right")
+    table.add_column("stale", justify="right")
     with state.lock:
         for v in state.tenants:
             ttft = f"{v.ttft_s[0]:.2f}" if v.ttft_s else "–"
@@ -333,8 +336,8 @@ def summary(state: DemoState) -> Group:
                 f"{v.tokens_per_s:.1f}",
                 f"{v.inter_token_latency_s * 1e3:.1f}",
                 ttft,
-                str(v.rounds),
-                f"{v.rejections}/{v.stale}",
+                str(v.rejections),
+                str(v.stale),
             )
         st = state.stats
         lines: list[Any] = [table]
@@ -351,3 +354,14 @@ def summary(state: DemoState) -> Group:
             body = "".join(p for k, p in v.pieces if k != REJECT)
             lines.append(Text(body + (f"\n{v.error}" if v.error else "")))
     return Group(*lines)
+
+
+def save_capture(state: DemoState, path: str, width: int = 80, height: int = 24) -> None:
+    """Write the screen as a `width` x `height` terminal would show it now: an SVG (rich's
+    export, colours included) for a `.svg` path, plain text otherwise."""
+    con = Console(file=io.StringIO(), width=width, height=height, record=True, force_terminal=True)
+    con.print(Dashboard(state, height=height - 1))
+    if path.endswith(".svg"):
+        con.save_svg(path, title="jaxspec demo")
+    else:
+        con.save_text(path)

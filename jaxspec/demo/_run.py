@@ -160,6 +160,7 @@ async def run_demo(
     wait_address: Callable[[], Awaitable[str]],
     *,
     on_phase: Callable[[str], None] | None = None,
+    on_end: Callable[[], None] | None = None,
 ) -> DemoResult:
     """Load the draft, wait for the verifier (`await wait_address()` gives its host:port
     once it serves), run the tenants until they finish, `--seconds` pass or the task is
@@ -191,7 +192,8 @@ async def run_demo(
         phase("starting", f"compiling the draft model{busy}…")
         await loop.run_in_executor(None, _compile_drafter, drafter, configs, s.depth)
         if not address_fut.done():
-            phase("starting", "waiting for the verifier…")
+            what = "compiling its batch shapes" if args.warmup and s.spawned else "starting"
+            phase("starting", f"waiting for the verifier ({what})…")
         address = await address_fut
     finally:
         address_fut.cancel()
@@ -203,9 +205,10 @@ async def run_demo(
     monitor = GrpcEndpoint(address, token=token)
     one_way, jitter = args.rtt_ms / 2e3, args.jitter_ms / 2e3
 
+    stopping = False  # set when the run ends: no tenant starts another sample
+
     async def tenant(i: int) -> None:
         view = state.tenants[i]
-        ep = DelayedEndpoint(endpoints[i], one_way_s=one_way, jitter_s=jitter, seed=i)
         cfg = configs[i]
         sample = 0
         try:
@@ -214,6 +217,12 @@ async def run_demo(
                     cfg = dataclasses.replace(cfg, seed=cfg.seed + len(state.tenants))
                 with state.lock:
                     view.start_sample(cfg.prompt)
+                # A fresh simulated link per session: a DelayedEndpoint whose message was
+                # cancelled mid-flight (blocks still in flight when a session ends) would
+                # hold every later message of that direction behind it.
+                ep = DelayedEndpoint(
+                    endpoints[i], one_way_s=one_way, jitter_s=jitter, seed=cfg.seed
+                )
 
                 def on_event(kind: str, toks: tuple[int, ...]) -> None:
                     with state.lock:
@@ -221,10 +230,10 @@ async def run_demo(
 
                 await run_session(ep, drafter, cfg, depth=s.depth, on_event=on_event)
                 sample += 1
-                if args.seconds <= 0:
+                if args.seconds <= 0 or stopping:
                     break
             with state.lock:
-                view.finish("done")
+                view.finish("stopped" if stopping else "done")
         except asyncio.CancelledError:
             with state.lock:
                 view.finish("stopped" if view.status == "drafting" else view.status)
@@ -256,11 +265,17 @@ async def run_demo(
         asyncio.current_task().uncancel()
         phase("interrupted")
     finally:
-        for t in tasks:
-            t.cancel()
-        # The sessions close in run_session's `finally`; a second Ctrl-C cuts this short.
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*tasks, return_exceptions=True)
+        if on_end is not None:  # the screen as the run ends, drafts in flight included
+            on_end()
+        # The sessions close in run_session's `finally`. A cancellation can be lost (on
+        # Python 3.11 `asyncio.wait_for` returns a result that arrives together with the
+        # cancel), so cancel until every tenant has stopped.
+        stopping = True
+        pending = set(tasks)
+        while pending:
+            for t in pending:
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=1.0)
         with contextlib.suppress(Exception, asyncio.CancelledError):
             state.set_stats(await asyncio.wait_for(monitor.stats(), 2.0))
         poller.cancel()
