@@ -219,6 +219,13 @@ def test_the_dashboard_fits_the_terminal_and_shows_each_tenants_latest_text(size
     assert "127.0.0.1:1234" in text and "α 1.00" in text and "prompt" in text
 
 
+def test_crowded_screens_get_two_lines_then_one_line_per_tenant():
+    rows = [plain(r) for r in screen(Dashboard(fake_state(8, lines=3), height=23))]
+    assert len(rows) == 23 and all(len(r) <= 80 for r in rows)
+    for i in range(8):  # a title and the last line of the text
+        assert rows[5 + 2 * i].startswith(f" edge {i + 1} ·") and rows[6 + 2 * i].rstrip() == "tail"
+
+
 def test_many_tenants_on_a_small_screen_get_one_line_each():
     state = fake_state(24, lines=2)
     rows = [plain(r) for r in screen(Dashboard(state, height=23))]

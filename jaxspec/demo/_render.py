@@ -61,6 +61,7 @@ LEGEND = (
 )
 SPARKS = "▁▂▃▄▅▆▇█"
 MIN_PANEL_WIDTH = 60  # a tenant panel narrower than this is hard to read
+BLANK = Text(" ")  # not Text(""): an empty (falsy) renderable makes Layout draw a placeholder
 
 
 def sparkline(values: list[float], width: int) -> str:
@@ -260,27 +261,35 @@ def compact_tenants(views: list[TenantView], now: float, height: int) -> Table:
     return table
 
 
+def two_line_tenants(views: list[TenantView], now: float, height: int) -> Table:
+    """Per tenant its title and the last line of its text (when panels do not fit)."""
+    table = Table.grid(expand=True)
+    table.add_column(no_wrap=True)
+    for v in views[: height // 2]:
+        table.add_row(tenant_title(v, now))
+        table.add_row(Fixed(Tail(tenant_text(v)), 1))
+    return table
+
+
 def tenants_layout(views: list[TenantView], now: float, width: int, height: int) -> Any:
-    """Stacked panels; side by side when the terminal is wide; one line each when crowded."""
+    """Stacked panels, side by side on wide terminals (the fewest columns that give each
+    panel 6 lines, else as many as fit); two lines or one line per tenant when crowded."""
     n = len(views)
     if n == 0 or height <= 0:
-        return Text("")
-    cols = max(1, min(n, width // MIN_PANEL_WIDTH))
-    while cols > 1 and height // math.ceil(n / cols) < 3:
-        cols -= 1  # never mind: fall back below
+        return BLANK
+    most = max(1, min(n, width // MIN_PANEL_WIDTH))
+    cols = next((c for c in range(1, most + 1) if height // math.ceil(n / c) >= 6), most)
     rows = math.ceil(n / cols)
-    # Prefer more height per panel over columns when height allows 6+ lines each.
-    while cols > 1 and height // math.ceil(n / (cols - 1)) >= 6:
-        cols -= 1
-        rows = math.ceil(n / cols)
     if height // rows < 3:
+        if height // n >= 2:
+            return two_line_tenants(views, now, height)
         return compact_tenants(views, now, height)
     layout = Layout()
     row_layouts = []
     for r in range(rows):
         row = Layout()
         cells = [Layout(tenant_panel(v, now)) for v in views[r * cols : (r + 1) * cols]]
-        cells += [Layout(Text("")) for _ in range(cols - len(cells))]
+        cells += [Layout(BLANK) for _ in range(cols - len(cells))]
         row.split_row(*cells)
         row_layouts.append(row)
     layout.split_column(*row_layouts)
