@@ -9,7 +9,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from jaxspec.bench import latency
+from jaxspec.bench import analytic, latency
 
 
 def _x(v: float) -> str:
@@ -78,7 +78,7 @@ def behind(r: dict[str, Any]) -> list[str]:
         if slower:
             out.append(
                 "Pipelined edge-cloud decoding is slower per token than co-located speculative "
-                f"decoding at every swept RTT from {slower[0]} ms on (the DSD paper's claim)."
+                f"decoding at every swept RTT from {slower[0]} ms on, as the DSD paper predicts."
             )
     if "verifier" in s:
         rows = s["verifier"]["rows"]
@@ -215,6 +215,20 @@ def _latency_note(lat: dict[str, Any]) -> str:
         hits = [str(r["rtt_ms"]) for r in rows if pred(r["measured"])]
         return f"at RTT {', '.join(hits)} ms" if hits else "at no swept RTT"
 
+    zero = [r for r in rows if r["rtt_ms"] == 0]
+    extra = ""
+    if zero:
+        comp, g = lat["components"], lat["gamma"]
+        e_a = analytic.expected_tokens(comp["alpha"], g)
+        model = g * comp["t_d"] + comp["t_v"]
+        gap = zero[0]["measured"]["sync"] * e_a - model
+        extra = (
+            f" At RTT 0 a sync round takes about {gap * 1e3:.1f} ms more than the model's "
+            f"γ·t_d + t_v = {model * 1e3:.1f} ms: what an edge session pays per round besides "
+            "drafting and the verify step (the drafter's rollback and append, the hop from "
+            "asyncio into the verifier's thread, the scheduler's host-side work), which the "
+            "model leaves out."
+        )
     return (
         "Measured: pipelined beats sync edge-cloud decoding "
         + where(lambda m: m["pipelined"] < m["sync"])
@@ -223,6 +237,7 @@ def _latency_note(lat: dict[str, Any]) -> str:
         + ", and cloud autoregressive decoding "
         + where(lambda m: m["pipelined"] < m["cloud_ar"])
         + "."
+        + extra
     )
 
 
@@ -253,7 +268,7 @@ def _wire_note(rows: list[dict[str, Any]]) -> list[str]:
             " A top-k or one-hot q can only be accepted where the target puts mass on the "
             "draft's few candidates; with a flat target distribution that costs α and so more "
             "rounds per token (included in the bytes per token). Here `full` buys α "
-            f"{by['full']['alpha']:.2f} for {_x(times)} "
+            f"{by['full']['alpha']:.2f} for {times:,.0f}× "
             f"the bytes of `{cheapest['encoding']}` (α {cheapest['alpha']:.2f})."
         )
     return lines
