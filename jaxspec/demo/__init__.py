@@ -9,7 +9,7 @@ shipped default target) unless `--verifier` names one, and N edge tenants in thi
 each drafting with the shipped W4A16 draft over its own gRPC channel behind a simulated WAN
 link. The screen shows every tenant's text as it grows (accepted drafts, corrections, bonus
 tokens, rejected drafts and drafts in flight in distinct styles), α, tokens/s and inter-token
-latency; the verifier's batch occupancy, step time and queue depth; throughput over time.
+latency; the verifier's rows per step, step time and queue depth; throughput over time.
 Without a terminal it prints a plain summary instead. Ctrl-C stops it; the spawned verifier
 never outlives the demo.
 
@@ -22,7 +22,13 @@ import argparse
 import contextlib
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from jaxspec.demo._run import DemoResult
+    from jaxspec.demo._state import DemoState
 
 MAX_TENANTS = 64
 
@@ -31,7 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `jaxspec demo` options (the CLI calls this while building its parser)."""
     p.description = "Live view of edge tenants drafting against a verifier service."
     p.add_argument("--tenants", type=int, default=3, help="edge tenants (default 3)")
-    p.add_argument("--mode", default="pipelined", choices=["sync", "pipelined"])
+    p.add_argument(
+        "--mode",
+        default="pipelined",
+        choices=["sync", "pipelined"],
+        help="sync: one block, then wait; pipelined (default): draft on while blocks fly",
+    )
     p.add_argument("--depth", type=int, default=2, help="blocks in flight when pipelined")
     p.add_argument("--rtt-ms", type=float, default=50.0, help="simulated round trip (ms)")
     p.add_argument("--jitter-ms", type=float, default=5.0, help="± on the round trip (ms)")
@@ -56,7 +67,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=None, help="bearer token for --verifier ($JAXSPEC_TOKEN)")
     p.add_argument("--checkpoint", default="default", help="target the spawned verifier serves")
     p.add_argument("--draft", default="default-draft", help="draft checkpoint or built-in name")
-    p.add_argument("--quantize", default="w4a16", choices=["w4a16", "w8a16", "none"])
+    p.add_argument(
+        "--quantize",
+        default="w4a16",
+        choices=["w4a16", "w8a16", "none"],
+        help="the draft's weights on the edge (default w4a16)",
+    )
     p.add_argument(
         "--warmup",
         action=argparse.BooleanOptionalAction,
@@ -110,12 +126,12 @@ def serve_args(args: argparse.Namespace) -> list[str]:
 
 def run(
     args: argparse.Namespace,
-    console: Any,
+    console: Console,
     *,
     live: bool | None = None,
-    state: Any = None,
-) -> Any:
-    """Run the demo on `console` (a `rich.console.Console`); a `_run.DemoResult`.
+    state: DemoState | None = None,
+) -> DemoResult:
+    """Run the demo on `console`; what the tenants did (`DemoResult`).
 
     `live` (default: whether the console is a terminal) draws the dashboard with rich.live;
     otherwise only plain progress lines are printed. `state` (from `_run.make_state(args)`)

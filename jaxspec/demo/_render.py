@@ -1,19 +1,18 @@
 """Drawing the demo with rich: the live dashboard and the plain summary.
 
-    jaxspec demo · pipelined γ=4 depth 2 · RTT 50±5 ms · T=0.8 · 12.3 s · running
-    ╭─ cloud verifier 127.0.0.1:40123 (spawned, pid 4242) ─────────────────────────╮
-    │ sessions 3 · queue 1 · step 7.1 ms · 512 steps · 1536 tokens committed        │
-    │ batch ███░ 3/4 rows · occupancy 0.62 · 183 tok/s ▁▂▄▆█▇▆▅▆▇▇▆▅▆▇█             │
-    ╰───────────────────────────────────────────────────────────────────────────────╯
-    ╭─ edge 1 · α 0.81 · 63 tok/s · ITL 16 ms · 87/160 ─────────────────────────────╮
-    │ def fibonacci(n):                                                             │
-    │     if n < 2:  ...                 (the tail of the text, wrapped)            │
-    ╰───────────────────────────────────────────────────────────────────────────────╯
+    jaxspec demo · running · 12.3 s · pipelined γ=4 depth 2 · RTT 50±5 ms · T=0.7
+    ╭─ cloud verifier 127.0.0.1:40123 (spawned, pid 4242) ─────────────────────╮
+    │ sessions 3 · queue 1 · step 7.1 ms · 512 steps · 1536 tokens              │
+    │ batch █▍░░ 1.1 rows/step · 147 tok/s ▁▂▄▆█▇▆▅▆▇▇▆▅▆▇█                     │
+    ╰───────────────────────────────────────────────────────────────────────────╯
+    ╭─ edge 1 · α 0.81 · 63 tok/s · ITL 16 ms · 87/160 ────────────────────────╮
+    │ def fibonacci(n):            (the last lines of the text that fit)        │
+    ╰───────────────────────────────────────────────────────────────────────────╯
     ■ prompt  ■ accepted  ■ correction  ■ bonus  ■ rejected  ■ in flight
 
 The dashboard sizes itself to the console (one line short of its height, so a live region
-never scrolls): tenant panels stack, go side by side on wide terminals, and fall back to one
-line per tenant when there are more tenants than lines.
+never scrolls): tenant panels stack, go side by side on wide terminals, and shrink to two
+lines, then one line, per tenant when there are more tenants than fit.
 """
 
 from __future__ import annotations

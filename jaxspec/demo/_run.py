@@ -18,9 +18,13 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from jaxspec.demo._state import DemoSettings, DemoState, TenantView
+
+if TYPE_CHECKING:
+    from edge.drafter import Drafter
+    from jaxspec.protocol import DraftBlock, SessionConfig, SessionInfo, VerifyResult
 
 DEFAULT_PROMPTS = (
     "def fibonacci(n):\n",
@@ -52,10 +56,9 @@ class _StandIn:
     def __init__(self) -> None:
         self.rounds = 0
 
-    async def open_session(self, config: Any) -> Any:
+    async def open_session(self, config: SessionConfig) -> SessionInfo:
         from jaxspec.protocol import SessionInfo
 
-        self.config = config
         return SessionInfo(
             session_id="warmup",
             max_gamma=config.gamma,
@@ -64,7 +67,7 @@ class _StandIn:
             max_new_tokens=config.max_new_tokens,
         )
 
-    async def verify(self, block: Any) -> Any:
+    async def verify(self, block: DraftBlock) -> VerifyResult:
         from jaxspec.protocol import VerifyResult
 
         self.rounds += 1
@@ -84,16 +87,13 @@ class _StandIn:
         pass
 
 
-def _compile_drafter(drafter: Any, configs: list[Any], depth: int) -> None:
-    """Run each distinct session shape once against the stand-in (in a worker thread)."""
+def _compile_drafter(drafter: Drafter, configs: list[SessionConfig], depth: int) -> None:
+    """Run a session of each prompt length once against the stand-in (in a worker thread,
+    with its own event loop): every shape the tenants will use is compiled."""
     from edge.session import run_session
 
-    seen = set()
-    for cfg in configs:
-        key = (len(cfg.prompt).bit_length(), cfg.max_new_tokens)
-        if key not in seen:
-            seen.add(key)
-            asyncio.run(run_session(_StandIn(), drafter, cfg, depth=depth))
+    for cfg in {len(cfg.prompt): cfg for cfg in configs}.values():
+        asyncio.run(run_session(_StandIn(), drafter, cfg, depth=depth))
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
@@ -101,8 +101,11 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     return [given[i % len(given)] for i in range(args.tenants)]
 
 
-def _configs(args: argparse.Namespace, state: DemoState, drafter, encode, SessionConfig) -> list:
+def _configs(args: argparse.Namespace, state: DemoState, drafter: Drafter) -> list[SessionConfig]:
     """Each tenant's session (prompt, seed); teaches the views to decode token ids."""
+    from edge.__main__ import encode
+    from jaxspec.protocol import SessionConfig
+
     tok = drafter.model.tokenizer
     bos = drafter.model.config.bos_token_id
 
@@ -165,10 +168,9 @@ async def run_demo(
     """Load the draft, wait for the verifier (`await wait_address()` gives its host:port
     once it serves), run the tenants until they finish, `--seconds` pass or the task is
     cancelled (Ctrl-C); sessions and channels are closed before returning."""
-    from edge.__main__ import encode, load_drafter
+    from edge.__main__ import load_drafter
     from edge.client import GrpcEndpoint
     from edge.session import DelayedEndpoint, run_session
-    from jaxspec.protocol import SessionConfig
 
     loop = asyncio.get_running_loop()
     result = DemoResult(state=state)
@@ -182,13 +184,13 @@ async def run_demo(
 
     address_fut = asyncio.ensure_future(wait_address())
     try:
-        busy = "" if address_fut.done() else "; the verifier is loading"
+        busy = "; the verifier is loading" if s.spawned and not address_fut.done() else ""
         phase("starting", f"loading the {s.quantize.upper()} draft {s.draft}{busy}…")
         drafter = await loop.run_in_executor(
             None, load_drafter, args.draft, args.quantize, args.gamma, "full", 8
         )
-        configs = _configs(args, state, drafter, encode, SessionConfig)
-        busy = "" if address_fut.done() else "; the verifier is loading"
+        configs = _configs(args, state, drafter)
+        busy = "; the verifier is loading" if s.spawned and not address_fut.done() else ""
         phase("starting", f"compiling the draft model{busy}…")
         await loop.run_in_executor(None, _compile_drafter, drafter, configs, s.depth)
         if not address_fut.done():

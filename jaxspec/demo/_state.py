@@ -28,7 +28,9 @@ COMMITTED = (PROMPT, ACCEPT, CORRECT, BONUS)
 _CONTEXT = 8  # tokens of left context when decoding a piece (merges, leading spaces)
 
 
-def decode_delta(decode: Callable[[list[int]], str], context: Sequence[int], new: Sequence[int]):
+def decode_delta(
+    decode: Callable[[list[int]], str], context: Sequence[int], new: Sequence[int]
+) -> str:
     """The text `new` adds after `context`: decode(context + new) minus decode(context).
 
     Byte-level BPE and sentencepiece tokenizers decode a token differently alone than after
