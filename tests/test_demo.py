@@ -44,9 +44,10 @@ from jaxspec.demo._state import (
 )
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# New tokens per tenant in the end-to-end runs: one drafter cache bucket for every default
-# prompt, so the runs in this process compile the draft model once.
-TOKENS = "48"
+# New tokens per tenant in the end-to-end runs: prompt + tokens + the drafts in flight stay in
+# one drafter cache bucket (128) for the default prompts, so the runs in this process compile
+# the draft model once. The interrupted run asks for more, so it cannot finish first.
+TOKENS, TOKENS_INTERRUPTED = "48", "100"
 
 
 def demo_args(*argv: str) -> argparse.Namespace:
@@ -367,7 +368,9 @@ def test_demo_runs_tenants_against_a_real_verifier_on_an_80x24_screen():
 def test_ctrl_c_stops_the_tenants_and_the_verifier():
     """SIGINT while the tenants run (what Ctrl-C in a terminal sends): the run ends early,
     sessions close, and the verifier process is gone when `run` returns."""
-    args = demo_args("--tenants", "1", "--tokens", TOKENS, "--rtt-ms", "10", "--jitter-ms", "0")
+    args = demo_args(
+        "--tenants", "1", "--tokens", TOKENS_INTERRUPTED, "--rtt-ms", "10", "--jitter-ms", "0"
+    )  # fmt: skip
     state = make_state(args)
 
     def interrupt_once_tokens_flow() -> None:
@@ -384,7 +387,7 @@ def test_ctrl_c_stops_the_tenants_and_the_verifier():
     result = run(args, console, state=state)
     assert result.interrupted and state.phase == "interrupted"
     view = state.tenants[0]
-    assert view.status == "stopped" and 0 < view.new_tokens < int(TOKENS)
+    assert view.status == "stopped" and 0 < view.new_tokens < int(TOKENS_INTERRUPTED)
     pid = state.settings.verifier_pid
     assert pid is not None and not alive(pid)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
