@@ -244,10 +244,18 @@ class DelayedEndpoint:
         prev = self._tail[direction]
         mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._tail[direction] = mine
-        await asyncio.sleep(self._delay())
-        if prev is not None:
-            await prev
-        mine.set_result(None)
+        try:
+            await asyncio.sleep(self._delay())
+            if prev is not None:
+                await asyncio.shield(prev)  # our cancel must not cancel the one ahead
+        finally:
+            # Arrived, or cancelled in flight: either way the next message may go once the
+            # one ahead of us has (a lost message must not stall the link forever).
+            if prev is None or prev.done():
+                if not mine.done():
+                    mine.set_result(None)
+            else:
+                prev.add_done_callback(lambda _: mine.done() or mine.set_result(None))
 
     async def open_session(self, config: SessionConfig):
         await self._cross("up")

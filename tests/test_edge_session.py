@@ -144,3 +144,22 @@ def test_sync_mode_is_depth_one_with_bonus_tokens():
     assert trace.stale == 0
     kinds = {k for k, _ in trace.events}
     assert {"draft", "accept", "correct"} <= kinds
+
+
+def test_a_message_cancelled_in_flight_does_not_stall_the_link():
+    """A block abandoned mid-flight (its session ended) must not hold back later messages."""
+
+    class Echo:
+        async def verify(self, block):
+            return block
+
+    async def go():
+        ep = DelayedEndpoint(Echo(), delays=[0.3, 0.0, 0.0])
+        first = asyncio.ensure_future(ep.verify("a"))
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(ep.verify("b"))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        return await asyncio.wait_for(second, 5)
+
+    assert asyncio.run(go()) == "b"
