@@ -101,9 +101,11 @@ def server_env(cache_dir: pathlib.Path, devices: int | None = None) -> dict[str,
 
 
 def spawn(checkpoint: pathlib.Path, *extra: str, port: int = 0, env=None) -> VerifierProcess:
-    return VerifierProcess(
+    server = VerifierProcess(
         ["--checkpoint", str(checkpoint), *SERVER_FLAGS, *extra], port=port, env=env
-    ).start()
+    )
+    server.start().wait_ready(180)
+    return server
 
 
 @functools.cache

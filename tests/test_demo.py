@@ -28,7 +28,6 @@ import pytest
 from rich.console import Console
 
 from jaxspec.demo import _check, add_arguments, run
-from jaxspec.demo._process import SpawnedVerifier, parse_ready_line
 from jaxspec.demo._render import STYLES, Dashboard, bar, sparkline, summary, tenant_text
 from jaxspec.demo._run import make_state
 from jaxspec.demo._state import (
@@ -42,6 +41,7 @@ from jaxspec.demo._state import (
     DemoState,
     TenantView,
 )
+from verify.process import VerifierProcess, parse_ready_line
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # New tokens per tenant in the end-to-end runs: prompt + tokens + the drafts in flight stay in
@@ -260,8 +260,9 @@ def test_arguments_are_checked():
 
 def test_the_cli_module_imports_only_the_stdlib_at_top_level():
     """The CLI imports jaxspec.demo to build its parser: no jax/rich/grpc at import time."""
-    for name in ("__init__.py", "_process.py", "_state.py"):
-        tree = ast.parse((REPO / "jaxspec" / "demo" / name).read_text())
+    demo = REPO / "jaxspec" / "demo"
+    for name in (demo / "__init__.py", demo / "_state.py", REPO / "verify" / "process.py"):
+        tree = ast.parse(name.read_text())
         for node in tree.body:
             if isinstance(node, ast.Import | ast.ImportFrom):
                 mods = (
@@ -305,7 +306,7 @@ def fake_python(tmp_path):
 
 
 def test_a_verifier_that_ignores_sigterm_is_killed(fake_python):
-    v = SpawnedVerifier(["--ignore-term"], python=fake_python, stop_timeout_s=0.5).start()
+    v = VerifierProcess(["--ignore-term"], python=fake_python, stop_timeout_s=0.5).start()
     assert v.wait_ready(30) == "127.0.0.1:5555"
     pid = v.pid
     t0 = time.monotonic()
@@ -315,7 +316,7 @@ def test_a_verifier_that_ignores_sigterm_is_killed(fake_python):
 
 
 def test_the_verifier_is_stopped_when_the_owner_raises(fake_python):
-    with pytest.raises(ZeroDivisionError), SpawnedVerifier([], python=fake_python) as v:
+    with pytest.raises(ZeroDivisionError), VerifierProcess([], python=fake_python) as v:
         v.wait_ready(30)
         pid = v.pid
         1 / 0  # noqa: B018
@@ -323,7 +324,7 @@ def test_the_verifier_is_stopped_when_the_owner_raises(fake_python):
 
 
 def test_a_verifier_that_dies_at_start_reports_its_log(tmp_path):
-    v = SpawnedVerifier(["--checkpoint", str(tmp_path / "missing")], stop_timeout_s=5).start()
+    v = VerifierProcess(["--checkpoint", str(tmp_path / "missing")], stop_timeout_s=5).start()
     try:
         with pytest.raises(RuntimeError, match="exited with status"):
             v.wait_ready(120)

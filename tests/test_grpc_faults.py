@@ -36,7 +36,7 @@ def world(tmp_path_factory):
     try:
         yield dict(target=target, draft=draft, server=server)
     finally:
-        server.stop(timeout_s=10)
+        server.stop()
 
 
 def sessions(world, **kw):
@@ -77,7 +77,7 @@ def test_sigkill_mid_generation_then_restart_loses_and_repeats_nothing(world, re
         if committed[0] >= 12 and server.alive() and not restarted.is_set():
             server.kill()  # no drain, no goodbye
             restarted.set()
-            threading.Thread(target=server.start, daemon=True).start()  # same port
+            server.start()  # same port; from this thread, which outlives the server
 
     traces = sessions(world, on_event=on_event, resume_timeout_s=120)
     assert restarted.is_set() and server.alive()

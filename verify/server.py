@@ -228,7 +228,8 @@ class VerifierService(pb_grpc.VerifierServicer):
 
     async def Verify(self, request_iterator: AsyncIterator[pb.DraftBlock], context: Any):
         """Blocks of one session up, results down in order. Errors end the stream with their
-        status after every earlier block's result; a vanished client frees the session."""
+        status after every earlier block's result (the session stays for a new stream);
+        the end of the stream — half-close, cancel, a vanished client — closes the session."""
         tenant = await self._auth(context, "Verify")
         endpoint = self.verifier.for_tenant(tenant.name)
         bucket = None
@@ -262,7 +263,7 @@ class VerifierService(pb_grpc.VerifierServicer):
         reader = asyncio.ensure_future(read())
         drain = asyncio.ensure_future(self.draining.wait())
         self.streams += 1
-        clean = False
+        keep = False  # True: the stream failed on bad input, the session stays
         counts = [0, 0]  # this stream's blocks taken, answered
         try:
             while True:
@@ -277,8 +278,7 @@ class VerifierService(pb_grpc.VerifierServicer):
                     await asyncio.gather(reader, return_exceptions=True)
                     continue
                 item = get.result()
-                if item is None:
-                    clean = True
+                if item is None:  # half-closed, or a vanished client seen as one
                     return
                 if isinstance(item, VerifierError):
                     raise item
@@ -290,7 +290,7 @@ class VerifierService(pb_grpc.VerifierServicer):
                 self.answered_draining += self.draining.is_set()
                 counts[1] += 1
         except VerifierError as e:
-            clean = True  # the session stays; the client may reopen a stream
+            keep = True  # the session stays; the client may open another stream
             await self._fail(context, "Verify", e.code, str(e))
         finally:
             self.streams -= 1
@@ -298,13 +298,18 @@ class VerifierService(pb_grpc.VerifierServicer):
             reader.cancel()
             if self.draining.is_set():
                 self.unanswered_draining += counts[0] - counts[1]
-            if not clean and session and not self.draining.is_set():
-                # Cancelled, disconnected or past its deadline: nobody will read the
-                # answers, so the slot goes back to the pool now.
-                try:
-                    await endpoint.close_session(session[0])
-                except NotFound:
-                    pass
+            if not keep and session and not self.draining.is_set():
+                # Ended, cancelled, disconnected or past its deadline (a killed client can
+                # look like a half-close): nobody will send or read more, so the slot goes
+                # back to the pool now.
+                await self._close_quietly(endpoint, session[0])
+
+    @staticmethod
+    async def _close_quietly(endpoint: LocalVerifier, session_id: str) -> None:
+        try:
+            await endpoint.close_session(session_id)
+        except NotFound:
+            pass  # closed already (CloseSession, eviction, the other path here)
 
     def _count(self, tenant: str, block: Any, res: Any) -> None:
         c = self.counters

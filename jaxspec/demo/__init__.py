@@ -143,9 +143,9 @@ def run(
 
     from rich.live import Live
 
-    from jaxspec.demo._process import SpawnedVerifier
     from jaxspec.demo._render import Dashboard
     from jaxspec.demo._run import DemoResult, make_state, run_demo
+    from verify.process import VerifierProcess
 
     _check(args)
     live = console.is_terminal if live is None else live
@@ -170,7 +170,7 @@ def run(
             _raise_on_termination(stack)
             server = None
             if args.verifier is None:
-                server = stack.enter_context(SpawnedVerifier(serve_args(args)))
+                server = stack.enter_context(VerifierProcess(serve_args(args)))
                 state.settings.verifier_pid = server.pid
                 state.detail = "starting the verifier…"
                 on_phase(f"verifier pid {server.pid} starting")

@@ -66,7 +66,9 @@ class VerifierServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Verify(self, request_iterator, context):
-        """One stream per session: blocks up, results down in the same order.
+        """One stream per session: blocks up, results down in the same order. An error status
+        ends the stream but not the session; ending the stream (half-close, cancel,
+        disconnect) closes the session.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
