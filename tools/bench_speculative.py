@@ -5,7 +5,7 @@
 
 Prompts are windows of the documents held out of the shipped pair's training. Both decoders
 run on the same prompts in the same process, each warmed up (compiled) before it is timed
-(median of the repeats); `jaxspec bench` runs the same code on more prompts. Prints a table
+(best of the repeats); `jaxspec bench` runs the same code on more prompts. Prints a table
 and writes JSON (`--json`): per configuration, plain and speculative tokens/s, their ratio,
 acceptance rate alpha, tokens per round and per-position acceptance. Greedy outputs are
 checked to be identical (the benchmark refuses to report a lossy speedup).

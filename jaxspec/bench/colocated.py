@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from jaxspec.bench.common import check_same_tokens, median_time
+from jaxspec.bench.common import best_time, check_same_tokens
 
 
 def _timed_generate(
@@ -21,13 +21,13 @@ def _timed_generate(
     **kw: Any,
 ) -> tuple[float, int, list[list[int]], list[Any]]:
     """(seconds, new tokens, token lists, stats) of `generate` over `prompts` in chunks of
-    `batch` rows; each chunk's time is the median of `repeats` after a warm-up."""
+    `batch` rows; each chunk's time is the best of `repeats` after a warm-up."""
     import jaxspec
 
     seconds, tokens, outs, stats = 0.0, 0, [], []
     for lo in range(0, len(prompts), batch):
         chunk = [list(p) for p in prompts[lo : lo + batch]]
-        t, out = median_time(lambda c=chunk: jaxspec.generate(target, c, new_tokens, **kw), repeats)
+        t, out = best_time(lambda c=chunk: jaxspec.generate(target, c, new_tokens, **kw), repeats)
         seconds += t
         tokens += out.stats.new_tokens
         outs += out.tokens

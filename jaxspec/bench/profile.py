@@ -13,7 +13,7 @@ class Profile:
     name: str
     gamma: int = 4  # the speculation length every section uses (swept in `colocated`)
     prompt_len: int = 32
-    repeats: int = 3  # timed repeats per measurement (median), after a warm-up
+    repeats: int = 5  # timed repeats per measurement (the best counts), after a warm-up
     # 1. co-located speculative vs plain (batch 1, one prompt at a time)
     prompts: int = 4
     new_tokens: int = 128

@@ -359,7 +359,7 @@ def markdown(r: dict[str, Any], plots: dict[str, str]) -> str:
             "## 1. Co-located speculative vs plain decoding",
             "",
             f"Batch 1, {p['prompts']} prompt(s) one at a time, {p['new_tokens']} new tokens "
-            "each, no stop token; plain and speculative timed in the same run (median of "
+            "each, no stop token; plain and speculative timed in the same run (best of "
             f"{p['repeats']} after a warm-up). Greedy outputs are asserted identical to plain "
             "decoding. α = accepted / drafted (vLLM's definition). Self-speculation drafts with "
             f"the target itself at W4A16, group 128 ({c['self_draft_bytes']:,} bytes resident).",
@@ -378,7 +378,7 @@ def markdown(r: dict[str, Any], plots: dict[str, str]) -> str:
             "(transformers' assisted generation takes one sequence), greedy, "
             f"{pr['prompts']} prompt(s), {pr['new_tokens']} new tokens in all, default stop "
             "tokens. **All five decoders produced identical tokens on every prompt "
-            "(asserted).** Timed in turns, median of the repeats after a warm-up.",
+            f"(asserted).** Timed in turns, the best of {pr['repeats']} after a warm-up.",
             "",
             *_peer_md(pr),
             "",
