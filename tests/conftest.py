@@ -24,3 +24,15 @@ def hf_checkpoints(tmp_path_factory):
         d = tmp_path_factory.mktemp(f"hf_{name}")
         out[name] = (d, write_hf_checkpoint(d, cfg, seed=i))
     return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_compiled_code():
+    """Drop compiled executables after each module. Every XLA CPU executable maps code pages;
+    one pytest process compiling the whole suite passed the kernel's 65,530 mappings per
+    process (vm.max_map_count) and XLA segfaulted in its next compile."""
+    yield
+    import gc
+
+    jax.clear_caches()
+    gc.collect()
