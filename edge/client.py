@@ -157,6 +157,10 @@ class GrpcEndpoint:
             await self._unary(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))
         except (Unavailable, NotFound):
             pass
+        await self._end_stream(session_id)
+
+    async def _end_stream(self, session_id: str) -> None:
+        """Cancel the session's stream; its reader cancels whoever still waits on it."""
         stream = self._streams.pop(session_id, None)
         if stream is not None:
             stream.call.cancel()
@@ -170,8 +174,7 @@ class GrpcEndpoint:
 
     async def aclose(self) -> None:
         for sid in list(self._streams):
-            s = self._streams.pop(sid)
-            s.call.cancel()
+            await self._end_stream(sid)
         await self.channel.close()
 
     async def __aenter__(self) -> GrpcEndpoint:

@@ -9,6 +9,8 @@ scheduler's to check, with the same errors as in-process.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from jaxspec.proto import verifier_pb2 as pb
@@ -71,23 +73,11 @@ def config_from_proto(m: pb.OpenSessionRequest) -> SessionConfig:
 
 
 def info_to_proto(i: SessionInfo) -> pb.OpenSessionResponse:
-    return pb.OpenSessionResponse(
-        session_id=i.session_id,
-        max_gamma=i.max_gamma,
-        max_sparse_k=i.max_sparse_k,
-        vocab_size=i.vocab_size,
-        max_new_tokens=i.max_new_tokens,
-    )
+    return pb.OpenSessionResponse(**dataclasses.asdict(i))  # the same fields, by name
 
 
 def info_from_proto(m: pb.OpenSessionResponse) -> SessionInfo:
-    return SessionInfo(
-        session_id=m.session_id,
-        max_gamma=m.max_gamma,
-        max_sparse_k=m.max_sparse_k,
-        vocab_size=m.vocab_size,
-        max_new_tokens=m.max_new_tokens,
-    )
+    return SessionInfo(**{f.name: getattr(m, f.name) for f in dataclasses.fields(SessionInfo)})
 
 
 def block_to_proto(b: DraftBlock) -> pb.DraftBlock:

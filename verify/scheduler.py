@@ -56,7 +56,6 @@ class Session:
     slot: int
     tokens: list[int]  # prompt + committed new tokens
     prompt_len: int
-    context_len: int  # prompt + tokens committed before a resume: what prefill covers
     stops: frozenset[int]
     key: np.ndarray
     epoch: int = 0
@@ -76,6 +75,11 @@ class Session:
     @property
     def new_tokens(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+    @property
+    def context_len(self) -> int:
+        """Prompt + tokens committed before a resume: what prefill covers."""
+        return self.prompt_len + len(self.config.committed)
 
     @property
     def ready_to_verify(self) -> bool:
@@ -169,9 +173,6 @@ class Scheduler:
         if not self.free_slots:
             raise ResourceExhausted(f"all {len(self.sessions)} session slots are in use")
         sid = secrets.token_hex(16)  # 128 random bits
-        stops = (
-            self.model.config.eos_token_ids if config.stop_tokens is None else config.stop_tokens
-        )
         self.sessions[sid] = Session(
             id=sid,
             tenant=tenant,
@@ -179,8 +180,7 @@ class Scheduler:
             slot=self.free_slots.pop(),
             tokens=list(config.prompt) + list(config.committed),
             prompt_len=len(config.prompt),
-            context_len=len(config.prompt) + len(config.committed),
-            stops=frozenset(stops),
+            stops=self._stops(config),
             key=np.asarray(session_key(config.seed, 0)),
             last_active=self.clock(),
         )
@@ -191,6 +191,11 @@ class Scheduler:
             vocab_size=self.vocab,
             max_new_tokens=config.max_new_tokens,
         )
+
+    def _stops(self, c: SessionConfig) -> frozenset[int]:
+        """The session's stop tokens: its own, or the target's EOS ids."""
+        stops = self.model.config.eos_token_ids if c.stop_tokens is None else c.stop_tokens
+        return frozenset(stops)
 
     def _validate_config(self, c: SessionConfig) -> None:
         if not c.prompt:
@@ -212,8 +217,7 @@ class Scheduler:
         if c.committed:
             if any(not 0 <= t < self.vocab for t in c.committed):
                 raise InvalidArgument(f"committed token ids must be in [0, {self.vocab})")
-            stops = self.model.config.eos_token_ids if c.stop_tokens is None else c.stop_tokens
-            if len(c.committed) >= c.max_new_tokens or set(c.committed) & set(stops):
+            if len(c.committed) >= c.max_new_tokens or set(c.committed) & self._stops(c):
                 raise InvalidArgument("the committed tokens already finish this session")
         need = len(c.prompt) + c.max_new_tokens + self.max_gamma + 1
         if need > self.max_len:

@@ -161,9 +161,7 @@ class VerifierService(pb_grpc.VerifierServicer):
         self.counters = Counters()
         self.draining = asyncio.Event()
         self.streams = 0
-        self.blocks_taken = 0  # blocks read off streams and queued
-        self.blocks_answered = 0  # results written back
-        self.answered_draining = 0  # ... of which while draining
+        self.answered_draining = 0  # blocks answered while draining
         self.unanswered_draining = 0  # taken, then the stream ended in the drain: must stay 0
         self._buckets: dict[str, _Bucket] = {}
 
@@ -237,6 +235,7 @@ class VerifierService(pb_grpc.VerifierServicer):
             bucket = self._buckets.setdefault(tenant.name, _Bucket(tenant.tokens_per_s))
         items: asyncio.Queue[Any] = asyncio.Queue()  # futures of results, or an error, or None
         session: list[str] = []  # the stream's session id, once known
+        counts = [0, 0]  # this stream's blocks taken, answered
 
         async def read() -> None:
             try:
@@ -252,7 +251,6 @@ class VerifierService(pb_grpc.VerifierServicer):
                     if bucket is not None:
                         await bucket.take(len(block.tokens) + 1)
                     items.put_nowait((block, asyncio.ensure_future(endpoint.verify(block))))
-                    self.blocks_taken += 1
                     counts[0] += 1
                 items.put_nowait(None)
             except VerifierError as e:
@@ -264,7 +262,6 @@ class VerifierService(pb_grpc.VerifierServicer):
         drain = asyncio.ensure_future(self.draining.wait())
         self.streams += 1
         keep = False  # True: the stream failed on bad input, the session stays
-        counts = [0, 0]  # this stream's blocks taken, answered
         try:
             while True:
                 if items.empty() and drain.done() and reader.done():
@@ -286,7 +283,6 @@ class VerifierService(pb_grpc.VerifierServicer):
                 res = await fut
                 self._count(tenant.name, block, res)
                 yield wire.result_to_proto(res)
-                self.blocks_answered += 1
                 self.answered_draining += self.draining.is_set()
                 counts[1] += 1
         except VerifierError as e:
