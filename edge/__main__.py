@@ -13,8 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
+
+from edge.client import GrpcEndpoint
+from edge.drafter import load_drafter
+from edge.session import run_session
+from jaxspec.protocol import SessionConfig, VerifierError
+from jaxspec.text import decode_text, encode_prompt
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,35 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_drafter(name: str, quantize: str, gamma: int, encoding: str, sparse_k: int):
-    """The edge's draft model as a `Drafter` (W4A16 unless asked otherwise)."""
-    import jaxspec
-    from edge.drafter import Drafter
-
-    model = jaxspec.load(name)
-    if quantize != "none":
-        model = jaxspec.quantize(model, quantize)
-    return Drafter(model, gamma=gamma, encoding=encoding, sparse_k=sparse_k)
-
-
-def encode(tokenizer, text: str, bos: int | None) -> tuple[int, ...]:
-    if tokenizer is None:
-        return tuple(int(t) for t in text.split())
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return tuple(ids) if ids else ((bos,) if bos is not None else ())
-
-
 async def _generate(args: argparse.Namespace) -> int:
-    import os
-
-    from edge.client import GrpcEndpoint
-    from edge.session import run_session
-    from jaxspec.protocol import SessionConfig
-
-    drafter = load_drafter(args.draft, args.quantize, args.gamma, args.encoding, args.sparse_k)
-    tok = drafter.model.tokenizer
+    drafter = load_drafter(
+        args.draft, args.quantize, gamma=args.gamma, encoding=args.encoding,
+        sparse_k=args.sparse_k,
+    )  # fmt: skip
     config = SessionConfig(
-        prompt=encode(tok, args.prompt, drafter.model.config.bos_token_id),
+        prompt=encode_prompt(drafter.model, args.prompt),
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
@@ -90,10 +75,8 @@ async def _generate(args: argparse.Namespace) -> int:
         trace = await run_session(
             ep, drafter, config, depth=args.depth, resume_timeout_s=args.resume_timeout_s
         )
-    if tok is None:
-        print(" ".join(map(str, trace.tokens)))
-    else:
-        print(args.prompt + tok.decode(trace.tokens, skip_special_tokens=True))
+    prefix = "" if drafter.model.tokenizer is None else args.prompt
+    print(prefix + decode_text(drafter.model, trace.tokens))
     print(
         f"[{len(trace.tokens)} tokens, {trace.tokens_per_s:.1f} tok/s, acceptance rate "
         f"{trace.acceptance_rate:.2f}, {trace.rounds} rounds, {trace.stale} stale, "
@@ -105,8 +88,6 @@ async def _generate(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from jaxspec.protocol import VerifierError
-
     try:
         return asyncio.run(_generate(args))
     except VerifierError as e:

@@ -5,7 +5,7 @@ rolled back — and the KV cache of those positions. One `draft` call appends ga
 
     context      t0 t1 .. t(n-2) t(n-1) | d0  d1 .. d(g-1)      length n -> n + g
     fed          (t(n-2) if its KV is missing) t(n-1)  d0 .. d(g-2)    (one jitted lax.scan)
-    draft at p   sampled from warp(logits) with U(key, p, DRAFT)   (DESIGN §2)
+    draft at p   sampled from warp(logits) with U(key, p, DRAFT)   (docs/design.md §2)
 
 Rolling back is lowering `length` and the cache's length (no KV is copied or cleared;
 stale entries are masked, then overwritten). Since every draw is keyed by its absolute
@@ -33,7 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.checkpoint import load
 from jaxspec.model import KVCache, Llama, Model, init_cache
+from jaxspec.quantize import quantize as quantize_model
 from jaxspec.sampling import SamplingParams
 from jaxspec.speculative import draft_block
 from jaxspec.verification import ENCODINGS, DraftQ
@@ -244,3 +246,18 @@ class Drafter:
         if counts is None:
             counts = jnp.full(tokens.shape[0], tokens.shape[1], jnp.int32)
         return append(state, jnp.asarray(rows, jnp.int32), tokens, jnp.asarray(counts, jnp.int32))
+
+
+def load_drafter(
+    name: str, quantize: str = "w4a16", *, gamma: int = 4, encoding: str = "full",
+    sparse_k: int = 8,
+) -> Drafter:  # fmt: skip
+    """The edge's draft model from a checkpoint or built-in name, as a `Drafter`.
+
+    W4A16 by default, as a device would hold it; `quantize="none"` keeps the weights as
+    stored.
+    """
+    model = load(name)
+    if quantize != "none":
+        model = quantize_model(model, quantize)
+    return Drafter(model, gamma=gamma, encoding=encoding, sparse_k=sparse_k)

@@ -1,4 +1,4 @@
-"""The edge session state machine: drafting ahead, blocks in flight, rollback (DESIGN §3).
+"""The edge session state machine: drafting ahead, blocks in flight, rollback (docs/design.md §3).
 
     committed  t0 .. t(c-1)                    what the verifier has confirmed
     in flight  [d_c .. d_{c+g-1}] [..] ..      up to `depth` blocks, drafted optimistically

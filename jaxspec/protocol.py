@@ -1,4 +1,4 @@
-"""The edge <-> verifier session protocol as Python types (DESIGN §4).
+"""The edge <-> verifier session protocol as Python types (docs/design.md §4).
 
 `verify` implements `VerifierEndpoint` in-process (`LocalVerifier`) and behind gRPC; `edge`
 consumes any endpoint. Neither imports the other: both meet here. Errors carry the gRPC

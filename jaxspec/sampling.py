@@ -1,7 +1,7 @@
 """Position-keyed randomness, per-row sampling params, warping and inverse-CDF sampling.
 
 Every random draw of a session is `fold_in(fold_in(session_key, position), PURPOSE)`
-(DESIGN §2): no counters and no split chains, so a session's tokens do not depend on call
+(docs/design.md §2): no counters and no split chains, so a session's tokens do not depend on call
 order, batch mates, rollbacks or timing. Warping is applied in one order everywhere:
 temperature, then top-k, then top-p, with the tie rules of `proofs.warp`:
 

@@ -4,7 +4,7 @@ Each round, for every live row with P committed tokens (prompt + new):
 
     draft   feed last committed token at P-1, then d_0.. : K draft steps -> d_0..d_{K-1}, q
     target  one forward over [last, d_0 .. d_{K-1}] at positions P-1 .. P+K-1 -> K+1 logits
-    verify  `verification._verify` (DESIGN §3) -> accepted drafts + correction / bonus
+    verify  `verification._verify` (docs/design.md §3) -> accepted drafts + correction / bonus
     commit  append (cut at a stop token or max_new_tokens); both caches roll back to P'-1
 
 A draft at absolute position t is sampled with U(DRAFT, t), so outputs depend only on

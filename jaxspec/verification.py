@@ -1,4 +1,4 @@
-"""The verification rule of DESIGN §3 as one pure, jitted, batched function.
+"""The verification rule of docs/design.md §3 as one pure, jitted, batched function.
 
 A batch row holds a block of draft tokens `d_0 .. d_{n-1}` (n = `num_draft[b]` <= K) that
 sit at absolute positions `start, start+1, ...`, the target's logits for those positions
@@ -107,7 +107,7 @@ def verify_block(
     start: Int[Array, " B"],
     mode: str | Bool[Array, " B"] = "sync",
 ) -> VerifyResult:
-    """Apply the rule of DESIGN §3 to every row of a padded batch (see the module doc).
+    """Apply the rule of docs/design.md §3 to every row of a padded batch (see the module doc).
 
     `mode` is "sync" (bonus after a fully accepted block), "pipelined" (no bonus), or a
     per-row bool array (True = sync). Entries past `num_draft[b]` are ignored. The q's are

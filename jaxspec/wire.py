@@ -1,4 +1,4 @@
-"""The protocol's Python types <-> their `jaxspec.v1` protobuf messages (DESIGN §4).
+"""The protocol's Python types <-> their `jaxspec.v1` protobuf messages (docs/design.md §4).
 
 Both transports' ends (the gRPC server in `verify`, the client in `edge`) and the wire-cost
 benchmark convert here, so a field means the same thing everywhere. Decoding checks only

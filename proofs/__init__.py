@@ -1,10 +1,10 @@
 """Exact, plain-Python proofs that jaxspec's speculative decoding is lossless.
 
-An independent second implementation (DESIGN §1): it imports nothing from the project and
+An independent second implementation (docs/design.md §1): it imports nothing from the project and
 no numerics library, only `fractions.Fraction`. The JAX code is tested against it.
 
 - `proofs.warp`: temperature / top-k / top-p warping and the draft encodings, exact.
-- `proofs.rule`: the verification rule of DESIGN §3 (`accept_prob`, `residual`,
+- `proofs.rule`: the verification rule of docs/design.md §3 (`accept_prob`, `residual`,
   `sample`, `decide`), written to be compared step by step with the float code.
 - `proofs.enumerate`: exact enumeration of sync and pipelined decoding's output law.
 - `proofs.variants`: the correct rule and named mutants the proof must reject.

@@ -244,7 +244,7 @@ def _sync_law(m: _Models, n: int) -> Law:
 # rolls back to the committed prefix, so its next block re-drafts from t + 1.
 #
 # Why a re-drafted position may be enumerated as a fresh q-draw although it reuses its
-# DRAFT key (DESIGN §2): the stale draft at t + 1 is never verified, so no committed
+# DRAFT key (docs/design.md §2): the stale draft at t + 1 is never verified, so no committed
 # decision depends on it. The decisions up to t depend only on the draws of positions
 # <= t, which are independent of the draws of position t + 1. Conditionally on everything
 # committed so far, the DRAFT uniform of t + 1 is therefore still uniform and independent,

@@ -1,4 +1,4 @@
-"""The verification rule of DESIGN §3 as exact functions on Fractions.
+"""The verification rule of docs/design.md §3 as exact functions on Fractions.
 
 Written to be compared step by step with the float implementation: the same strict
 accept test `u * q[d] < p[d]`, the same residual (with the same zero-mass fallback) and
@@ -88,7 +88,7 @@ def decide(
 
 
 def greedy_decide(p: Sequence[Fraction], d: int) -> tuple[bool, int]:
-    """Temperature 0 as stated in DESIGN §3: accept iff d == argmax p, else emit argmax p.
+    """Temperature 0 as stated in docs/design.md §3: accept iff d == argmax p, else emit argmax p.
 
     Not used by the enumeration: tests check that `decide` on a one-hot warped p agrees.
     """

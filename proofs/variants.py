@@ -1,7 +1,7 @@
 """The correct rule and deliberately wrong variants of it (mutants), selectable by name.
 
 A `Variant` is read by the enumerator (`proofs.enumerate`) at each point where a real
-implementation could go wrong. `CORRECT` is DESIGN §3; every entry of `MUTANTS` is a bug
+implementation could go wrong. `CORRECT` is docs/design.md §3; every entry of `MUTANTS` is a bug
 users report in speculative decoders, and the proof must reject each one. `CONTROLS` are
 variants that look suspicious but are provably lossless: the proof must accept them, which
 shows that catching the mutants is not the proof failing on everything.
@@ -64,7 +64,7 @@ class Variant:
     rule_q_unwarped: bool = False
     shared_accept_uniform: bool = False
     stale_policy: str = "drop"
-    how: str = "DESIGN §3"
+    how: str = "docs/design.md §3"
 
 
 CORRECT = Variant(name="correct")

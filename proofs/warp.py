@@ -1,4 +1,4 @@
-"""Exact warping of a distribution: temperature, then top-k, then top-p (DESIGN §3).
+"""Exact warping of a distribution: temperature, then top-k, then top-p (docs/design.md §3).
 
 Distributions are lists of `Fraction` over a vocabulary of size V. The tie rules are
 fixed by the project and every implementation (the JAX sampler included) must agree:
@@ -13,7 +13,7 @@ fixed by the project and every implementation (the JAX sampler included) must ag
   probability is STRICTLY greater than p(x) is < top_p; renormalize. Tied tokens are
   kept or dropped together and the argmax is always kept.
 
-The draft encodings (DESIGN §3) use `sparse_topk` (the edge's top-k renormalized q,
+The draft encodings (docs/design.md §3) use `sparse_topk` (the edge's top-k renormalized q,
 exactly k survivors, ties to the lowest index) and `onehot` (greedy drafting).
 """
 

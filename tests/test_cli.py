@@ -11,7 +11,7 @@ import pytest
 
 def _jaxspec(*args: str) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("jaxspec")
-    cmd = [exe] if exe else [sys.executable, "-m", "jaxspec.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "jaxspec_apps.cli"]
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=300)
 
 

@@ -27,10 +27,10 @@ import time
 import pytest
 from rich.console import Console
 
-from jaxspec.demo import _check, add_arguments, run
-from jaxspec.demo._render import STYLES, Dashboard, bar, sparkline, summary, tenant_text
-from jaxspec.demo._run import make_state
-from jaxspec.demo._state import (
+from jaxspec_apps.demo import _check, add_arguments, run
+from jaxspec_apps.demo._render import STYLES, Dashboard, bar, sparkline, summary, tenant_text
+from jaxspec_apps.demo._run import make_state
+from jaxspec_apps.demo._state import (
     ACCEPT,
     BONUS,
     CORRECT,
@@ -259,7 +259,7 @@ def test_arguments_are_checked():
 
 
 def test_the_cli_module_imports_only_the_stdlib_at_top_level():
-    """The CLI imports jaxspec.demo to build its parser: no jax/rich/grpc at import time."""
+    """The CLI imports jaxspec_apps.demo to build its parser: no jax/rich/grpc at import time."""
     demo = REPO / "jaxspec" / "demo"
     for name in (demo / "__init__.py", demo / "_state.py", REPO / "verify" / "process.py"):
         tree = ast.parse(name.read_text())
@@ -272,7 +272,7 @@ def test_the_cli_module_imports_only_the_stdlib_at_top_level():
                     top = m.split(".")[0]
                     assert (
                         top in sys.stdlib_module_names
-                        or m.startswith("jaxspec.demo._state")
+                        or m.startswith("jaxspec_apps.demo._state")
                         or top == "__future__"
                     ), (name, m)
 
@@ -396,7 +396,7 @@ def test_ctrl_c_stops_the_tenants_and_the_verifier():
 
 def _jaxspec_cmd() -> list[str]:
     exe = shutil.which("jaxspec")
-    return [exe] if exe else [sys.executable, "-m", "jaxspec.cli"]
+    return [exe] if exe else [sys.executable, "-m", "jaxspec_apps.cli"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])

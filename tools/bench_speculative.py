@@ -21,8 +21,8 @@ from typing import Any
 import jax
 
 import jaxspec
-from jaxspec.bench import colocated
-from jaxspec.bench.common import heldout_stream, prompts_from
+from jaxspec_apps.bench import colocated
+from jaxspec_apps.bench.common import heldout_stream, prompts_from
 
 
 def run(
@@ -37,7 +37,7 @@ def run(
     repeats: int,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """One batch of `batch` held-out prompts (`jaxspec.bench.colocated.run` does the work)."""
+    """One batch of `batch` held-out prompts (`jaxspec_apps.bench.colocated.run` does the work)."""
     prompts = prompts_from(heldout_stream(target), batch, prompt_len, seed)
     return colocated.run(
         target, draft, prompts, gammas=gammas, temperatures=temperatures,

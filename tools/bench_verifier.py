@@ -7,7 +7,7 @@ For each batch size B (sessions verified in one step, each a block of gamma draf
 sessions on one `Scheduler`, warms the step up, then times `tick()`s. Prints verified
 positions per second (B * (gamma + 1) / step time) as a ratio to B = 1, and the step time
 next to the roofline bound measured in the same run: max(weight bytes / measured read
-bandwidth, FLOPs / measured matmul throughput). The code is `jaxspec.bench.verifier`, which
+bandwidth, FLOPs / measured matmul throughput). The code is `jaxspec_apps.bench.verifier`, which
 `jaxspec bench` runs in its report.
 """
 
@@ -18,7 +18,7 @@ import json
 import sys
 
 import jaxspec
-from jaxspec.bench.verifier import batch_sweep
+from jaxspec_apps.bench.verifier import batch_sweep
 
 
 def main(argv: list[str] | None = None) -> int:

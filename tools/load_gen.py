@@ -20,6 +20,10 @@ import pathlib
 import sys
 import time
 
+from edge.client import GrpcEndpoint
+from edge.drafter import load_drafter
+from edge.session import run_session
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from jaxspec.protocol import (
@@ -95,8 +99,6 @@ class LedgerEndpoint:
 
 
 async def worker(i: int, args: argparse.Namespace, drafter, ledger: Ledger, until: float):
-    from edge.client import GrpcEndpoint
-    from edge.session import run_session
 
     prompt = tuple(1 + (i * 7 + j) % 50 for j in range(4 + i % 5))
     n = 0
@@ -132,9 +134,11 @@ def percentile(xs: list[float], p: float) -> float:
 
 async def run_load(args: argparse.Namespace) -> dict:
     """Run the load for `args.seconds` and return the summary (also printed by `main`)."""
-    from edge.__main__ import load_drafter
 
-    drafter = load_drafter(args.draft, args.quantize, args.gamma, args.encoding, args.sparse_k)
+    drafter = load_drafter(
+        args.draft, args.quantize, gamma=args.gamma, encoding=args.encoding,
+        sparse_k=args.sparse_k,
+    )  # fmt: skip
     ledger = Ledger()
     t0 = time.monotonic()
     until = t0 + args.seconds

@@ -17,7 +17,7 @@ it reports
 - the edge drafter's (`edge.drafter`) draft tokens/s at batch 1, w4a16 next to bf16 with
   bf16 activations for both, timed in alternation in one run.
 
-The metrics are `jaxspec.bench.quality`'s, which `jaxspec bench` runs in short form.
+The metrics are `jaxspec_apps.bench.quality`'s, which `jaxspec bench` runs in short form.
 
 Writes `<out>.md` (tables for the README) and `<out>.json` (everything, with the command).
 
@@ -50,9 +50,9 @@ if str(REPO) not in sys.path:
 
 import jaxspec  # noqa: E402
 from edge.drafter import Drafter  # noqa: E402
-from jaxspec.bench.quality import acceptance, batches, heldout_metrics, target_logp  # noqa: E402
 from jaxspec.sampling import SamplingParams, session_keys  # noqa: E402
 from jaxspec.testing import byte_tokenizer, tiny_config, to_dtype  # noqa: E402
+from jaxspec_apps.bench.quality import acceptance, batches, heldout_metrics, target_logp  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)

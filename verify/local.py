@@ -1,4 +1,5 @@
-"""`LocalVerifier`: the scheduler behind the core's `VerifierEndpoint` (DESIGN §4), in-process.
+"""`LocalVerifier`: the scheduler behind the core's `VerifierEndpoint`, in-process
+(docs/design.md §4).
 
 Callers (the edge session, the demo, benchmarks, tests) await `verify(block)`; a single
 worker task runs `Scheduler.tick()` in a thread whenever work is queued, so every block that

@@ -5,7 +5,7 @@ from becoming an orphan:
   1. `VerifierProcess` is a context manager: leaving it for any reason (normal end, Ctrl-C,
      an exception) sends SIGTERM (the server drains and exits), then SIGKILL after
      `stop_timeout_s`, and reaps the process;
-  2. owners turn SIGTERM/SIGHUP into the same orderly exit (see `jaxspec.demo.run`);
+  2. owners turn SIGTERM/SIGHUP into the same orderly exit (see `jaxspec_apps.demo.run`);
   3. on Linux the child asks the kernel for SIGTERM when the thread that spawned it dies
      (`PR_SET_PDEATHSIG`, set by a small launcher that then execs the server), which covers
      even a SIGKILLed owner. Spawn from a thread that lives as long as the server should.

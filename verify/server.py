@@ -1,4 +1,4 @@
-"""The verifier as a gRPC service (`jaxspec.v1.Verifier`, DESIGN §4) over `LocalVerifier`.
+"""The verifier as a gRPC service (`jaxspec.v1.Verifier`, docs/design.md §4) over `LocalVerifier`.
 
     caller --Bearer token--> tenant --> OpenSession / Verify stream / CloseSession / Stats
                                            |

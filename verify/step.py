@@ -1,8 +1,8 @@
-"""The jitted multi-tenant verify step and chunked prefill over a KV slot pool (DESIGN §5).
+"""The jitted multi-tenant verify step and chunked prefill over a KV slot pool (docs/design.md §5).
 
 One padded batch: rows are sessions (any slot of the pool), columns are up to W positions.
 Row r feeds `[last committed token, d_0 .. d_{n-1}]` at positions `P-1 .. P+n-1` of its slot
-(P = committed length), gets `n+1` target distributions, applies the rule of DESIGN §3 and
+(P = committed length), gets `n+1` target distributions, applies the rule of docs/design.md §3 and
 sets the slot's length to `P + emitted - 1` (the last committed token is fed next time).
 
 Draft q's of every encoding travel in one static layout: `q_full [R, W-1, V]` for rows with

@@ -11,19 +11,21 @@ within one run (the best of the repeats, after a warm-up).
 
 from __future__ import annotations
 
+import copy
 import pathlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxspec.bench.common import check_same_tokens
+import jaxspec
+from jaxspec.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
+from jaxspec_apps.bench.common import check_same_tokens
 
 DECODERS = ("hf_plain", "hf_assisted", "hf_assisted_const", "ours_plain", "ours_spec")
 
 
 def checkpoint_dir(name: str) -> pathlib.Path:
     """A checkpoint directory for a built-in name (`default`, `default-draft`) or a path."""
-    from jaxspec.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
 
     if name in BUILTIN_NAMES and not pathlib.Path(name).is_dir():
         return BUILTIN_DIR / BUILTIN_NAMES[name]
@@ -45,7 +47,6 @@ def hf_decoders(
     hf_target: Any, hf_draft: Any, new_tokens: int, gamma: int
 ) -> dict[str, Callable[[list[int]], list[int]]]:
     """prompt -> new tokens, for transformers' plain and assisted greedy generation."""
-    import copy
 
     import torch
 
@@ -73,7 +74,6 @@ def our_decoders(
     target: Any, draft: Any, new_tokens: int, gamma: int
 ) -> dict[str, Callable[[list[int]], list[int]]]:
     """prompt -> new tokens, for our plain and co-located speculative greedy decoding."""
-    import jaxspec
 
     def plain(prompt: list[int]) -> list[int]:
         return jaxspec.generate(target, prompt, new_tokens, temperature=0.0).tokens

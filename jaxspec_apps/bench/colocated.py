@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from jaxspec.bench.common import best_time, check_same_tokens
+import jaxspec
+from jaxspec_apps.bench.common import best_time, check_same_tokens
 
 
 def _timed_generate(
@@ -22,7 +23,6 @@ def _timed_generate(
 ) -> tuple[float, int, list[list[int]], list[Any]]:
     """(seconds, new tokens, token lists, stats) of `generate` over `prompts` in chunks of
     `batch` rows; each chunk's time is the best of `repeats` after a warm-up."""
-    import jaxspec
 
     seconds, tokens, outs, stats = 0.0, 0, [], []
     for lo in range(0, len(prompts), batch):

@@ -9,6 +9,7 @@ command exits 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -18,8 +19,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jaxspec.bench.common import GreedyMismatch
-from jaxspec.bench.profile import PROFILES, SECTIONS, Profile
+import jaxspec
+from jaxspec_apps.bench import (
+    capacity,
+    colocated,
+    latency,
+    peer,
+    quality,
+    report,
+    verifier,
+    wirecost,
+)
+from jaxspec_apps.bench.common import GreedyMismatch, heldout_stream, machine, prompts_from
+from jaxspec_apps.bench.profile import PROFILES, SECTIONS, Profile
 
 
 def _pow2(n: int) -> int:
@@ -112,12 +124,6 @@ def run_suite(args: argparse.Namespace) -> int:
     def log(msg: str) -> None:
         print(f"[{time.time() - t_start:6.1f}s] {msg}", flush=True)
 
-    import dataclasses
-
-    import jaxspec
-    from jaxspec.bench import capacity, colocated, latency, peer, quality, verifier, wirecost
-    from jaxspec.bench.common import heldout_stream, machine, prompts_from
-
     target, draft = jaxspec.load(args.target), jaxspec.load(args.draft)
     stream = heldout_stream(target)
     n_prompts = max(p.prompts, p.peer_prompts, p.wire_prompts)
@@ -203,12 +209,6 @@ def run_suite(args: argparse.Namespace) -> int:
         return {"gamma": p.gamma, "roofline": roof, "rows": out[1:]}
 
     def run_wirecost() -> dict[str, Any]:
-        try:
-            import jaxspec.wire  # noqa: F401
-        except ModuleNotFoundError as e:
-            if e.name != "jaxspec.wire":
-                raise
-            return {"skipped": "jaxspec.wire (the gRPC converters) is not in this tree yet"}
         rows = wirecost.run(
             draft, prompts[: p.wire_prompts], sched(), gamma=p.gamma, new_tokens=p.wire_new_tokens,
             sparse_ks=p.wire_sparse_ks,
@@ -265,7 +265,6 @@ def run_suite(args: argparse.Namespace) -> int:
 def write_outputs(results: dict[str, Any], out: pathlib.Path, log: Callable[[str], None]) -> None:
     """`out/bench/results.json`, `out/bench/*.png` (if matplotlib is installed) and
     `out/BENCHMARKS.md`."""
-    from jaxspec.bench import report
 
     bench = out / "bench"
     bench.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
-from jaxspec.demo._state import (
+from jaxspec_apps.demo._state import (
     ACCEPT,
     BONUS,
     CORRECT,

@@ -10,8 +10,10 @@ import sys
 import sysconfig
 import time
 from collections.abc import Callable, Sequence
+from pydoc_data.topics import topics
 from typing import Any
 
+import jax
 import numpy as np
 
 TRAIN_REPORT = pathlib.Path(__file__).resolve().parents[1] / "models" / "train_report.json"
@@ -66,8 +68,6 @@ def heldout_texts() -> list[str]:
             except OSError:
                 continue
         elif kind == "pydoc":
-            from pydoc_data.topics import topics
-
             if rel in topics:
                 texts.append(topics[rel])
     return [t for t in texts if t.strip()]
@@ -93,7 +93,6 @@ def prompts_from(stream: np.ndarray, n: int, length: int, seed: int = 0) -> list
 
 def machine() -> dict[str, Any]:
     """Cores, memory and versions of what ran."""
-    import jax
 
     mem = None
     try:

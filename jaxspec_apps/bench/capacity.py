@@ -22,8 +22,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from jaxspec.bench import analytic
-from jaxspec.bench.common import best_time
+import numpy as np
+
+import jaxspec
+from edge.drafter import Drafter
+from jaxspec.protocol import DraftBlock, SessionConfig
+from jaxspec.sampling import SamplingParams, session_keys
+from jaxspec_apps.bench import analytic
+from jaxspec_apps.bench.common import best_time
 
 MODES = ("cloud_ar", "colocated", "edge_cloud")
 
@@ -34,10 +40,6 @@ def lockstep(
     """N greedy edge clients against `sched`, every round: all unfinished clients draft a
     block, submit it, one `tick()` verifies them together, each drafter rolls back to what
     was accepted and appends the correction or bonus. Returns token, time and round counts."""
-    import numpy as np
-
-    from jaxspec.protocol import DraftBlock, SessionConfig
-    from jaxspec.sampling import SamplingParams, session_keys
 
     n = len(prompts)
     sids = []
@@ -128,8 +130,6 @@ def run(
     """Per-client rates of every mode at every N, the capacities at `client_rate`, and the
     measured vs predicted capacity factor. `sched` needs a row bucket per N and
     `max_len >= prompt + new_tokens + 2 * gamma + 2`."""
-    import jaxspec
-    from edge.drafter import Drafter
 
     drafter = Drafter(draft, gamma=gamma, encoding="onehot")
     points = []

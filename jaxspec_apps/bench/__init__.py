@@ -17,7 +17,7 @@ Sections (each module of this package measures one; `suite` runs them in order):
 
 Only numbers measured in the run are reported; speed is compared as ratios within the run.
 The installed package imports `verify` and `edge` only inside the functions that drive them
-(like `jaxspec/cli.py`), and this module imports only the standard library (the CLI
+(like `jaxspec_apps/cli.py`), and this module imports only the standard library (the CLI
 registers `jaxspec bench` without loading JAX).
 """
 
@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import argparse
 
-from jaxspec.bench.profile import PROFILES
+from jaxspec_apps.bench.profile import PROFILES
+from jaxspec_apps.bench.suite import run_suite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +54,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the suite as `args` says; 0 on success."""
-    from jaxspec.bench.suite import run_suite
 
     return run_suite(args)

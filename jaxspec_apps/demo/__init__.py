@@ -19,16 +19,18 @@ Only the stdlib is imported here: the CLI imports this module to build its parse
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import signal
 import sys
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from rich.console import Console
+from rich.console import Console
+from rich.live import Live
 
-    from jaxspec.demo._run import DemoResult
-    from jaxspec.demo._state import DemoState
+from jaxspec_apps.demo._render import Dashboard, save_capture, summary
+from jaxspec_apps.demo._run import DEFAULT_PROMPTS, DemoResult, make_state, run_demo
+from jaxspec_apps.demo._state import DemoState
+from verify.process import VerifierProcess
 
 MAX_TENANTS = 64
 
@@ -114,7 +116,6 @@ def _check(args: argparse.Namespace) -> None:
 def serve_args(args: argparse.Namespace) -> list[str]:
     """The spawned verifier's flags: one KV slot per tenant, the demo's gamma, enough length
     for the longest prompt (bytes bound its tokens) plus --tokens."""
-    from jaxspec.demo._run import DEFAULT_PROMPTS
 
     prompts = args.prompt or DEFAULT_PROMPTS
     need = max(len(p.encode()) for p in prompts) + args.tokens + 16
@@ -139,13 +140,6 @@ def run(
     early (`interrupted`); whatever happens, a spawned verifier is stopped before this
     returns.
     """
-    import asyncio
-
-    from rich.live import Live
-
-    from jaxspec.demo._render import Dashboard
-    from jaxspec.demo._run import DemoResult, make_state, run_demo
-    from verify.process import VerifierProcess
 
     _check(args)
     live = console.is_terminal if live is None else live
@@ -159,8 +153,6 @@ def run(
 
     def capture() -> None:
         if args.capture:
-            from jaxspec.demo._render import save_capture
-
             width, height = (console.width, console.height) if live else (80, 24)
             for path in args.capture:
                 save_capture(state, path, width, height)
@@ -234,9 +226,6 @@ def _raise_on_termination(stack: contextlib.ExitStack) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """`jaxspec demo`: 0 when every tenant finished, 130 after Ctrl-C, 1 on a failure."""
-    from rich.console import Console
-
-    from jaxspec.demo._render import summary
 
     console = Console()
     live = console.is_terminal and not args.plain

@@ -16,26 +16,29 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from edge.drafter import Drafter
+from edge.session import run_session
+from jaxspec import wire
+from jaxspec.protocol import SessionConfig
+from verify import LocalVerifier
+
 
 class CountingEndpoint:
     """A `VerifierEndpoint` that forwards to `inner` and counts the protobuf bytes of every
     block sent up and every result sent down."""
 
     def __init__(self, inner: Any):
-        from jaxspec import wire  # the gRPC service's converters (imported late: optional)
-
         self.inner = inner
-        self._wire = wire
         self.up_bytes = self.down_bytes = self.blocks = 0
 
     async def open_session(self, config: Any) -> Any:
         return await self.inner.open_session(config)
 
     async def verify(self, block: Any) -> Any:
-        self.up_bytes += self._wire.block_to_proto(block).ByteSize()
+        self.up_bytes += wire.block_to_proto(block).ByteSize()
         self.blocks += 1
         result = await self.inner.verify(block)
-        self.down_bytes += self._wire.result_to_proto(result).ByteSize()
+        self.down_bytes += wire.result_to_proto(result).ByteSize()
         return result
 
     async def close_session(self, session_id: str) -> None:
@@ -54,10 +57,6 @@ def encodings(sparse_ks: Sequence[int]) -> list[tuple[str, str, int]]:
 async def _session(
     sched: Any, draft: Any, prompt: Sequence[int], config: dict[str, Any]
 ) -> dict[str, Any]:
-    from edge.drafter import Drafter
-    from edge.session import run_session
-    from jaxspec.protocol import SessionConfig
-    from verify import LocalVerifier
 
     cfg = SessionConfig(prompt=tuple(int(t) for t in prompt), **config)
     verifier = LocalVerifier(scheduler=sched)

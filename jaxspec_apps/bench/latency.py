@@ -5,19 +5,29 @@ Everything runs in this process: the edge drafter (`edge.Drafter`), the verifier
 (`verify.LocalVerifier`) behind `edge.DelayedEndpoint` (one-way delay RTT/2 each way, FIFO).
 t_d (draft time per token), t_v (one verify step) and t_ar (one target decode step) are
 measured first, alpha from co-located speculative decoding of the same prompt; the
-predictions are `jaxspec.bench.analytic` at those numbers. Cloud autoregressive and
+predictions are `jaxspec_apps.bench.analytic` at those numbers. Cloud autoregressive and
 co-located speculative decoding stream tokens the cloud computes, so their inter-token
 latency is their measured compute time per token (the RTT delays only the first token).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Sequence
 from typing import Any
 
-from jaxspec.bench import analytic
-from jaxspec.bench.common import best_time
+import jax
+
+import jaxspec
+from edge.drafter import Drafter
+from edge.session import DelayedEndpoint, run_session
+from jaxspec.protocol import DraftBlock, SessionConfig
+from jaxspec.sampling import SamplingParams, session_key
+from jaxspec_apps.bench import analytic
+from jaxspec_apps.bench.common import best_time
+from jaxspec_apps.bench.verifier import make_scheduler
+from verify import LocalVerifier
 
 MODES = ("cloud_ar", "colocated", "sync", "pipelined")
 
@@ -38,13 +48,6 @@ def measure_components(
     scheduler: Any = None,
 ) -> dict[str, float]:
     """t_ar, t_d, t_v (seconds), co-located speculative time per token and its alpha."""
-    import jax
-
-    import jaxspec
-    from edge.drafter import Drafter
-    from jaxspec.bench.verifier import make_scheduler
-    from jaxspec.protocol import DraftBlock, SessionConfig
-    from jaxspec.sampling import SamplingParams, session_key
 
     prompt = list(prompt)
     plain, _ = best_time(
@@ -108,10 +111,6 @@ async def edge_session(
 ) -> tuple[float, float]:
     """One edge session against a `LocalVerifier` over `sched` behind a delayed link:
     (time per token after the first round trip, alpha)."""
-    from edge.drafter import Drafter
-    from edge.session import DelayedEndpoint, run_session
-    from jaxspec.protocol import SessionConfig
-    from verify import LocalVerifier
 
     enc = "onehot" if temperature == 0 else "full"
     v = LocalVerifier(scheduler=sched)
@@ -157,9 +156,6 @@ def run(
     """(measured components, one row per RTT with measured and predicted time per token of
     each mode). `scheduler` (a warmed-up `verify.Scheduler` with row buckets 1 and 2) is
     shared with other sections when given."""
-    import asyncio
-
-    from jaxspec.bench.verifier import make_scheduler
 
     sched = scheduler or make_scheduler(
         target, rows=(1, 2), gamma=gamma, max_len=len(prompt) + new_tokens + 10 * gamma + 8

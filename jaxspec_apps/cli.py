@@ -11,22 +11,19 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
+import jaxspec
+from jaxspec.testing import write_random_checkpoint
+from jaxspec.text import decode_text, encode_prompt
+from jaxspec_apps import bench, demo
+
 
 def _generate(args: argparse.Namespace) -> int:
-    import jaxspec
-
     model = jaxspec.load(args.checkpoint)
     draft = jaxspec.load(args.draft) if args.draft else None
-    if model.tokenizer is None:
-        ids = [int(t) for t in args.prompt.split()]
-    else:
-        ids = model.tokenizer.encode(args.prompt, add_special_tokens=False)
-        if not ids and model.config.bos_token_id is not None:
-            ids = [model.config.bos_token_id]
+    ids = encode_prompt(model, args.prompt)
     out = jaxspec.generate(
         model,
         ids,
@@ -39,10 +36,8 @@ def _generate(args: argparse.Namespace) -> int:
         gamma=args.gamma,
         mode=args.mode,
     )
-    if model.tokenizer is None:
-        print(" ".join(map(str, out.tokens)))
-    else:
-        print(args.prompt + model.tokenizer.decode(out.tokens, skip_special_tokens=True))
+    prefix = "" if model.tokenizer is None else args.prompt
+    print(prefix + decode_text(model, out.tokens))
     s = out.stats
     spec = ""
     if s.spec is not None:
@@ -59,7 +54,6 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _init_random(args: argparse.Namespace) -> int:
-    from jaxspec.testing import write_random_checkpoint
 
     path = write_random_checkpoint(args.path, seed=args.seed)
     print(f"wrote a random tiny checkpoint to {path}")
@@ -88,33 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.set_defaults(func=_init_random)
 
-    # Larger subcommands live in their own modules, imported lazily: each defines
-    # `add_arguments(parser)` (stdlib only at import time) and `main(args) -> int`.
+    # Larger subcommands live in their own modules: each defines `add_arguments(parser)`
+    # and `main(args) -> int`.
     for name, module, help_ in (
-        ("demo", "jaxspec.demo", "live TUI of edge tenants drafting against a verifier"),
-        ("bench", "jaxspec.bench", "run the benchmark suite and write the report"),
+        ("demo", demo, "live TUI of edge tenants drafting against a verifier"),
+        ("bench", bench, "run the benchmark suite and write the report"),
     ):
         sp = sub.add_parser(name, help=help_)
-        sp.set_defaults(func=_lazy(module))
-        _lazy_arguments(module, sp)
+        sp.set_defaults(func=module.main)
+        module.add_arguments(sp)
     return p
-
-
-def _lazy(module: str):
-    def run(args: argparse.Namespace) -> int:
-        return importlib.import_module(module).main(args)
-
-    return run
-
-
-def _lazy_arguments(module: str, parser: argparse.ArgumentParser) -> None:
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name != module:
-            raise
-        return  # not written yet
-    mod.add_arguments(parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

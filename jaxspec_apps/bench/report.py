@@ -9,7 +9,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from jaxspec.bench import analytic, latency
+from jaxspec_apps.bench import analytic, latency
 
 
 def _x(v: float) -> str:
@@ -420,10 +420,10 @@ def markdown(r: dict[str, Any], plots: dict[str, str]) -> str:
             f"Greedy, γ = {lat['gamma']}, {lat['new_tokens']} tokens, one prompt. The edge "
             "drafter and `verify.LocalVerifier` run in this process behind "
             "`edge.DelayedEndpoint` (RTT/2 each way); pipelined depth covers the round trip "
-            "(capped at 8). Predictions: the papers' model (`jaxspec.bench.analytic`, held equal "
-            "to `proofs/latency.py`) at the measured t_d, t_v, α. Cloud AR and co-located "
-            "decoding stream what the cloud computes, so their time per token is their compute "
-            "time.",
+            "(capped at 8). Predictions: the papers' model (`jaxspec_apps.bench.analytic`, "
+            "held equal to `proofs/latency.py`) at the measured t_d, t_v, α. Cloud AR and "
+            "co-located decoding stream what the cloud computes, so their time per token is "
+            "their compute time.",
             "",
             latency.table_md(lat["components"], lat["rows"], lat["gamma"]).rstrip(),
             "",

@@ -16,15 +16,16 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import os
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
-from jaxspec.demo._state import DemoSettings, DemoState, TenantView
-
-if TYPE_CHECKING:
-    from edge.drafter import Drafter
-    from jaxspec.protocol import DraftBlock, SessionConfig, SessionInfo, VerifyResult
+from edge.client import GrpcEndpoint
+from edge.drafter import Drafter, load_drafter
+from edge.session import DelayedEndpoint, run_session
+from jaxspec.protocol import DraftBlock, SessionConfig, SessionInfo, VerifyResult
+from jaxspec.text import encode_prompt
+from jaxspec_apps.demo._state import DemoSettings, DemoState, TenantView
 
 DEFAULT_PROMPTS = (
     "def fibonacci(n):\n",
@@ -57,7 +58,6 @@ class _StandIn:
         self.rounds = 0
 
     async def open_session(self, config: SessionConfig) -> SessionInfo:
-        from jaxspec.protocol import SessionInfo
 
         return SessionInfo(
             session_id="warmup",
@@ -68,7 +68,6 @@ class _StandIn:
         )
 
     async def verify(self, block: DraftBlock) -> VerifyResult:
-        from jaxspec.protocol import VerifyResult
 
         self.rounds += 1
         a = len(block.tokens) - 1
@@ -90,7 +89,6 @@ class _StandIn:
 def _compile_drafter(drafter: Drafter, configs: list[SessionConfig], depth: int) -> None:
     """Run a session of each prompt length once against the stand-in (in a worker thread,
     with its own event loop): every shape the tenants will use is compiled."""
-    from edge.session import run_session
 
     for cfg in {len(cfg.prompt): cfg for cfg in configs}.values():
         asyncio.run(run_session(_StandIn(), drafter, cfg, depth=depth))
@@ -103,11 +101,8 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 def _configs(args: argparse.Namespace, state: DemoState, drafter: Drafter) -> list[SessionConfig]:
     """Each tenant's session (prompt, seed); teaches the views to decode token ids."""
-    from edge.__main__ import encode
-    from jaxspec.protocol import SessionConfig
 
     tok = drafter.model.tokenizer
-    bos = drafter.model.config.bos_token_id
 
     def decode(ids: list[int]) -> str:
         if tok is None:  # a checkpoint without a tokenizer: show the ids
@@ -119,7 +114,7 @@ def _configs(args: argparse.Namespace, state: DemoState, drafter: Drafter) -> li
         view.decode = decode
         configs.append(
             SessionConfig(
-                prompt=encode(tok, view.prompt_text, bos),
+                prompt=encode_prompt(drafter.model, view.prompt_text),
                 max_new_tokens=args.tokens,
                 temperature=args.temperature,
                 seed=args.seed + i,
@@ -168,9 +163,6 @@ async def run_demo(
     """Load the draft, wait for the verifier (`await wait_address()` gives its host:port
     once it serves), run the tenants until they finish, `--seconds` pass or the task is
     cancelled (Ctrl-C); sessions and channels are closed before returning."""
-    from edge.__main__ import load_drafter
-    from edge.client import GrpcEndpoint
-    from edge.session import DelayedEndpoint, run_session
 
     loop = asyncio.get_running_loop()
     result = DemoResult(state=state)
@@ -187,7 +179,7 @@ async def run_demo(
         busy = "; the verifier is loading" if s.spawned and not address_fut.done() else ""
         phase("starting", f"loading the {s.quantize.upper()} draft {s.draft}{busy}…")
         drafter = await loop.run_in_executor(
-            None, load_drafter, args.draft, args.quantize, args.gamma, "full", 8
+            None, functools.partial(load_drafter, args.draft, args.quantize, gamma=args.gamma)
         )
         configs = _configs(args, state, drafter)
         busy = "; the verifier is loading" if s.spawned and not address_fut.done() else ""

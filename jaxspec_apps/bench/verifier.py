@@ -12,6 +12,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.protocol import DraftBlock, SessionConfig
+from verify import Scheduler
+
 
 def _timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
@@ -21,8 +28,6 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 def measure_roofline(mib: int = 256, n: int = 2048) -> dict[str, float]:
     """Read bandwidth (a jitted sum over `mib` MiB) and float32 matmul FLOP/s (n^3)."""
-    import jax
-    import jax.numpy as jnp
 
     x = jnp.ones((mib * 2**20 // 4,), jnp.float32)
     total = jax.jit(jnp.sum)
@@ -47,7 +52,6 @@ def make_scheduler(
 ) -> Any:
     """A warmed-up `verify.Scheduler` with one row bucket per size in `rows` and one width
     bucket (gamma + 1), so every section of a run shares its compilations."""
-    from verify import Scheduler
 
     rows = tuple(sorted(set(rows)))
     sched = Scheduler(
@@ -77,9 +81,6 @@ def batch_sweep(
     `steps` ticks of greedy one-hot blocks of random drafts), verified tokens/s, its ratio
     to batch 1, the roofline floor and the fraction of it achieved. `scheduler` (from
     `make_scheduler`) must have a row bucket for every batch size."""
-    import numpy as np
-
-    from jaxspec.protocol import DraftBlock, SessionConfig
 
     sched = scheduler or make_scheduler(
         model,
