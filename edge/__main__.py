@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from edge.client import GrpcEndpoint
 from edge.drafter import load_drafter
 from edge.session import run_session
-from jaxspec.protocol import SessionConfig, VerifierError
+from jaxspec.protocol import DraftSpec, SessionConfig, VerifierError
 from jaxspec.text import decode_text, encode_prompt
 
 
@@ -63,9 +63,7 @@ async def _generate(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
         mode=args.mode,
-        gamma=args.gamma,
-        encoding=args.encoding,
-        sparse_k=args.sparse_k,
+        draft=DraftSpec(gamma=args.gamma, encoding=args.encoding, sparse_k=args.sparse_k),
     )
     token = args.token or os.environ.get("JAXSPEC_TOKEN")
     tls_ca = args.tls_ca

@@ -35,10 +35,11 @@ import numpy as np
 
 from jaxspec.checkpoint import load
 from jaxspec.model import KVCache, Llama, Model, init_cache
+from jaxspec.protocol import ENCODINGS
 from jaxspec.quantize import quantize as quantize_model
 from jaxspec.sampling import SamplingParams
 from jaxspec.speculative import draft_block
-from jaxspec.verification import ENCODINGS, DraftQ
+from jaxspec.verification import DraftQ
 
 
 @flax.struct.dataclass(kw_only=True)

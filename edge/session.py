@@ -98,7 +98,7 @@ async def run_session(
     draining) is retried for that long and the session reopened with its committed tokens:
     the output is exactly that of an uninterrupted run (draws are keyed by position).
     """
-    if drafter.gamma != config.gamma or drafter.encoding != config.encoding:
+    if drafter.gamma != config.draft.gamma or drafter.encoding != config.draft.encoding:
         raise ValueError("the drafter's gamma/encoding must match the session config")
     if config.mode == "sync":
         depth = 1
@@ -123,7 +123,7 @@ async def run_session(
 
     sid = await open_session(config)
     prompt = list(config.prompt)
-    need = len(prompt) + config.max_new_tokens + (depth + 1) * config.gamma + 2
+    need = len(prompt) + config.max_new_tokens + (depth + 1) * config.draft.gamma + 2
     max_len = 1 << max(6, (need - 1).bit_length())  # bucketed: sessions share compilations
     state = drafter.prefill(drafter.init(1, max_len), [prompt])
     sampling = SamplingParams.make(1, config.temperature, config.top_k, config.top_p)
@@ -136,9 +136,9 @@ async def run_session(
     try:
         while not finished:
             # Keep `depth` blocks in flight, drafting along the optimistic path.
-            while len(inflight) < depth and int(state.length[0]) + config.gamma <= max_len:
+            while len(inflight) < depth and int(state.length[0]) + config.draft.gamma <= max_len:
                 state, blk = drafter.draft(state, sampling, keys)
-                n = config.gamma
+                n = config.draft.gamma
                 toks = np.asarray(blk.tokens[0, :n])
                 q, q_ids = _to_wire(drafter, toks, blk.q, n)
                 block = DraftBlock(

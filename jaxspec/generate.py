@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.model import Llama, Model, init_cache
+from jaxspec.protocol import ENCODINGS, MODES
 from jaxspec.sampling import Purpose, SamplingParams, sample_at, session_keys
 from jaxspec.speculative import SpecStats, speculative_decode, stats_from
-from jaxspec.verification import ENCODINGS, MODES
 
 PromptIds = Sequence[int] | Sequence[Sequence[int]] | np.ndarray
 

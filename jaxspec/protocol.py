@@ -77,6 +77,48 @@ ERRORS: dict[str, type[VerifierError]] = {
 }
 
 
+ENCODINGS: tuple[str, ...] = ("full", "sparse", "onehot")
+MODES: tuple[str, ...] = ("sync", "pipelined")
+MAX_GAMMA = 64  # the most drafts one block may carry anywhere (a verifier may allow fewer)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DraftSpec:
+    """How the edge drafts: `gamma` drafts per block, sent in one `encoding` (docs/design.md
+    §3: `full` q over the vocabulary, `sparse` top-`sparse_k` q, `onehot` token ids only).
+
+    Validated when made (an `InvalidArgument`, which is a `ValueError`), so a spec that exists
+    is well formed; `check` adds the limits of one model or verifier.
+    """
+
+    gamma: int = 4
+    encoding: str = "full"
+    sparse_k: int = 8  # used by `sparse` only
+
+    def __post_init__(self) -> None:
+        if self.encoding not in ENCODINGS:
+            raise InvalidArgument(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
+        if not 1 <= self.gamma <= MAX_GAMMA:
+            raise InvalidArgument(f"gamma must be in [1, {MAX_GAMMA}], got {self.gamma}")
+        if self.encoding == "sparse" and self.sparse_k < 1:
+            raise InvalidArgument(f"sparse_k must be >= 1, got {self.sparse_k}")
+
+    @property
+    def k(self) -> int:
+        """Columns of sparse q per draft (0 unless `sparse`)."""
+        return self.sparse_k if self.encoding == "sparse" else 0
+
+    def check(
+        self, *, vocab_size: int, max_gamma: int = MAX_GAMMA, max_sparse_k: int | None = None
+    ) -> None:
+        """Raise `InvalidArgument` unless this spec fits a vocabulary and a verifier's limits."""
+        if self.gamma > max_gamma:
+            raise InvalidArgument(f"gamma must be in [1, {max_gamma}], got {self.gamma}")
+        limit = vocab_size if max_sparse_k is None else min(vocab_size, max_sparse_k)
+        if self.k > limit:
+            raise InvalidArgument(f"sparse_k must be in [1, {limit}], got {self.sparse_k}")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SessionConfig:
     """What `OpenSession` carries. Sampling params apply to the target and the draft alike."""
@@ -88,9 +130,7 @@ class SessionConfig:
     top_p: float = 1.0
     seed: int = 0
     mode: str = "sync"  # "sync" | "pipelined"
-    gamma: int = 4
-    encoding: str = "full"  # "full" | "sparse" | "onehot"
-    sparse_k: int = 8
+    draft: DraftSpec = DraftSpec()
     stop_tokens: tuple[int, ...] | None = None  # None: the target's EOS ids
     # Resume: new tokens already committed by a verifier that went away. Draws are keyed
     # by position, so the reopened session continues exactly where the old one stopped.

@@ -26,11 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, UInt32
 
+from jaxspec.protocol import MODES
 from jaxspec.sampling import Purpose, SamplingParams, sample, uniforms, warp
 
 Encoding = Literal["full", "sparse", "onehot"]
-ENCODINGS: tuple[str, ...] = ("full", "sparse", "onehot")
-MODES: tuple[str, ...] = ("sync", "pipelined")
 # A residual with less mass than this is "p == q up to rounding": sample from p instead.
 RESIDUAL_EPS = 1e-6
 

@@ -14,7 +14,14 @@ import dataclasses
 import numpy as np
 
 from jaxspec.proto import verifier_pb2 as pb
-from jaxspec.protocol import DraftBlock, InvalidArgument, SessionConfig, SessionInfo, VerifyResult
+from jaxspec.protocol import (
+    DraftBlock,
+    DraftSpec,
+    InvalidArgument,
+    SessionConfig,
+    SessionInfo,
+    VerifyResult,
+)
 
 _MODES = {pb.MODE_UNSPECIFIED: "sync", pb.MODE_SYNC: "sync", pb.MODE_PIPELINED: "pipelined"}
 _ENCODINGS = {
@@ -36,8 +43,8 @@ def _code(name: str, table: dict[int, str]) -> int:
 
 
 def config_to_proto(c: SessionConfig) -> pb.OpenSessionRequest:
-    if c.mode not in _MODES.values() or c.encoding not in _ENCODINGS.values():
-        raise InvalidArgument(f"unknown mode {c.mode!r} or encoding {c.encoding!r}")
+    if c.mode not in _MODES.values():
+        raise InvalidArgument(f"unknown mode {c.mode!r}")
     return pb.OpenSessionRequest(
         prompt=c.prompt,
         max_new_tokens=c.max_new_tokens,
@@ -46,9 +53,9 @@ def config_to_proto(c: SessionConfig) -> pb.OpenSessionRequest:
         top_p=c.top_p,
         seed=c.seed,
         mode=_code(c.mode, _MODES),
-        gamma=c.gamma,
-        encoding=_code(c.encoding, _ENCODINGS),
-        sparse_k=c.sparse_k,
+        gamma=c.draft.gamma,
+        encoding=_code(c.draft.encoding, _ENCODINGS),
+        sparse_k=c.draft.sparse_k,
         stop_tokens=c.stop_tokens or (),
         default_stop_tokens=c.stop_tokens is None,
         committed=c.committed,
@@ -64,9 +71,11 @@ def config_from_proto(m: pb.OpenSessionRequest) -> SessionConfig:
         top_p=m.top_p if m.top_p > 0 else 1.0,
         seed=m.seed,
         mode=_enum(m.mode, _MODES, "mode"),
-        gamma=m.gamma,
-        encoding=_enum(m.encoding, _ENCODINGS, "encoding"),
-        sparse_k=m.sparse_k,
+        draft=DraftSpec(
+            gamma=m.gamma,
+            encoding=_enum(m.encoding, _ENCODINGS, "encoding"),
+            sparse_k=m.sparse_k,
+        ),
         stop_tokens=None if m.default_stop_tokens else tuple(m.stop_tokens),
         committed=tuple(m.committed),
     )

@@ -16,7 +16,7 @@ import jaxspec
 from edge.client import GrpcEndpoint
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec.protocol import SessionConfig
+from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec.testing import write_random_checkpoint
 from verify.process import VerifierProcess
 
@@ -114,11 +114,11 @@ def drafter(draft_dir: str, gamma: int, encoding: str) -> Drafter:
 
 
 def config(prompt=(1, 2, 3, 4), **kw) -> SessionConfig:
-    base = dict(prompt=tuple(prompt), max_new_tokens=24, temperature=1.0, gamma=4, mode="pipelined")
+    base = dict(prompt=tuple(prompt), max_new_tokens=24, temperature=1.0, mode="pipelined")
+    spec = dict(gamma=4, sparse_k=4)
+    spec.update({k: kw.pop(k) for k in ("gamma", "encoding", "sparse_k") if k in kw})
     base.update(kw)
-    if base.get("encoding") == "sparse":
-        base.setdefault("sparse_k", 4)
-    return SessionConfig(**base)
+    return SessionConfig(**base, draft=DraftSpec(**spec))
 
 
 def endpoint(address: str, token: str | None = None, ca: pathlib.Path | None = None):
@@ -127,7 +127,7 @@ def endpoint(address: str, token: str | None = None, ca: pathlib.Path | None = N
 
 async def session(address, draft_dir, cfg, token=None, ca=None, depth=2, **kw):
     """One edge session over gRPC; returns its SessionTrace."""
-    d = drafter(str(draft_dir), cfg.gamma, cfg.encoding)
+    d = drafter(str(draft_dir), cfg.draft.gamma, cfg.draft.encoding)
     async with endpoint(address, token, ca) as ep:
         return await run_session(ep, d, cfg, depth=depth, **kw)
 
@@ -141,7 +141,7 @@ async def local_session(target_dir, draft_dir, cfg, depth=2):
         row_buckets=(1, 2, 4, 8),
     )  # fmt: skip
     try:
-        d = drafter(str(draft_dir), cfg.gamma, cfg.encoding)
+        d = drafter(str(draft_dir), cfg.draft.gamma, cfg.draft.encoding)
         return await run_session(v, d, cfg, depth=depth)
     finally:
         await v.aclose()

@@ -13,8 +13,8 @@ import jax
 import pytest
 
 import jaxspec
-from jaxspec import bench, cli
 from jaxspec.testing import byte_tokenizer, tiny_config
+from jaxspec_apps import bench, cli
 from jaxspec_apps.bench import analytic, peer
 from jaxspec_apps.bench.capacity import capacity_at
 from jaxspec_apps.bench.common import GreedyMismatch, check_same_tokens

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import jaxspec
 from edge.drafter import Drafter
 from edge.session import DelayedEndpoint, run_session
-from jaxspec.protocol import SessionConfig
+from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec.testing import tiny_config, to_dtype
 from verify import LocalVerifier, Scheduler
 
@@ -52,12 +52,10 @@ def session(
     cfg = SessionConfig(
         prompt=PROMPT,
         max_new_tokens=NEW,
-        gamma=gamma,
         mode=mode,
-        encoding=encoding,
         temperature=temperature,
         seed=seed,
-        sparse_k=4,
+        draft=DraftSpec(gamma=gamma, encoding=encoding, sparse_k=4),
     )
     drafter = Drafter(models()[1], gamma=gamma, encoding=encoding, sparse_k=4)
 

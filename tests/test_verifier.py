@@ -16,6 +16,7 @@ import pytest
 import jaxspec
 from jaxspec.protocol import (
     DraftBlock,
+    DraftSpec,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -58,16 +59,18 @@ class RefDrafter:
                 padded, np.arange(W)[None], self.draft.init_cache(1, W), np.arange(W)[None] < T
             )
             u = uniforms(self.key, jnp.asarray([[T]]), Purpose.DRAFT)[:, 0]
-            d, q = draft_q_for(logits[:, T - 1], self.params, u, self.c.encoding, self.c.sparse_k)
+            d, q = draft_q_for(
+                logits[:, T - 1], self.params, u, self.c.draft.encoding, self.c.draft.sparse_k
+            )
             d = int(d[0])
             toks.append(d)
             seq.append(d)
-            if self.c.encoding == "full":
+            if self.c.draft.encoding == "full":
                 qs.append(np.asarray(q[0], np.float64))
-            elif self.c.encoding == "sparse":
+            elif self.c.draft.encoding == "sparse":
                 ids.append(np.asarray(q[0][0]))
                 qs.append(np.asarray(q[1][0], np.float64))
-        if self.c.encoding == "onehot":
+        if self.c.draft.encoding == "onehot":
             return tuple(toks), None, None
         return tuple(toks), np.stack(qs), (np.stack(ids) if ids else None)
 
@@ -76,7 +79,7 @@ def drive(sched: Scheduler, sid: str, drafter: RefDrafter, tenant="default") -> 
     """Run one sync/pipelined session to the end, one block per tick."""
     s = sched.sessions[sid]
     while not s.finished:
-        toks, q, ids = drafter.block(s.tokens, s.config.gamma)
+        toks, q, ids = drafter.block(s.tokens, s.config.draft.gamma)
         sched.submit(
             DraftBlock(
                 session_id=sid, epoch=s.epoch, start=s.committed, tokens=toks, q=q, q_ids=ids
@@ -86,6 +89,12 @@ def drive(sched: Scheduler, sid: str, drafter: RefDrafter, tenant="default") -> 
         while s.queue:
             sched.tick()
     return s.tokens[s.prompt_len :]
+
+
+def session_config(**kw) -> SessionConfig:
+    """A `SessionConfig` from flat keywords (gamma, encoding, sparse_k go to its DraftSpec)."""
+    spec = {k: kw.pop(k) for k in ("gamma", "encoding", "sparse_k") if k in kw}
+    return SessionConfig(**kw, draft=DraftSpec(**spec))
 
 
 CONFIGS = [
@@ -101,7 +110,7 @@ def test_a_session_equals_colocated_speculative_generate(kw):
     too (float64: the same draws, the same decisions)."""
     with jax.enable_x64(True):
         t, d = _models(jnp.float64)
-        cfg = SessionConfig(prompt=(1, 2, 3, 4), max_new_tokens=14, gamma=3, **kw)
+        cfg = session_config(prompt=(1, 2, 3, 4), max_new_tokens=14, gamma=3, **kw)
         sched = Scheduler(t, **BUCKETS)
         sid = sched.open(cfg).session_id
         got = drive(sched, sid, RefDrafter(d, cfg))
@@ -110,10 +119,10 @@ def test_a_session_equals_colocated_speculative_generate(kw):
             list(cfg.prompt),
             cfg.max_new_tokens,
             draft=d,
-            gamma=cfg.gamma,
+            gamma=cfg.draft.gamma,
             mode=cfg.mode,
-            encoding=cfg.encoding,
-            sparse_k=cfg.sparse_k,
+            encoding=cfg.draft.encoding,
+            sparse_k=cfg.draft.sparse_k,
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             seeds=[cfg.seed],
@@ -129,7 +138,7 @@ def test_many_sessions_batched_equal_each_alone():
     with jax.enable_x64(True):
         t, d = _models(jnp.float64)
         configs = [
-            SessionConfig(
+            session_config(
                 prompt=tuple(range(1, 2 + i * 3)),
                 max_new_tokens=10,
                 gamma=1 + i % 4,
@@ -148,7 +157,7 @@ def test_many_sessions_batched_equal_each_alone():
         while not all(s.finished for s in sessions):
             for s, dr in zip(sessions, drafters, strict=True):
                 if not s.finished and not s.queue:
-                    toks, q, ids = dr.block(s.tokens, s.config.gamma)
+                    toks, q, ids = dr.block(s.tokens, s.config.draft.gamma)
                     sched.submit(
                         DraftBlock(
                             session_id=s.id,
@@ -175,7 +184,7 @@ def warm():
 
 def _greedy_block(sched, sid, plain, wrong_at=None):
     s = sched.sessions[sid]
-    n = s.config.gamma
+    n = s.config.draft.gamma
     new = s.committed - s.prompt_len
     toks = list((plain + [0] * 10)[new : new + n])
     if wrong_at is not None and wrong_at < n:
@@ -193,11 +202,10 @@ def test_no_recompilation_after_warmup(warm):
         c = SessionConfig(
             prompt=prompt,
             max_new_tokens=12,
-            gamma=1 + i % 4,
-            encoding="onehot",
             top_k=i,
             temperature=[0.0, 0.7][i % 2],
             mode=["sync", "pipelined"][i % 2],
+            draft=DraftSpec(gamma=1 + i % 4, encoding="onehot"),
         )
         sids.append(sched.open(c, tenant=f"t{i % 3}").session_id)
         plains.append(jaxspec.generate(t, list(prompt), 12, temperature=0.0).tokens)
@@ -222,7 +230,10 @@ def test_a_flooding_tenant_cannot_starve_another():
         t, max_gamma=2, row_buckets=(1, 2), max_sessions=8, max_len=64, max_queue_per_session=8
     )
     cfg = SessionConfig(
-        prompt=(1, 2), max_new_tokens=40, gamma=2, encoding="onehot", temperature=0.0
+        prompt=(1, 2),
+        max_new_tokens=40,
+        temperature=0.0,
+        draft=DraftSpec(gamma=2, encoding="onehot"),
     )
     flood = [sched.open(cfg, "flood").session_id for _ in range(6)]
     quiet = sched.open(cfg, "quiet").session_id
@@ -262,7 +273,9 @@ def test_errors_are_precise_and_harmless():
         idle_timeout_s=10,
         clock=lambda: clock[0],
     )
-    cfg = SessionConfig(prompt=(1, 2, 3), max_new_tokens=8, gamma=2, encoding="full")
+    cfg = SessionConfig(
+        prompt=(1, 2, 3), max_new_tokens=8, draft=DraftSpec(gamma=2, encoding="full")
+    )
     a = sched.open(cfg, "A").session_id
     b = sched.open(cfg, "B").session_id
     with pytest.raises(ResourceExhausted):
@@ -278,7 +291,7 @@ def test_errors_are_precise_and_harmless():
     ]
     for kw in bad_cfgs:
         with pytest.raises(InvalidArgument):
-            sched.open(SessionConfig(**{**dict(prompt=(1,)), **kw}), "A")
+            sched.open(session_config(**{**dict(prompt=(1,)), **kw}), "A")
     q = np.full((2, 64), 1 / 64)
     ok = DraftBlock(session_id=a, epoch=0, start=3, tokens=(5, 6), q=q)
     with pytest.raises(NotFound):  # B cannot see A's session: exactly like an unknown id
@@ -332,10 +345,9 @@ def test_local_verifier_pipelined_blocks_in_flight():
             cfg = SessionConfig(
                 prompt=prompt,
                 max_new_tokens=16,
-                gamma=2,
                 mode="pipelined",
-                encoding="onehot",
                 temperature=0.0,
+                draft=DraftSpec(gamma=2, encoding="onehot"),
             )
             info = await v.open_session(cfg)
             out, epoch, stale = [], 0, 0
@@ -389,7 +401,7 @@ kw = dict(tv.BUCKETS, row_buckets=(4, 8)) if mesh else tv.BUCKETS  # rows over 4
 sched = Scheduler(t, mesh=mesh, **kw)
 outs = []
 for i, kw in enumerate(tv.CONFIGS):
-    c = tv.SessionConfig(prompt=(1, 2, 3 + i), max_new_tokens=8, gamma=3, **kw)
+    c = tv.session_config(prompt=(1, 2, 3 + i), max_new_tokens=8, gamma=3, **kw)
     outs.append(tv.drive(sched, sched.open(c).session_id, tv.RefDrafter(d, c)))
 print(json.dumps({"devices": len(jax.devices()), "outs": outs}))
 """

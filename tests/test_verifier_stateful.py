@@ -16,7 +16,7 @@ from hypothesis.stateful import (
 )
 
 import jaxspec
-from jaxspec.protocol import DraftBlock, NotFound, ResourceExhausted, SessionConfig
+from jaxspec.protocol import DraftBlock, DraftSpec, NotFound, ResourceExhausted, SessionConfig
 from jaxspec.testing import tiny_config
 from verify import Scheduler
 
@@ -85,10 +85,9 @@ class VerifierMachine(RuleBasedStateMachine):
         cfg = SessionConfig(
             prompt=prompt,
             max_new_tokens=NEW,
-            gamma=gamma,
             mode=mode,
-            encoding=encoding,
             temperature=0.0,
+            draft=DraftSpec(gamma=gamma, encoding=encoding),
         )
         if len(self.open) == MAX_SESSIONS:
             try:
@@ -101,14 +100,14 @@ class VerifierMachine(RuleBasedStateMachine):
         return c
 
     def _block(self, c: Client, wrong_at: int | None, start_shift: int, epoch_lag: int):
-        n = c.cfg.gamma
+        n = c.cfg.draft.gamma
         start = c.next_start + start_shift
         ref = plain(c.cfg.prompt) + [0] * 16
         toks = [ref[max(0, p - len(c.cfg.prompt))] for p in range(start, start + n)]
         if wrong_at is not None and wrong_at < n:
             toks[wrong_at] = (toks[wrong_at] + 1) % 64
         q = None
-        if c.cfg.encoding == "full":
+        if c.cfg.draft.encoding == "full":
             q = [[0.5 / 63] * 64 for _ in range(n)]
             for j, t in enumerate(toks):
                 q[j][t] = 0.5

@@ -28,6 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from jaxspec.protocol import (
     DraftBlock,
+    DraftSpec,
     SessionConfig,
     SessionInfo,
     VerifierError,
@@ -106,8 +107,8 @@ async def worker(i: int, args: argparse.Namespace, drafter, ledger: Ledger, unti
         while time.monotonic() < until:
             cfg = SessionConfig(
                 prompt=prompt, max_new_tokens=args.max_new_tokens, temperature=1.0,
-                seed=1000 * i + n, mode=args.mode, gamma=args.gamma, encoding=args.encoding,
-                sparse_k=args.sparse_k,
+                seed=1000 * i + n, mode=args.mode,
+                draft=DraftSpec(gamma=args.gamma, encoding=args.encoding, sparse_k=args.sparse_k),
             )  # fmt: skip
             n += 1
             led = LedgerEndpoint(ep, ledger)

@@ -28,6 +28,7 @@ import numpy as np
 
 from jaxspec.model import Model, init_cache
 from jaxspec.protocol import (
+    MODES,
     DraftBlock,
     FailedPrecondition,
     InvalidArgument,
@@ -38,7 +39,7 @@ from jaxspec.protocol import (
     VerifyResult,
 )
 from jaxspec.sampling import SamplingParams, session_key
-from jaxspec.verification import ENCODINGS, MODES, DraftQ, check_draft_q
+from jaxspec.verification import DraftQ, check_draft_q
 from verify.step import (
     VerifyBatch,
     cache_sharding,
@@ -186,7 +187,7 @@ class Scheduler:
         )
         return SessionInfo(
             session_id=sid,
-            max_gamma=config.gamma,
+            max_gamma=config.draft.gamma,
             max_sparse_k=self.max_sparse_k,
             vocab_size=self.vocab,
             max_new_tokens=config.max_new_tokens,
@@ -204,12 +205,9 @@ class Scheduler:
             raise InvalidArgument(f"prompt token ids must be in [0, {self.vocab})")
         if c.mode not in MODES:
             raise InvalidArgument(f"mode must be one of {MODES}")
-        if c.encoding not in ENCODINGS:
-            raise InvalidArgument(f"encoding must be one of {ENCODINGS}")
-        if not 1 <= c.gamma <= self.max_gamma:
-            raise InvalidArgument(f"gamma must be in [1, {self.max_gamma}]")
-        if c.encoding == "sparse" and not 1 <= c.sparse_k <= self.max_sparse_k:
-            raise InvalidArgument(f"sparse_k must be in [1, {self.max_sparse_k}]")
+        c.draft.check(
+            vocab_size=self.vocab, max_gamma=self.max_gamma, max_sparse_k=self.max_sparse_k
+        )
         if c.max_new_tokens < 1:
             raise InvalidArgument("max_new_tokens must be >= 1")
         if not 0 <= c.seed < 2**63:
@@ -277,13 +275,13 @@ class Scheduler:
 
     def _validate_block(self, s: Session, b: DraftBlock) -> None:
         n = len(b.tokens)
-        if not 1 <= n <= s.config.gamma:
-            raise InvalidArgument(f"a block holds 1..{s.config.gamma} drafts, got {n}")
+        if not 1 <= n <= s.config.draft.gamma:
+            raise InvalidArgument(f"a block holds 1..{s.config.draft.gamma} drafts, got {n}")
         if b.epoch > s.epoch:
             raise FailedPrecondition(f"unknown epoch {b.epoch} (current {s.epoch})")
         if b.start < s.prompt_len:
             raise InvalidArgument("a block cannot start inside the prompt")
-        enc = s.config.encoding
+        enc = s.config.draft.encoding
         tokens = np.asarray(b.tokens, np.int64)[None]
         try:
             if enc == "full":
@@ -294,7 +292,7 @@ class Scheduler:
             elif enc == "sparse":
                 q = None if b.q is None else np.asarray(b.q, np.float32)
                 ids = None if b.q_ids is None else np.asarray(b.q_ids)
-                k = s.config.sparse_k
+                k = s.config.draft.sparse_k
                 if q is None or ids is None or q.shape != (n, k) or ids.shape != (n, k):
                     raise InvalidArgument(f"sparse q and q_ids must have shape ({n}, {k})")
                 dq = DraftQ(encoding="sparse", probs=q[None], ids=ids[None])
@@ -440,13 +438,13 @@ class Scheduler:
             temp[i], top_k[i], top_p[i] = c.temperature, c.top_k, c.top_p
             keys[i] = s.key
             used.add(s.slot)
-            if c.encoding == "full":
+            if c.draft.encoding == "full":
                 is_full[i] = True
                 q_full[i, :n] = b.q
-            elif c.encoding == "sparse":
-                q_ids[i, :n, : c.sparse_k] = b.q_ids
-                q_probs[i, :n, : c.sparse_k] = b.q
-                q_probs[i, :n, c.sparse_k :] = 0.0  # unused id columns weigh nothing
+            elif c.draft.encoding == "sparse":
+                q_ids[i, :n, : c.draft.sparse_k] = b.q_ids
+                q_probs[i, :n, : c.draft.sparse_k] = b.q
+                q_probs[i, :n, c.draft.sparse_k :] = 0.0  # unused id columns weigh nothing
             else:
                 q_ids[i, :n, 0] = b.tokens
         # Filler rows point at a free slot (or any slot: they write nothing, live=False).

@@ -26,7 +26,7 @@ import numpy as np
 
 import jaxspec
 from edge.drafter import Drafter
-from jaxspec.protocol import DraftBlock, SessionConfig
+from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
 from jaxspec.sampling import SamplingParams, session_keys
 from jaxspec_apps.bench import analytic
 from jaxspec_apps.bench.common import best_time
@@ -45,8 +45,9 @@ def lockstep(
     sids = []
     for i, p in enumerate(prompts):
         cfg = SessionConfig(
-            prompt=tuple(int(t) for t in p), max_new_tokens=new_tokens, gamma=gamma,
-            encoding="onehot", temperature=0.0, stop_tokens=(), seed=i,
+            prompt=tuple(int(t) for t in p), max_new_tokens=new_tokens,
+            temperature=0.0, stop_tokens=(), seed=i,
+            draft=DraftSpec(gamma=gamma, encoding="onehot"),
         )  # fmt: skip
         sids.append(sched.open(cfg).session_id)
     sessions = [sched.sessions[s] for s in sids]

@@ -22,7 +22,7 @@ import jax
 import jaxspec
 from edge.drafter import Drafter
 from edge.session import DelayedEndpoint, run_session
-from jaxspec.protocol import DraftBlock, SessionConfig
+from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
 from jaxspec.sampling import SamplingParams, session_key
 from jaxspec_apps.bench import analytic
 from jaxspec_apps.bench.common import best_time
@@ -75,9 +75,8 @@ def measure_components(
     cfg = SessionConfig(
         prompt=tuple(prompt),
         max_new_tokens=gamma + 1,
-        gamma=gamma,
-        encoding="onehot",
         temperature=0.0,
+        draft=DraftSpec(gamma=gamma, encoding="onehot"),
     )
     times = []
     for _ in range(repeats * 3):
@@ -118,10 +117,9 @@ async def edge_session(
     cfg = SessionConfig(
         prompt=tuple(prompt),
         max_new_tokens=new_tokens,
-        gamma=gamma,
         mode=mode,
-        encoding=enc,
         temperature=temperature,
+        draft=DraftSpec(gamma=gamma, encoding=enc),
     )
     try:
         tr = await run_session(ep, Drafter(draft, gamma=gamma, encoding=enc), cfg, depth=depth)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.protocol import DraftBlock, SessionConfig
+from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
 from verify import Scheduler
 
 
@@ -95,9 +95,8 @@ def batch_sweep(
         cfg = SessionConfig(
             prompt=tuple(rng.randint(0, model.config.vocab_size, prompt_len)),
             max_new_tokens=(steps + 2) * (gamma + 1) + 8,
-            gamma=gamma,
-            encoding="onehot",
             temperature=0.0,
+            draft=DraftSpec(gamma=gamma, encoding="onehot"),
         )
         sids = [sched.open(cfg).session_id for _ in range(b)]
         while any(not sched.sessions[s].ready_to_verify for s in sids):

@@ -61,7 +61,9 @@ async def _session(
     cfg = SessionConfig(prompt=tuple(int(t) for t in prompt), **config)
     verifier = LocalVerifier(scheduler=sched)
     ep = CountingEndpoint(verifier)
-    drafter = Drafter(draft, gamma=cfg.gamma, encoding=cfg.encoding, sparse_k=cfg.sparse_k)
+    drafter = Drafter(
+        draft, gamma=cfg.draft.gamma, encoding=cfg.draft.encoding, sparse_k=cfg.draft.sparse_k
+    )
     try:
         tr = await run_session(ep, drafter, cfg, depth=1)
     finally:

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from edge.client import GrpcEndpoint
 from edge.drafter import Drafter, load_drafter
 from edge.session import DelayedEndpoint, run_session
-from jaxspec.protocol import DraftBlock, SessionConfig, SessionInfo, VerifyResult
+from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig, SessionInfo, VerifyResult
 from jaxspec.text import encode_prompt
 from jaxspec_apps.demo._state import DemoSettings, DemoState, TenantView
 
@@ -61,7 +61,7 @@ class _StandIn:
 
         return SessionInfo(
             session_id="warmup",
-            max_gamma=config.gamma,
+            max_gamma=config.draft.gamma,
             max_sparse_k=0,
             vocab_size=0,
             max_new_tokens=config.max_new_tokens,
@@ -119,8 +119,7 @@ def _configs(args: argparse.Namespace, state: DemoState, drafter: Drafter) -> li
                 temperature=args.temperature,
                 seed=args.seed + i,
                 mode=args.mode,
-                gamma=args.gamma,
-                encoding="full",
+                draft=DraftSpec(gamma=args.gamma, encoding="full"),
             )
         )
     return configs
