@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from edge.client import GrpcEndpoint
 from edge.drafter import load_drafter
 from edge.session import run_session
+from jaxspec.flags import add_draft_flags, add_sampling_flags, draft_spec_from_args
 from jaxspec.protocol import DraftSpec, SessionConfig, VerifierError
 from jaxspec.text import decode_text, encode_prompt
 
@@ -36,25 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tls-ca", default=None, help="PEM CA to trust: enables TLS")
     g.add_argument("--tls", action="store_true", help="TLS with the system's CAs")
     g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--gamma", type=int, default=4)
-    g.add_argument("--mode", default="pipelined", choices=["sync", "pipelined"])
+    add_sampling_flags(g)
+    add_draft_flags(g, mode="pipelined")
     g.add_argument("--depth", type=int, default=2, help="blocks in flight (pipelined)")
-    g.add_argument("--encoding", default="full", choices=["full", "sparse", "onehot"])
-    g.add_argument("--sparse-k", type=int, default=8)
     g.add_argument("--resume-timeout-s", type=float, default=30.0)
     g.add_argument("--timeout-s", type=float, default=30.0, help="per-call deadline")
     return p
 
 
-async def _generate(args: argparse.Namespace) -> int:
-    drafter = load_drafter(
-        args.draft, args.quantize, gamma=args.gamma, encoding=args.encoding,
-        sparse_k=args.sparse_k,
-    )  # fmt: skip
+async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
+    drafter = load_drafter(args.draft, args.quantize, spec)
     config = SessionConfig(
         prompt=encode_prompt(drafter.model, args.prompt),
         max_new_tokens=args.max_new_tokens,
@@ -63,7 +55,7 @@ async def _generate(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
         mode=args.mode,
-        draft=DraftSpec(gamma=args.gamma, encoding=args.encoding, sparse_k=args.sparse_k),
+        draft=spec,
     )
     token = args.token or os.environ.get("JAXSPEC_TOKEN")
     tls_ca = args.tls_ca
@@ -85,9 +77,14 @@ async def _generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        return asyncio.run(_generate(args))
+        spec = draft_spec_from_args(args)
+    except ValueError as e:  # a bad flag is a usage error (exit 2), not the verifier's refusal
+        parser.error(str(e))
+    try:
+        return asyncio.run(_generate(args, spec))
     except VerifierError as e:
         print(f"python -m edge generate: {e.code}: {e}", file=sys.stderr)
         return 1

@@ -35,9 +35,10 @@ import numpy as np
 
 from jaxspec.checkpoint import load
 from jaxspec.model import KVCache, Llama, Model, init_cache
-from jaxspec.protocol import ENCODINGS
+from jaxspec.protocol import DraftSpec
 from jaxspec.quantize import quantize as quantize_model
 from jaxspec.sampling import SamplingParams
+from jaxspec.shapes import bucket
 from jaxspec.speculative import draft_block
 from jaxspec.verification import DraftQ
 
@@ -60,8 +61,9 @@ class DrafterState:
 
 
 @flax.struct.dataclass(kw_only=True)
-class DraftBlock:
-    """What one `draft` call produced.
+class DraftBatch:
+    """What one `draft` call produced: a block of drafts for every row (the wire's one-block
+    message is `jaxspec.protocol.DraftBlock`, which the session builds from one row of this).
 
     Fields:
       start: `[N]` int32, absolute position of the first draft (the context length before).
@@ -131,7 +133,7 @@ def append(
     return state.replace(tokens=tokens, length=length)
 
 
-@functools.partial(jax.jit, static_argnames=("module", "gamma", "encoding", "sparse_k"))
+@functools.partial(jax.jit, static_argnames=("module", "spec"))
 def draft(
     module: Llama,
     params: Any,
@@ -140,13 +142,12 @@ def draft(
     keys_N2: jax.Array,
     live_N: jax.Array,
     *,
-    gamma: int,
-    encoding: str,
-    sparse_k: int,
-) -> tuple[DrafterState, DraftBlock]:
-    """Draft `gamma` tokens for every live row (module doc); returns the state with the
-    drafts appended to the live rows' contexts, and the block."""
+    spec: DraftSpec,
+) -> tuple[DrafterState, DraftBatch]:
+    """Draft `spec.gamma` tokens for every live row (module doc); returns the state with the
+    drafts appended to the live rows' contexts, and the drafts."""
     N, S = state.tokens.shape
+    gamma = spec.gamma
     n_N = state.length
     live_N = live_N & (n_N >= 1)
 
@@ -157,7 +158,7 @@ def draft(
     missing = (n_N >= 2) & (n_N - 2 >= state.cache.lengths)
     d_NG, q, cache = draft_block(
         module, params, state.cache, at(n_N - 2), at(n_N - 1), n_N, missing, live_N, sampling,
-        keys_N2, gamma=gamma, encoding=encoding, sparse_k=sparse_k,
+        keys_N2, spec=spec,
     )  # fmt: skip
     drafts_NG = jnp.where(live_N[:, None], d_NG, -1)
 
@@ -166,35 +167,30 @@ def draft(
     tokens = state.tokens.at[jnp.arange(N)[:, None], write].set(drafts_NG, mode="drop")
     length = jnp.where(live_N, n_N + gamma, n_N)
     new_state = DrafterState(tokens=tokens, length=length, cache=cache)
-    return new_state, DraftBlock(start=n_N, tokens=drafts_NG, q=q)
+    return new_state, DraftBatch(start=n_N, tokens=drafts_NG, q=q)
 
 
 class Drafter:
-    """A draft model with static draft settings; the state is a separate, immutable pytree.
+    """A draft model with static draft settings (`spec`); the state is a separate, immutable
+    pytree.
 
     Every method is a jitted pure function of (weights, state, ...) -> state; weights are
     jit arguments (a W4A16 `jaxspec.quantize` model keeps its packed int4 weights resident).
 
-        d = Drafter(jaxspec.quantize(draft_model, "w4a16", 128), gamma=4, encoding="sparse")
+        spec = DraftSpec(gamma=4, encoding="sparse")
+        d = Drafter(jaxspec.quantize(draft_model, "w4a16", 128), spec)
         st = d.prefill(d.init(rows=8, max_len=1024), [prompt_ids], rows=[0])
-        st, block = d.draft(st, SamplingParams.make(8, temperature=0.8), keys)
-        st = d.rollback(st, [0], [block.start[0] + accepted])      # then append the next token
+        st, batch = d.draft(st, SamplingParams.make(8, temperature=0.8), keys)
+        st = d.rollback(st, [0], [batch.start[0] + accepted])      # then append the next token
         st = d.append(st, [0], [[next_token]])
     """
 
-    def __init__(
-        self, model: Model, *, gamma: int = 4, encoding: str = "full", sparse_k: int = 8
-    ) -> None:
-        if encoding not in ENCODINGS:
-            raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
-        if not 1 <= gamma <= 64:
-            raise ValueError(f"gamma must be in [1, 64], got {gamma}")
-        if encoding == "sparse" and not 1 <= sparse_k <= model.config.vocab_size:
-            raise ValueError(f"sparse_k must be in [1, vocab], got {sparse_k}")
+    def __init__(self, model: Model, spec: DraftSpec) -> None:
+        """Raises `InvalidArgument` (a `ValueError`) if `spec` does not fit the model's
+        vocabulary (sparse_k at most the vocabulary size)."""
+        spec.check(vocab_size=model.config.vocab_size)
         self.model = model
-        self.gamma = gamma
-        self.encoding = encoding
-        self.sparse_k = sparse_k if encoding == "sparse" else 0
+        self.spec = spec
 
     def init(self, rows: int, max_len: int) -> DrafterState:
         return init_state(self.model, rows, max_len)
@@ -213,7 +209,7 @@ class Drafter:
         longest = max(map(len, prompts))
         if longest > state.tokens.shape[1]:
             raise ValueError(f"a prompt of {longest} tokens exceeds max_len")
-        T = 1 << max(3, (longest - 1).bit_length())  # bucketed: few compilations
+        T = bucket(longest, 8)  # few compilations
         arr = np.zeros((len(prompts), T), np.int32)
         for i, p in enumerate(prompts):
             arr[i, : len(p)] = p
@@ -227,15 +223,14 @@ class Drafter:
         sampling: SamplingParams,
         keys: jax.Array,
         live: jax.Array | None = None,
-    ) -> tuple[DrafterState, DraftBlock]:
-        """Draft `gamma` tokens for every live row (default: rows with a context)."""
+    ) -> tuple[DrafterState, DraftBatch]:
+        """Draft `spec.gamma` tokens for every live row (default: rows with a context)."""
         if live is None:
             live = state.length > 0
         m = self.model
         return draft(
-            m.module, m.params, state, sampling, keys, jnp.asarray(live, bool),
-            gamma=self.gamma, encoding=self.encoding, sparse_k=self.sparse_k,
-        )  # fmt: skip
+            m.module, m.params, state, sampling, keys, jnp.asarray(live, bool), spec=self.spec
+        )
 
     def rollback(self, state: DrafterState, rows: Any, lengths: Any) -> DrafterState:
         return rollback(state, jnp.asarray(rows, jnp.int32), jnp.asarray(lengths, jnp.int32))
@@ -249,16 +244,13 @@ class Drafter:
         return append(state, jnp.asarray(rows, jnp.int32), tokens, jnp.asarray(counts, jnp.int32))
 
 
-def load_drafter(
-    name: str, quantize: str = "w4a16", *, gamma: int = 4, encoding: str = "full",
-    sparse_k: int = 8,
-) -> Drafter:  # fmt: skip
-    """The edge's draft model from a checkpoint or built-in name, as a `Drafter`.
+def load_drafter(name: str, quantize: str, spec: DraftSpec) -> Drafter:
+    """The edge's draft model from a checkpoint or built-in name, as a `Drafter` of `spec`.
 
-    W4A16 by default, as a device would hold it; `quantize="none"` keeps the weights as
-    stored.
+    `quantize` is a `jaxspec.quantize` scheme ("w4a16", as a device would hold it, or
+    "w8a16"), or "none" to keep the weights as stored.
     """
     model = load(name)
     if quantize != "none":
         model = quantize_model(model, quantize)
-    return Drafter(model, gamma=gamma, encoding=encoding, sparse_k=sparse_k)
+    return Drafter(model, spec)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.drafter import Drafter
+from edge.drafter import DraftBatch, Drafter
 from jaxspec.protocol import (
     DraftBlock,
     SessionConfig,
@@ -35,6 +35,7 @@ from jaxspec.protocol import (
     VerifyResult,
 )
 from jaxspec.sampling import SamplingParams, session_key
+from jaxspec.shapes import bucket
 
 
 @dataclasses.dataclass
@@ -69,13 +70,19 @@ class SessionTrace:
         return (t[-1] - self.start_time) / len(t) if t else 0.0
 
 
-def _to_wire(drafter: Drafter, tokens: np.ndarray, q, n: int):
-    """The drafter's q (row 0) in the protocol's per-encoding layout."""
-    if drafter.encoding == "onehot":
-        return None, None
-    if drafter.encoding == "sparse":
-        return np.asarray(q.probs[0, :n], np.float64), np.asarray(q.ids[0, :n])
-    return np.asarray(q.probs[0, :n], np.float64), None
+def _to_wire(batch: DraftBatch, session_id: str, epoch: int) -> DraftBlock:
+    """Row 0 of the drafter's batch as the protocol's one block (q in its encoding's layout:
+    `full` `[gamma, V]`, `sparse` ids + probabilities `[gamma, k]`, `onehot` none)."""
+    q = batch.q
+    probs = None if q.encoding == "onehot" else np.asarray(q.probs[0], np.float64)
+    return DraftBlock(
+        session_id=session_id,
+        epoch=epoch,
+        start=int(batch.start[0]),
+        tokens=tuple(int(t) for t in np.asarray(batch.tokens[0])),
+        q=probs,
+        q_ids=np.asarray(q.ids[0]) if q.encoding == "sparse" else None,
+    )
 
 
 async def run_session(
@@ -98,8 +105,10 @@ async def run_session(
     draining) is retried for that long and the session reopened with its committed tokens:
     the output is exactly that of an uninterrupted run (draws are keyed by position).
     """
-    if drafter.gamma != config.draft.gamma or drafter.encoding != config.draft.encoding:
-        raise ValueError("the drafter's gamma/encoding must match the session config")
+    if drafter.spec != config.draft:
+        raise ValueError(
+            f"the drafter's {drafter.spec} must match the session's draft {config.draft}"
+        )
     if config.mode == "sync":
         depth = 1
     if depth < 1:
@@ -124,7 +133,7 @@ async def run_session(
     sid = await open_session(config)
     prompt = list(config.prompt)
     need = len(prompt) + config.max_new_tokens + (depth + 1) * config.draft.gamma + 2
-    max_len = 1 << max(6, (need - 1).bit_length())  # bucketed: sessions share compilations
+    max_len = bucket(need, 64)  # sessions share compilations
     state = drafter.prefill(drafter.init(1, max_len), [prompt])
     sampling = SamplingParams.make(1, config.temperature, config.top_k, config.top_p)
     keys = session_key(config.seed, 0)[None]
@@ -137,18 +146,8 @@ async def run_session(
         while not finished:
             # Keep `depth` blocks in flight, drafting along the optimistic path.
             while len(inflight) < depth and int(state.length[0]) + config.draft.gamma <= max_len:
-                state, blk = drafter.draft(state, sampling, keys)
-                n = config.draft.gamma
-                toks = np.asarray(blk.tokens[0, :n])
-                q, q_ids = _to_wire(drafter, toks, blk.q, n)
-                block = DraftBlock(
-                    session_id=sid,
-                    epoch=epoch,
-                    start=int(blk.start[0]),
-                    tokens=tuple(int(t) for t in toks),
-                    q=q,
-                    q_ids=q_ids,
-                )
+                state, batch = drafter.draft(state, sampling, keys)
+                block = _to_wire(batch, sid, epoch)
                 inflight.append((block, asyncio.ensure_future(endpoint.verify(block))))
                 trace.blocks_sent += 1
                 emit("draft", block.tokens)

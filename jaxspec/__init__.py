@@ -4,11 +4,13 @@ from jaxspec.checkpoint import load, save
 from jaxspec.config import CheckpointError, LlamaConfig, RopeScaling
 from jaxspec.generate import GenerateOutput, GenerateStats, generate
 from jaxspec.model import KVCache, Llama, Model, forward, init_cache, init_params
+from jaxspec.protocol import DraftSpec
 from jaxspec.quantize import quantize
 from jaxspec.sampling import Purpose, SamplingParams, position_key, session_key, warp
 
 __all__ = [
     "CheckpointError",
+    "DraftSpec",
     "GenerateOutput",
     "GenerateStats",
     "KVCache",

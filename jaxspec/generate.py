@@ -15,14 +15,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.model import Llama, Model, init_cache
-from jaxspec.protocol import ENCODINGS, MODES
+from jaxspec.model import KVCache, Llama, Model, init_cache
+from jaxspec.protocol import MODES, DraftSpec
 from jaxspec.sampling import Purpose, SamplingParams, sample_at, session_keys
-from jaxspec.speculative import SpecStats, speculative_decode, stats_from
+from jaxspec.shapes import bucket
+from jaxspec.speculative import SpecCounters, SpecStats, speculative_decode
 
 PromptIds = Sequence[int] | Sequence[Sequence[int]] | np.ndarray
 
@@ -69,11 +71,6 @@ class GenerateOutput:
     tokens: list[int] | list[list[int]]
     padded: np.ndarray
     stats: GenerateStats
-
-
-def _bucket(n: int, minimum: int = 1) -> int:
-    """Round up to a power of two (>= minimum) so nearby sizes share one compilation."""
-    return max(minimum, 1 << max(0, (n - 1).bit_length()))
 
 
 def normalize_prompts(prompt_ids: PromptIds, vocab_size: int) -> tuple[list[list[int]], bool]:
@@ -130,8 +127,8 @@ def generate(
       draft: a draft model sharing the target's vocabulary turns on co-located speculative
         decoding: `gamma` drafts per round, `mode` "sync" (bonus token after a fully
         accepted block) or "pipelined" (no bonus), the draft q sent as `encoding` "full",
-        "sparse" (top-`sparse_k`) or "onehot" (greedy drafts). Lossless: the output is
-        distributed exactly as plain decoding's.
+        "sparse" (top-`sparse_k`) or "onehot" (greedy drafts), validated as one
+        `jaxspec.DraftSpec`. Lossless: the output is distributed exactly as plain decoding's.
       max_batch: rows decoded per jitted call; larger batches run in chunks.
       _mutant: test hook, a deliberately wrong variant of the rule that tests must catch.
     """
@@ -144,8 +141,9 @@ def generate(
             f"prompt + max_new_tokens = {longest} exceeds the model's "
             f"max_position_embeddings = {model.config.max_position_embeddings}"
         )
+    spec = None
     if draft is not None:
-        _check_speculative(model, draft, gamma, mode, encoding, sparse_k)
+        spec = _speculative_spec(model, draft, mode, gamma, encoding, sparse_k)
     n = len(rows)
     params = SamplingParams.make(n, temperature, top_k, top_p)
     keys = session_keys(seed if seeds is None else list(seeds), n)
@@ -155,19 +153,20 @@ def generate(
     fn = _decode if draft is None else speculative_decode
     out = np.full((n, max_new_tokens), -1, np.int32)
     compiled = False
-    spec: SpecStats | None = None
+    spec_stats: SpecStats | None = None
     start = time.perf_counter()
     for lo in range(0, n, max_batch):
         hi = min(n, lo + max_batch)
         before = fn._cache_size()
         chunk, counters = _run_chunk(
             model, draft, rows[lo:hi], params, keys, lo, hi, stop_arr, max_new_tokens,
-            gamma=gamma, mode=mode, encoding=encoding, sparse_k=sparse_k, mutant=_mutant,
+            spec=spec, mode=mode, mutant=_mutant,
         )  # fmt: skip
         out[lo:hi] = chunk
         compiled |= fn._cache_size() > before
         if counters is not None:
-            spec = stats_from(counters) if spec is None else spec + stats_from(counters)
+            chunk_stats = counters.to_stats()
+            spec_stats = chunk_stats if spec_stats is None else spec_stats + chunk_stats
     wall = time.perf_counter() - start
 
     lists = [r[r >= 0].tolist() for r in out]
@@ -176,27 +175,26 @@ def generate(
         new_tokens=int(sum(map(len, lists))),
         wall_s=wall,
         compiled=compiled,
-        spec=spec,
+        spec=spec_stats,
     )
     return GenerateOutput(tokens=lists[0] if single else lists, padded=out, stats=stats)
 
 
-def _check_speculative(
-    model: Model, draft: Model, gamma: int, mode: str, encoding: str, sparse_k: int
-) -> None:
+def _speculative_spec(
+    model: Model, draft: Model, mode: str, gamma: int, encoding: str, sparse_k: int
+) -> DraftSpec:
+    """The draft settings as a `DraftSpec`, validated (it raises `InvalidArgument`, a
+    `ValueError`) against the target's vocabulary; the draft must share that vocabulary."""
     if draft.config.vocab_size != model.config.vocab_size:
         raise ValueError(
             f"draft vocabulary ({draft.config.vocab_size}) differs from the target's "
             f"({model.config.vocab_size})"
         )
-    if not 1 <= gamma <= 64:
-        raise ValueError(f"gamma must be in [1, 64], got {gamma}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if encoding not in ENCODINGS:
-        raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
-    if encoding == "sparse" and not 1 <= sparse_k <= model.config.vocab_size:
-        raise ValueError(f"sparse_k must be in [1, vocab], got {sparse_k}")
+    spec = DraftSpec(gamma=gamma, encoding=encoding, sparse_k=sparse_k)
+    spec.check(vocab_size=model.config.vocab_size)
+    return spec
 
 
 def _run_chunk(
@@ -209,14 +207,17 @@ def _run_chunk(
     hi: int,
     stop_arr: jax.Array,
     max_new: int,
-    **spec_kw: Any,
-) -> tuple[np.ndarray, dict[str, jax.Array] | None]:
+    *,
+    spec: DraftSpec | None,
+    mode: str,
+    mutant: str | None,
+) -> tuple[np.ndarray, SpecCounters | None]:
     """Pad one chunk to its bucket and run the jitted decoder: `[hi - lo, max_new]` tokens
-    and, for speculative decoding, its counters."""
+    and, for speculative decoding (`spec` given), its counters."""
     b = hi - lo
-    B = _bucket(b)
-    T = _bucket(max(len(r) for r in rows), 8)
-    N = _bucket(max_new, 8)
+    B = bucket(b)
+    T = bucket(max(len(r) for r in rows), 8)
+    N = bucket(max_new, 8)
     prompt = np.zeros((B, T), np.int32)
     lengths = np.ones(B, np.int32)  # filler rows: one token, never decoded (done at start)
     for i, r in enumerate(rows):
@@ -235,14 +236,31 @@ def _run_chunk(
         out = _decode(model.module, model.params, *args, N)
         counters = None
     else:
-        sync = jnp.full((B,), spec_kw["mode"] == "sync")
+        sync = jnp.full((B,), mode == "sync")
         out, counters = speculative_decode(
             model.module, draft.module, model.params, draft.params, *args, sync,
-            gamma=spec_kw["gamma"], encoding=spec_kw["encoding"],
-            sparse_k=spec_kw["sparse_k"] if spec_kw["encoding"] == "sparse" else 0, buffer=N,
-            mutant=spec_kw["mutant"],
+            spec=spec, buffer=N, mutant=mutant,
         )  # fmt: skip
     return np.asarray(out)[:b, :max_new], counters
+
+
+@flax.struct.dataclass(kw_only=True)
+class DecodeState:
+    """The plain decoder's `lax.while_loop` carry (B rows, `buffer` new-token columns).
+
+    Fields:
+      step: `[]` int32, the column the next token goes to (the prefill wrote column 0).
+      last: `[B]` int32, each row's latest token (-1 once the row is done).
+      out: `[B, buffer]` int32, new tokens so far, -1 padded.
+      done: `[B]` bool, the row hit a stop token or max_new (or is a filler row).
+      cache: the target's `KVCache` `[L, B, T + buffer, Hkv, D]`.
+    """
+
+    step: jax.Array
+    last: jax.Array
+    out: jax.Array
+    done: jax.Array
+    cache: KVCache
 
 
 @functools.partial(jax.jit, static_argnames=("module", "buffer"))
@@ -270,22 +288,24 @@ def _decode(
     filler = jnp.arange(B) >= num_live
     done = jnp.isin(tok, stop_ids) | (max_new <= 1) | filler
 
-    def cond(state):
-        i, _, _, done, _ = state
-        return (i < max_new) & ~jnp.all(done)
+    def cond(s: DecodeState) -> jax.Array:
+        return (s.step < max_new) & ~jnp.all(s.done)
 
-    def body(state):
-        i, tok, out, done, cache = state
-        pos = lengths_B + i - 1  # where the previous token sits
+    def body(s: DecodeState) -> DecodeState:
+        pos = lengths_B + s.step - 1  # where the previous token sits
         logits, cache = module.apply(
-            {"params": params}, jnp.maximum(tok, 0)[:, None], pos[:, None], ~done[:, None], cache
+            {"params": params},
+            jnp.maximum(s.last, 0)[:, None],
+            pos[:, None],
+            ~s.done[:, None],
+            s.cache,
         )
         new = sample_at(logits[:, 0], sampling, keys_B2, pos + 1, Purpose.TARGET)
-        new = jnp.where(done, -1, new)
-        out = out.at[:, i].set(new)
-        done = done | jnp.isin(new, stop_ids) | (i + 1 >= max_new)
-        return i + 1, new, out, done, cache
+        new = jnp.where(s.done, -1, new)
+        done = s.done | jnp.isin(new, stop_ids) | (s.step + 1 >= max_new)
+        return DecodeState(
+            step=s.step + 1, last=new, out=s.out.at[:, s.step].set(new), done=done, cache=cache
+        )
 
-    state = (jnp.int32(1), tok, out, done, cache)
-    _, _, out, _, _ = jax.lax.while_loop(cond, body, state)
-    return out
+    state = DecodeState(step=jnp.int32(1), last=tok, out=out, done=done, cache=cache)
+    return jax.lax.while_loop(cond, body, state).out

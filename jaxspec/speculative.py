@@ -17,11 +17,13 @@ import dataclasses
 import functools
 from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.model import Llama, init_cache
+from jaxspec.model import KVCache, Llama, init_cache
+from jaxspec.protocol import DraftSpec
 from jaxspec.sampling import Purpose, SamplingParams, sample, uniforms, warp
 from jaxspec.verification import DraftQ, _verify
 
@@ -71,6 +73,68 @@ class SpecStats:
                 )
             ),
         )
+
+
+@flax.struct.dataclass(kw_only=True)
+class SpecCounters:
+    """The speculative loop's counters, summed over live rows and rounds (traced).
+
+    Fields:
+      rounds: `[]` int32, verification rounds (one per live row per loop iteration).
+      drafted: `[]` int32, drafts proposed.
+      accepted: `[]` int32, drafts accepted.
+      emitted: `[]` int32, tokens committed (accepted drafts, corrections, bonus tokens).
+      per_position: `[K]` int32, rounds whose draft j was accepted.
+    """
+
+    rounds: jax.Array
+    drafted: jax.Array
+    accepted: jax.Array
+    emitted: jax.Array
+    per_position: jax.Array
+
+    @classmethod
+    def zeros(cls, gamma: int) -> SpecCounters:
+        """All counters at 0, `per_position` of length `gamma`."""
+        z = jnp.int32(0)
+        return cls(
+            rounds=z, drafted=z, accepted=z, emitted=z, per_position=jnp.zeros(gamma, z.dtype)
+        )
+
+    def to_stats(self) -> SpecStats:
+        """The host-side `SpecStats` of these (device) counters."""
+        c = jax.tree.map(np.asarray, self)
+        return SpecStats(
+            rounds=int(c.rounds),
+            drafted=int(c.drafted),
+            accepted=int(c.accepted),
+            emitted=int(c.emitted),
+            per_position_accepted=tuple(int(x) for x in c.per_position),
+        )
+
+
+@flax.struct.dataclass(kw_only=True)
+class RoundState:
+    """The co-located round loop's `lax.while_loop` carry (B rows, `buffer` new tokens).
+
+    Fields:
+      out: `[B, buffer]` int32, new tokens committed so far, -1 padded.
+      num_new: `[B]` int32, new tokens committed per row (the prompt's length excluded).
+      prev: `[B]` int32, the committed token before `last` (fed again when its KV is missing).
+      last: `[B]` int32, the last committed token.
+      done: `[B]` bool, the row hit a stop token or max_new (or is a filler row).
+      target_cache, draft_cache: the two models' `KVCache`s `[L, B, S, Hkv, D]`.
+      counters: `SpecCounters`.
+    """
+
+    out: jax.Array
+    num_new: jax.Array
+    prev: jax.Array
+    last: jax.Array
+    done: jax.Array
+    target_cache: KVCache
+    draft_cache: KVCache
+    counters: SpecCounters
 
 
 def draft_q_for(
@@ -123,12 +187,11 @@ def draft_block(
     sampling: SamplingParams,
     keys_B2: jax.Array,
     *,
-    gamma: int,
-    encoding: str,
-    sparse_k: int,
+    spec: DraftSpec,
     mutant: str | None = None,
 ) -> tuple[jax.Array, DraftQ, Any]:
-    """Draft `gamma` tokens per row at positions next_pos .. next_pos+gamma-1 (traced).
+    """Draft `spec.gamma` tokens per row at positions next_pos .. next_pos+gamma-1 (traced),
+    each sampled as `spec.encoding` says (`spec.k` sparse columns).
 
     The first step feeds `last` (at next_pos-1) and, where `feed_prev`, also `prev` (at
     next_pos-2): after a fully accepted sync block the draft never fed its own last draft (the
@@ -138,7 +201,7 @@ def draft_block(
 
     def propose(logits_BV, pos_B):
         u = uniforms(keys_B2, pos_B[:, None], Purpose.DRAFT)[:, 0]
-        return draft_q_for(logits_BV, sampling, u, encoding, sparse_k, mutant)
+        return draft_q_for(logits_BV, sampling, u, spec.encoding, spec.k, mutant)
 
     two = jnp.stack([prev_B, last_B], axis=1)
     pos2 = jnp.stack([next_pos_B - 2, next_pos_B - 1], axis=1)
@@ -155,15 +218,15 @@ def draft_block(
         d, q = propose(logits[:, 0], pos + 1)
         return (d, cache), (d, q)
 
-    (_, cache), (d_rest, q_rest) = jax.lax.scan(step, (d0, cache), jnp.arange(1, gamma))
+    (_, cache), (d_rest, q_rest) = jax.lax.scan(step, (d0, cache), jnp.arange(1, spec.gamma))
     d_GB = jnp.concatenate([d0[None], d_rest], axis=0)
     qs = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b], axis=0), q0, q_rest)
-    return d_GB.T, pack_q(encoding, qs), cache
+    return d_GB.T, pack_q(spec.encoding, qs), cache
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("target", "draft", "gamma", "encoding", "sparse_k", "buffer", "mutant"),
+    static_argnames=("target", "draft", "spec", "buffer", "mutant"),
 )
 def speculative_decode(
     target: Llama,
@@ -179,15 +242,14 @@ def speculative_decode(
     num_live: jax.Array,
     sync_B: jax.Array,
     *,
-    gamma: int,
-    encoding: str,
-    sparse_k: int,
+    spec: DraftSpec,
     buffer: int,
     mutant: str | None = None,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The jitted round loop; returns new tokens `[B, buffer]` (-1 padded) and counters."""
+) -> tuple[jax.Array, SpecCounters]:
+    """The jitted round loop (`spec.gamma` drafts per round, q sent as `spec.encoding`);
+    returns new tokens `[B, buffer]` (-1 padded) and the counters."""
     B, T = prompt_BT.shape
-    K = gamma
+    K = spec.gamma
     S = T + buffer + K + 1
     tcache = init_cache(target.config, B, S, target.dtype)
     dcache = init_cache(draft.config, B, S, draft.dtype)
@@ -198,19 +260,19 @@ def speculative_decode(
     last_B = jnp.take_along_axis(prompt_BT, (lengths_B - 1)[:, None], axis=1)[:, 0]
     prev_B = jnp.take_along_axis(prompt_BT, jnp.maximum(lengths_B - 2, 0)[:, None], axis=1)[:, 0]
 
-    def round_(state):
-        out, n_B, prev_B, last_B, done_B, tcache, dcache, counters = state
-        live_B = ~done_B
+    def round_(s: RoundState) -> RoundState:
+        n_B, prev_B, last_B = s.num_new, s.prev, s.last
+        live_B = ~s.done
         P_B = lengths_B + n_B  # committed length; the next token sits at P
 
         d_BK, draft_q, dcache = draft_block(
-            draft, draft_params, dcache, prev_B, last_B, P_B, P_B >= 2, live_B, sampling,
-            keys_B2, gamma=K, encoding=encoding, sparse_k=sparse_k, mutant=mutant,
+            draft, draft_params, s.draft_cache, prev_B, last_B, P_B, P_B >= 2, live_B, sampling,
+            keys_B2, spec=spec, mutant=mutant,
         )  # fmt: skip
         block = jnp.concatenate([last_B[:, None], d_BK], axis=1)
         pos = P_B[:, None] - 1 + jnp.arange(K + 1)[None, :]
         valid = jnp.broadcast_to(live_B[:, None], (B, K + 1))
-        logits, tcache = target.apply({"params": target_params}, block, pos, valid, tcache)
+        logits, tcache = target.apply({"params": target_params}, block, pos, valid, s.target_cache)
         num_draft = jnp.where(live_B, K, 0)
         vr = _verify(
             d_BK, num_draft, logits, draft_q, sampling, keys_B2, P_B, sync_B,
@@ -225,48 +287,41 @@ def speculative_decode(
         cnt = jnp.minimum(jnp.minimum(vr.num_emitted, first_stop), max_new - n_B)
         cnt = jnp.where(live_B, cnt, 0).astype(jnp.int32)
         idx = jnp.where(cols < cnt[:, None], n_B[:, None] + cols, buffer)
-        out = out.at[jnp.arange(B)[:, None], idx].set(vr.tokens, mode="drop")
+        out = s.out.at[jnp.arange(B)[:, None], idx].set(vr.tokens, mode="drop")
         new_last = jnp.take_along_axis(vr.tokens, jnp.maximum(cnt - 1, 0)[:, None], axis=1)[:, 0]
         new_prev = jnp.take_along_axis(vr.tokens, jnp.maximum(cnt - 2, 0)[:, None], axis=1)[:, 0]
         prev_B = jnp.where(cnt >= 2, new_prev, jnp.where(cnt == 1, last_B, prev_B))
         last_B = jnp.where(cnt > 0, new_last, last_B)
         n_B = n_B + cnt
-        done_B = done_B | (first_stop <= cnt) | (n_B >= max_new)
+        done_B = s.done | (first_stop <= cnt) | (n_B >= max_new)
         rollback = (lengths_B + n_B - 1).astype(jnp.int32)
         tcache = tcache.replace(lengths=rollback)
         dcache = dcache.replace(lengths=rollback)
 
         live_i = live_B.astype(jnp.int32)
-        counters = {
-            "rounds": counters["rounds"] + jnp.sum(live_i, dtype=jnp.int32),
-            "drafted": counters["drafted"] + jnp.sum(num_draft, dtype=jnp.int32),
-            "accepted": counters["accepted"] + jnp.sum(vr.num_accepted * live_i, dtype=jnp.int32),
-            "emitted": counters["emitted"] + jnp.sum(cnt, dtype=jnp.int32),
-            "per_position": counters["per_position"]
+        c = s.counters
+        counters = SpecCounters(
+            rounds=c.rounds + jnp.sum(live_i, dtype=jnp.int32),
+            drafted=c.drafted + jnp.sum(num_draft, dtype=jnp.int32),
+            accepted=c.accepted + jnp.sum(vr.num_accepted * live_i, dtype=jnp.int32),
+            emitted=c.emitted + jnp.sum(cnt, dtype=jnp.int32),
+            per_position=c.per_position
             + jnp.sum(vr.accepted & live_B[:, None], axis=0).astype(jnp.int32),
-        }
-        return out, n_B, prev_B, last_B, done_B, tcache, dcache, counters
+        )
+        return RoundState(
+            out=out, num_new=n_B, prev=prev_B, last=last_B, done=done_B,
+            target_cache=tcache, draft_cache=dcache, counters=counters,
+        )  # fmt: skip
 
-    counters = {
-        "rounds": jnp.int32(0),
-        "drafted": jnp.int32(0),
-        "accepted": jnp.int32(0),
-        "emitted": jnp.int32(0),
-        "per_position": jnp.zeros(K, jnp.int32),
-    }
-    done = jnp.arange(B) >= num_live
-    state = (jnp.full((B, buffer), -1, jnp.int32), jnp.zeros(B, jnp.int32), prev_B, last_B, done)
-    state = (*state, tcache, dcache, counters)
-    out, *_, counters = jax.lax.while_loop(lambda s: ~jnp.all(s[4]), round_, state)
-    return out, counters
-
-
-def stats_from(counters: dict[str, Any]) -> SpecStats:
-    c = jax.tree.map(np.asarray, counters)
-    return SpecStats(
-        rounds=int(c["rounds"]),
-        drafted=int(c["drafted"]),
-        accepted=int(c["accepted"]),
-        emitted=int(c["emitted"]),
-        per_position_accepted=tuple(int(x) for x in c["per_position"]),
+    state = RoundState(
+        out=jnp.full((B, buffer), -1, jnp.int32),
+        num_new=jnp.zeros(B, jnp.int32),
+        prev=prev_B,
+        last=last_B,
+        done=jnp.arange(B) >= num_live,
+        target_cache=tcache,
+        draft_cache=dcache,
+        counters=SpecCounters.zeros(K),
     )
+    final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), round_, state)
+    return final.out, final.counters

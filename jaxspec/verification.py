@@ -72,8 +72,11 @@ class DraftQ:
 
 
 @flax.struct.dataclass(kw_only=True)
-class VerifyResult:
-    """Fields:
+class Verdicts:
+    """The rule's verdict on every row of a batch (the wire's per-block answer is
+    `jaxspec.protocol.VerifyResult`, which the verifier builds from one row of these).
+
+    Fields:
     tokens: `[B, K+1]` int32: accepted drafts, then the correction or bonus; -1 padded.
     num_accepted: `[B]` int32, drafts accepted (the first rejection's index).
     num_emitted: `[B]` int32, valid entries of `tokens`.
@@ -105,7 +108,7 @@ def verify_block(
     keys: UInt32[Array, "B 2"],
     start: Int[Array, " B"],
     mode: str | Bool[Array, " B"] = "sync",
-) -> VerifyResult:
+) -> Verdicts:
     """Apply the rule of docs/design.md §3 to every row of a padded batch (see the module doc).
 
     `mode` is "sync" (bonus after a fully accepted block), "pipelined" (no bonus), or a
@@ -119,7 +122,7 @@ def verify_block(
 @functools.partial(jax.jit, static_argnames=("mutant",))
 def _verify(
     draft_BK, num_draft_B, logits_BKV, draft_q, sampling, keys_B2, start_B, bonus_B, mutant=None
-) -> VerifyResult:
+) -> Verdicts:
     """The rule; `mutant` names a deliberately wrong variant that the tests must catch."""
     B, K = draft_BK.shape
     V = logits_BKV.shape[-1]
@@ -174,7 +177,7 @@ def _verify(
     tokens = jnp.where((cols == r_B[:, None]) & emit_last_B[:, None], last[:, None], tokens)
     accepted = jnp.arange(K)[None, :] < r_B[:, None]
     tested = (jnp.arange(K)[None, :] <= r_B[:, None]) & in_block_BK
-    return VerifyResult(
+    return Verdicts(
         tokens=tokens.astype(jnp.int32),
         num_accepted=r_B,
         num_emitted=num_emitted_B,

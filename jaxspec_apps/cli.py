@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 import jaxspec
+from jaxspec.flags import add_draft_flags, add_sampling_flags
 from jaxspec.testing import write_random_checkpoint
 from jaxspec.text import decode_text, encode_prompt
 from jaxspec_apps import bench, demo
@@ -35,6 +36,8 @@ def _generate(args: argparse.Namespace) -> int:
         draft=draft,
         gamma=args.gamma,
         mode=args.mode,
+        encoding=args.encoding,
+        sparse_k=args.sparse_k,
     )
     prefix = "" if model.tokenizer is None else args.prompt
     print(prefix + decode_text(model, out.tokens))
@@ -42,7 +45,7 @@ def _generate(args: argparse.Namespace) -> int:
     spec = ""
     if s.spec is not None:
         spec = (
-            f", speculative gamma={args.gamma} {args.mode}: acceptance rate "
+            f", speculative gamma={args.gamma} {args.mode} {args.encoding}: acceptance rate "
             f"{s.acceptance_rate:.2f}, {s.tokens_per_round:.2f} tokens per round"
         )
     print(
@@ -68,13 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint", required=True, help="HF checkpoint dir or built-in name")
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=0, help="0 = off")
-    g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    g.add_argument("--seed", type=int, default=0)
+    add_sampling_flags(g)
     g.add_argument("--draft", default=None, help="draft checkpoint: speculative decoding")
-    g.add_argument("--gamma", type=int, default=4, help="drafts per round")
-    g.add_argument("--mode", default="sync", choices=["sync", "pipelined"])
+    add_draft_flags(g, mode="sync")
     g.set_defaults(func=_generate)
 
     r = sub.add_parser("init-random", help="write a random-weight tiny checkpoint")

@@ -53,3 +53,13 @@ def test_generate_with_a_draft_reports_acceptance(tiny_dir):
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "acceptance rate 1.00" in r.stderr  # the target as its own draft
+
+
+def test_bad_draft_options_are_a_clean_error(tiny_dir):
+    """The shared draft flags reach `DraftSpec`'s one validator; the CLI prints its message."""
+    r = _jaxspec(
+        "generate", "--checkpoint", str(tiny_dir), "--draft", str(tiny_dir), "--prompt", "x",
+        "--encoding", "sparse", "--sparse-k", "0",
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "sparse_k must be >= 1" in r.stderr and "Traceback" not in r.stderr

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import jaxspec
-from edge.drafter import Drafter
+from edge.drafter import DraftBatch, Drafter
+from jaxspec.protocol import DraftSpec
 from jaxspec.sampling import Purpose, SamplingParams, sample, session_keys, uniforms, warp
 from jaxspec.testing import tiny_config
 
@@ -35,7 +36,9 @@ def model():
 
 @pytest.fixture(scope="module")
 def drafters(model):
-    return {e: Drafter(model, gamma=GAMMA, encoding=e, sparse_k=SPARSE_K) for e in ENCODINGS}
+    return {
+        e: Drafter(model, DraftSpec(gamma=GAMMA, encoding=e, sparse_k=SPARSE_K)) for e in ENCODINGS
+    }
 
 
 def sampling(rows, temperature=1.0):
@@ -117,6 +120,7 @@ def test_q_is_the_distribution_each_draft_was_sampled_from(model, drafters, enco
     temperature = 0.0 if encoding == "onehot" else 0.8
     sp, keys = sampling(2, temperature), session_keys(3, 2)
     _, blk = d.draft(fresh(d, PROMPTS), sp, keys)
+    assert isinstance(blk, DraftBatch) and blk.tokens.shape == (2, GAMMA)
     for r, prompt in enumerate(PROMPTS):
         seq = np.asarray(prompt + np.asarray(blk.tokens[r]).tolist())[None]
         logits, _ = model(seq, np.arange(seq.shape[1])[None], model.init_cache(1, 16))
@@ -155,9 +159,14 @@ def test_edge_imports_jaxspec_but_never_verify():
 
 def test_bad_arguments(model):
     with pytest.raises(ValueError, match="encoding"):
-        Drafter(model, encoding="dense")
+        Drafter(model, DraftSpec(encoding="dense"))
     with pytest.raises(ValueError, match="gamma"):
-        Drafter(model, gamma=0)
+        Drafter(model, DraftSpec(gamma=0))
+    # The spec is well formed but wider than this model's vocabulary.
+    vocab = model.config.vocab_size
+    with pytest.raises(ValueError, match="sparse_k"):
+        Drafter(model, DraftSpec(encoding="sparse", sparse_k=vocab + 1))
+    assert Drafter(model, DraftSpec(encoding="sparse", sparse_k=vocab)).spec.k == vocab
 
 
 def test_quality_tool_tiny_writes_the_tables(tmp_path):

@@ -174,9 +174,11 @@ def test_stats_and_stop_tokens(hf_pair):
     ("kw", "message"),
     [
         ({"gamma": 0}, "gamma"),
+        ({"gamma": 65}, "gamma"),
         ({"mode": "async"}, "mode"),
         ({"encoding": "dense"}, "encoding"),
         ({"encoding": "sparse", "sparse_k": 0}, "sparse_k"),
+        ({"encoding": "sparse", "sparse_k": 10**6}, "sparse_k"),  # wider than the vocabulary
     ],
 )
 def test_bad_speculative_options(hf_pair, kw, message):

@@ -25,6 +25,7 @@ import sys
 import jax
 
 import jaxspec
+from jaxspec.flags import add_draft_flags, add_sampling_flags
 from jaxspec_apps.bench import latency
 
 RTTS_MS = (0, 5, 20, 50, 100, 200)
@@ -53,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="default")
     p.add_argument("--draft", default="default-draft")
     p.add_argument("--tiny", action="store_true")
-    p.add_argument("--gamma", type=int, default=4)
+    add_draft_flags(p, mode=None, encoding=None, sparse_k=None)  # every mode; onehot/full q
     p.add_argument("--new-tokens", type=int, default=48)
-    p.add_argument("--temperature", type=float, default=0.0)
+    add_sampling_flags(p, temperature=0.0, top_k=None, top_p=None, seed=None)
     p.add_argument("--rtts", default=",".join(map(str, RTTS_MS)))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="bench/latency")

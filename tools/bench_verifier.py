@@ -18,6 +18,7 @@ import json
 import sys
 
 import jaxspec
+from jaxspec.flags import add_draft_flags
 from jaxspec_apps.bench.verifier import batch_sweep
 
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", default="default")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--batches", default="1,2,4,8,16,32,64")
-    p.add_argument("--gamma", type=int, default=4)
+    add_draft_flags(p, mode=None, encoding=None, sparse_k=None)  # onehot blocks
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--json", default=None)

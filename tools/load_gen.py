@@ -21,14 +21,14 @@ import sys
 import time
 
 from edge.client import GrpcEndpoint
-from edge.drafter import load_drafter
+from edge.drafter import Drafter, load_drafter
 from edge.session import run_session
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from jaxspec.flags import add_draft_flags, draft_spec_from_args
 from jaxspec.protocol import (
     DraftBlock,
-    DraftSpec,
     SessionConfig,
     SessionInfo,
     VerifierError,
@@ -99,7 +99,7 @@ class LedgerEndpoint:
         await self.inner.close_session(session_id)
 
 
-async def worker(i: int, args: argparse.Namespace, drafter, ledger: Ledger, until: float):
+async def worker(i: int, args: argparse.Namespace, drafter: Drafter, ledger: Ledger, until: float):
 
     prompt = tuple(1 + (i * 7 + j) % 50 for j in range(4 + i % 5))
     n = 0
@@ -108,7 +108,7 @@ async def worker(i: int, args: argparse.Namespace, drafter, ledger: Ledger, unti
             cfg = SessionConfig(
                 prompt=prompt, max_new_tokens=args.max_new_tokens, temperature=1.0,
                 seed=1000 * i + n, mode=args.mode,
-                draft=DraftSpec(gamma=args.gamma, encoding=args.encoding, sparse_k=args.sparse_k),
+                draft=drafter.spec,
             )  # fmt: skip
             n += 1
             led = LedgerEndpoint(ep, ledger)
@@ -136,10 +136,7 @@ def percentile(xs: list[float], p: float) -> float:
 async def run_load(args: argparse.Namespace) -> dict:
     """Run the load for `args.seconds` and return the summary (also printed by `main`)."""
 
-    drafter = load_drafter(
-        args.draft, args.quantize, gamma=args.gamma, encoding=args.encoding,
-        sparse_k=args.sparse_k,
-    )  # fmt: skip
+    drafter = load_drafter(args.draft, args.quantize, draft_spec_from_args(args))
     ledger = Ledger()
     t0 = time.monotonic()
     until = t0 + args.seconds
@@ -170,11 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--draft", default="default-draft")
     p.add_argument("--quantize", default="w4a16", choices=["w4a16", "w8a16", "none"])
-    p.add_argument("--gamma", type=int, default=4)
-    p.add_argument("--mode", default="pipelined", choices=["sync", "pipelined"])
+    add_draft_flags(p, mode="pipelined")
     p.add_argument("--depth", type=int, default=2)
-    p.add_argument("--encoding", default="full", choices=["full", "sparse", "onehot"])
-    p.add_argument("--sparse-k", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--resume-timeout-s", type=float, default=0.0)
     p.add_argument("--json", default=None, help="also write the summary here")

@@ -50,6 +50,7 @@ if str(REPO) not in sys.path:
 
 import jaxspec  # noqa: E402
 from edge.drafter import Drafter  # noqa: E402
+from jaxspec.protocol import DraftSpec  # noqa: E402
 from jaxspec.sampling import SamplingParams, session_keys  # noqa: E402
 from jaxspec.testing import byte_tokenizer, tiny_config, to_dtype  # noqa: E402
 from jaxspec_apps.bench.quality import acceptance, batches, heldout_metrics, target_logp  # noqa: E402
@@ -165,7 +166,8 @@ def drafter_speed(models: dict[str, jaxspec.Model], prompt: list[int], s: Settin
     the models take turns so that machine noise hits them alike."""
     max_len = len(prompt) + s.speed_blocks * (s.gamma + 1) + s.gamma + 8
     sp, keys = SamplingParams.make(1, temperature=1.0), session_keys(0, 1)
-    drafters = {k: Drafter(m, gamma=s.gamma, encoding="full") for k, m in models.items()}
+    spec = DraftSpec(gamma=s.gamma, encoding="full")
+    drafters = {k: Drafter(m, spec) for k, m in models.items()}
 
     def run(d: Drafter) -> float:
         st = d.prefill(d.init(1, max_len), [prompt])

@@ -35,11 +35,12 @@ MODES = ("cloud_ar", "colocated", "edge_cloud")
 
 
 def lockstep(
-    sched: Any, drafter: Any, prompts: Sequence[Sequence[int]], *, gamma: int, new_tokens: int
+    sched: Any, drafter: Drafter, prompts: Sequence[Sequence[int]], *, new_tokens: int
 ) -> dict[str, float]:
-    """N greedy edge clients against `sched`, every round: all unfinished clients draft a
-    block, submit it, one `tick()` verifies them together, each drafter rolls back to what
-    was accepted and appends the correction or bonus. Returns token, time and round counts."""
+    """N greedy edge clients (sessions of `drafter.spec`) against `sched`, every round: all
+    unfinished clients draft a block, submit it, one `tick()` verifies them together, each
+    drafter rolls back to what was accepted and appends the correction or bonus. Returns
+    token, time and round counts."""
 
     n = len(prompts)
     sids = []
@@ -47,11 +48,11 @@ def lockstep(
         cfg = SessionConfig(
             prompt=tuple(int(t) for t in p), max_new_tokens=new_tokens,
             temperature=0.0, stop_tokens=(), seed=i,
-            draft=DraftSpec(gamma=gamma, encoding="onehot"),
+            draft=drafter.spec,
         )  # fmt: skip
         sids.append(sched.open(cfg).session_id)
     sessions = [sched.sessions[s] for s in sids]
-    state = drafter.prefill(drafter.init(n, sched.max_len), prompts)
+    state = drafter.prefill(drafter.init(n, sched.config.max_len), prompts)
     sampling, keys = SamplingParams.make(n, 0.0), session_keys(list(range(n)), n)
     server = verify = drafting = 0.0
     rounds = 0
@@ -95,7 +96,7 @@ def lockstep(
         "server_s": server,
         "rounds": rounds,
         "t_v": verify / rounds,  # server time of one verify round (all N rows)
-        "t_d": drafting / (rounds * gamma),  # drafting time per token of the N drafters
+        "t_d": drafting / (rounds * drafter.spec.gamma),  # per drafted token, N drafters
         "alpha": sum(s.accepted for s in sessions) / max(1, sum(s.drafted for s in sessions)),
     }
     for s in sids:
@@ -132,7 +133,7 @@ def run(
     measured vs predicted capacity factor. `sched` needs a row bucket per N and
     `max_len >= prompt + new_tokens + 2 * gamma + 2`."""
 
-    drafter = Drafter(draft, gamma=gamma, encoding="onehot")
+    drafter = Drafter(draft, DraftSpec(gamma=gamma, encoding="onehot"))
     points = []
     for n in ns:
         ps = [list(p) for p in prompts[:n]]
@@ -147,10 +148,8 @@ def run(
                 repeats,
             )
             rate[mode] = out.stats.new_tokens / n / t
-        lockstep(sched, drafter, ps, gamma=gamma, new_tokens=new_tokens)  # warm-up
-        runs = [
-            lockstep(sched, drafter, ps, gamma=gamma, new_tokens=new_tokens) for _ in range(repeats)
-        ]
+        lockstep(sched, drafter, ps, new_tokens=new_tokens)  # warm-up
+        runs = [lockstep(sched, drafter, ps, new_tokens=new_tokens) for _ in range(repeats)]
         edge = min(runs, key=lambda r: r["server_s"])  # the least disturbed run
         rate["edge_cloud"] = edge["tokens"] / n / edge["server_s"]
         points.append({"clients": n, "per_client_tok_s": rate, "edge": edge})

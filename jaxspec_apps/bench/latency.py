@@ -59,7 +59,9 @@ def measure_components(
         ),
         repeats,
     )
-    drafter = Drafter(draft, gamma=gamma, encoding="onehot" if temperature == 0 else "full")
+    drafter = Drafter(
+        draft, DraftSpec(gamma=gamma, encoding="onehot" if temperature == 0 else "full")
+    )
     state = drafter.prefill(drafter.init(1, len(prompt) + 8 * gamma), [prompt])
     params = SamplingParams.make(1, temperature)
     keys = session_key(0, 0)[None]
@@ -122,7 +124,7 @@ async def edge_session(
         draft=DraftSpec(gamma=gamma, encoding=enc),
     )
     try:
-        tr = await run_session(ep, Drafter(draft, gamma=gamma, encoding=enc), cfg, depth=depth)
+        tr = await run_session(ep, Drafter(draft, cfg.draft), cfg, depth=depth)
     finally:
         await v.aclose()
     return (tr.end_time - tr.start_time - rtt_s) / len(tr.tokens), tr.acceptance_rate

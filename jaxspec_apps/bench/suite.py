@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jaxspec
+from jaxspec.shapes import bucket
 from jaxspec_apps.bench import (
     capacity,
     colocated,
@@ -34,10 +35,6 @@ from jaxspec_apps.bench.common import GreedyMismatch, heldout_stream, machine, p
 from jaxspec_apps.bench.profile import PROFILES, SECTIONS, Profile
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(6, (n - 1).bit_length())
-
-
 def scheduler_len(p: Profile) -> int:
     """A slot length that fits every section's sessions (prompt + new tokens + a block)."""
     g = p.gamma
@@ -48,7 +45,7 @@ def scheduler_len(p: Profile) -> int:
         (p.batch_steps + 2) * (g + 1) + 8 + g + 1,
         4 * g + 16,
     )
-    return _pow2(p.prompt_len + need)
+    return bucket(p.prompt_len + need, 64)
 
 
 def _command(args: argparse.Namespace) -> str:

@@ -61,9 +61,7 @@ async def _session(
     cfg = SessionConfig(prompt=tuple(int(t) for t in prompt), **config)
     verifier = LocalVerifier(scheduler=sched)
     ep = CountingEndpoint(verifier)
-    drafter = Drafter(
-        draft, gamma=cfg.draft.gamma, encoding=cfg.draft.encoding, sparse_k=cfg.draft.sparse_k
-    )
+    drafter = Drafter(draft, cfg.draft)
     try:
         tr = await run_session(ep, drafter, cfg, depth=1)
     finally:

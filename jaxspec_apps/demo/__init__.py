@@ -27,6 +27,8 @@ import sys
 from rich.console import Console
 from rich.live import Live
 
+from jaxspec.flags import add_draft_flags, add_sampling_flags
+from jaxspec.shapes import bucket
 from jaxspec_apps.demo._render import Dashboard, save_capture, summary
 from jaxspec_apps.demo._run import DEFAULT_PROMPTS, DemoResult, make_state, run_demo
 from jaxspec_apps.demo._state import DemoState
@@ -39,17 +41,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `jaxspec demo` options (the CLI calls this while building its parser)."""
     p.description = "Live view of edge tenants drafting against a verifier service."
     p.add_argument("--tenants", type=int, default=3, help="edge tenants (default 3)")
-    p.add_argument(
-        "--mode",
-        default="pipelined",
-        choices=["sync", "pipelined"],
-        help="sync: one block, then wait; pipelined (default): draft on while blocks fly",
-    )
+    add_draft_flags(p, mode="pipelined", encoding=None, sparse_k=None)  # full q on the wire
     p.add_argument("--depth", type=int, default=2, help="blocks in flight when pipelined")
     p.add_argument("--rtt-ms", type=float, default=50.0, help="simulated round trip (ms)")
     p.add_argument("--jitter-ms", type=float, default=5.0, help="± on the round trip (ms)")
-    p.add_argument("--gamma", type=int, default=4, help="drafts per block")
-    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    add_sampling_flags(
+        p, temperature=0.7, top_k=None, top_p=None, helps={"seed": "tenant i samples with seed + i"}
+    )
     p.add_argument(
         "--prompt",
         action="append",
@@ -64,7 +62,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="generate for this long once started, each tenant beginning a new sample (next "
         "seed) when one ends; 0 (default): one sample per tenant, then stop",
     )
-    p.add_argument("--seed", type=int, default=0, help="tenant i samples with seed + i")
     p.add_argument("--verifier", default=None, help="host:port of a running verifier")
     p.add_argument("--token", default=None, help="bearer token for --verifier ($JAXSPEC_TOKEN)")
     p.add_argument("--checkpoint", default="default", help="target the spawned verifier serves")
@@ -119,7 +116,7 @@ def serve_args(args: argparse.Namespace) -> list[str]:
 
     prompts = args.prompt or DEFAULT_PROMPTS
     need = max(len(p.encode()) for p in prompts) + args.tokens + 16
-    max_len = max(512, 1 << (need - 1).bit_length())
+    max_len = bucket(need, 512)
     out = ["--checkpoint", args.checkpoint, "--max-sessions", str(args.tenants)]
     out += ["--max-gamma", str(args.gamma), "--max-len", str(max_len), "--drain-timeout-s", "2"]
     return out if args.warmup else [*out, "--no-warmup"]

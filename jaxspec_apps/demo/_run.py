@@ -16,14 +16,14 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import os
 from collections.abc import Awaitable, Callable
 
 from edge.client import GrpcEndpoint
 from edge.drafter import Drafter, load_drafter
 from edge.session import DelayedEndpoint, run_session
-from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig, SessionInfo, VerifyResult
+from jaxspec.flags import draft_spec_from_args
+from jaxspec.protocol import DraftBlock, SessionConfig, SessionInfo, VerifyResult
 from jaxspec.text import encode_prompt
 from jaxspec_apps.demo._state import DemoSettings, DemoState, TenantView
 
@@ -119,7 +119,7 @@ def _configs(args: argparse.Namespace, state: DemoState, drafter: Drafter) -> li
                 temperature=args.temperature,
                 seed=args.seed + i,
                 mode=args.mode,
-                draft=DraftSpec(gamma=args.gamma, encoding="full"),
+                draft=drafter.spec,
             )
         )
     return configs
@@ -178,7 +178,7 @@ async def run_demo(
         busy = "; the verifier is loading" if s.spawned and not address_fut.done() else ""
         phase("starting", f"loading the {s.quantize.upper()} draft {s.draft}{busy}…")
         drafter = await loop.run_in_executor(
-            None, functools.partial(load_drafter, args.draft, args.quantize, gamma=args.gamma)
+            None, load_drafter, args.draft, args.quantize, draft_spec_from_args(args)
         )
         configs = _configs(args, state, drafter)
         busy = "; the verifier is loading" if s.spawned and not address_fut.done() else ""

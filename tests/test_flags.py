@@ -1,0 +1,66 @@
+"""The shared command-line flags (`jaxspec.flags`) and the one shape bucket (`jaxspec.shapes`)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from jaxspec.flags import add_draft_flags, add_sampling_flags, draft_spec_from_args
+from jaxspec.protocol import DraftSpec
+from jaxspec.shapes import bucket
+
+
+def parser(**draft) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    add_sampling_flags(p, temperature=0.7, top_p=None)
+    add_draft_flags(p, **draft)
+    return p
+
+
+def test_defaults_per_command_and_left_out_flags():
+    a = parser(mode="pipelined").parse_args([])
+    assert (a.temperature, a.top_k, a.seed, a.mode) == (0.7, 0, 0, "pipelined")
+    assert not hasattr(a, "top_p")  # None: the command has no such flag
+    assert draft_spec_from_args(a) == DraftSpec()
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--top-p", "0.9"])
+
+
+def test_values_reach_one_validated_draft_spec():
+    a = parser().parse_args(["--gamma", "6", "--encoding", "sparse", "--sparse-k", "3"])
+    assert draft_spec_from_args(a) == DraftSpec(gamma=6, encoding="sparse", sparse_k=3)
+    # A command without --encoding/--sparse-k gets DraftSpec's defaults for them.
+    b = parser(encoding=None, sparse_k=None).parse_args(["--gamma", "2", "--mode", "sync"])
+    assert draft_spec_from_args(b) == DraftSpec(gamma=2)
+    with pytest.raises(ValueError, match="gamma"):
+        draft_spec_from_args(parser().parse_args(["--gamma", "0"]))
+    with pytest.raises(SystemExit):  # choices come from protocol.MODES / ENCODINGS
+        parser().parse_args(["--encoding", "dense"])
+
+
+def test_help_overrides_name_real_flags():
+    p = argparse.ArgumentParser()
+    add_sampling_flags(p, helps={"seed": "tenant i samples with seed + i"})
+    assert "tenant i samples" in p.format_help()
+    with pytest.raises(ValueError, match="no such flag"):
+        add_sampling_flags(argparse.ArgumentParser(), helps={"gamma": "x"})
+
+
+@pytest.mark.parametrize(
+    ("n", "minimum", "want"),
+    [(0, 1, 1), (1, 1, 1), (2, 1, 2), (3, 1, 4), (5, 8, 8), (9, 8, 16), (64, 64, 64),
+     (65, 64, 128), (100, 512, 512), (513, 512, 1024)],
+)  # fmt: skip
+def test_bucket_is_the_next_power_of_two_at_least_minimum(n, minimum, want):
+    assert bucket(n, minimum) == want
+
+
+def test_bucket_equals_the_five_formulas_it_replaced():
+    for n in range(1, 2100):
+        assert bucket(n) == max(1, 1 << max(0, (n - 1).bit_length()))  # generate._bucket
+        assert bucket(n, 8) == 1 << max(3, (n - 1).bit_length())  # drafter prefill
+        assert bucket(n, 64) == 1 << max(6, (n - 1).bit_length())  # session, bench suite
+        assert bucket(n, 512) == max(512, 1 << (n - 1).bit_length())  # demo's verifier
+    with pytest.raises(ValueError):
+        bucket(-1)
