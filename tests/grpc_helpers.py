@@ -8,6 +8,7 @@ import functools
 import ipaddress
 import os
 import pathlib
+import re
 import socket
 
 import grpc
@@ -18,6 +19,7 @@ from edge.drafter import Drafter
 from edge.session import run_session
 from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec.testing import write_random_checkpoint
+from verify import LocalVerifier, SchedulerConfig
 from verify.process import VerifierProcess
 
 TOKENS = {"alice": "alice-secret-token", "bob": "bob-secret-token", "carol": "carol-token"}
@@ -100,6 +102,13 @@ def server_env(cache_dir: pathlib.Path, devices: int | None = None) -> dict[str,
     return env
 
 
+def metrics_address(server: VerifierProcess) -> tuple[str, int]:
+    """(host, port) of the metrics endpoint, from the server's "serving" line."""
+    m = re.search(r"metrics on http://([^\s/]+):(\d+)/metrics", server.log)
+    assert m is not None, server.log[-3000:]
+    return m.group(1), int(m.group(2))
+
+
 def spawn(checkpoint: pathlib.Path, *extra: str, port: int = 0, env=None) -> VerifierProcess:
     server = VerifierProcess(
         ["--checkpoint", str(checkpoint), *SERVER_FLAGS, *extra], port=port, env=env
@@ -110,7 +119,7 @@ def spawn(checkpoint: pathlib.Path, *extra: str, port: int = 0, env=None) -> Ver
 
 @functools.cache
 def drafter(draft_dir: str, gamma: int, encoding: str) -> Drafter:
-    return Drafter(jaxspec.load(draft_dir), gamma=gamma, encoding=encoding, sparse_k=4)
+    return Drafter(jaxspec.load(draft_dir), DraftSpec(gamma=gamma, encoding=encoding, sparse_k=4))
 
 
 def config(prompt=(1, 2, 3, 4), **kw) -> SessionConfig:
@@ -134,12 +143,8 @@ async def session(address, draft_dir, cfg, token=None, ca=None, depth=2, **kw):
 
 async def local_session(target_dir, draft_dir, cfg, depth=2):
     """The same session against an in-process LocalVerifier (the servers' flags)."""
-    from verify.local import LocalVerifier
-
-    v = LocalVerifier(
-        jaxspec.load(target_dir), max_sessions=8, max_len=128, max_gamma=4,
-        row_buckets=(1, 2, 4, 8),
-    )  # fmt: skip
+    config = SchedulerConfig(max_sessions=8, max_len=128, max_gamma=4)  # rows 1, 2, 4, 8
+    v = LocalVerifier(jaxspec.load(target_dir), config)
     try:
         d = drafter(str(draft_dir), cfg.draft.gamma, cfg.draft.encoding)
         return await run_session(v, d, cfg, depth=depth)

@@ -17,7 +17,7 @@ from edge.drafter import Drafter
 from edge.session import DelayedEndpoint, run_session
 from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec.testing import tiny_config, to_dtype
-from verify import LocalVerifier, Scheduler
+from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 PROMPT, NEW = (1, 2, 3, 4), 16
 
@@ -43,7 +43,8 @@ def models():
 
 @functools.cache
 def scheduler():
-    return Scheduler(models()[0], max_sessions=4, max_len=128, max_gamma=4, row_buckets=(1, 2, 4))
+    config = SchedulerConfig(max_sessions=4, max_len=128, max_gamma=4, row_buckets=(1, 2, 4))
+    return Scheduler(models()[0], config)
 
 
 def session(
@@ -57,7 +58,7 @@ def session(
         seed=seed,
         draft=DraftSpec(gamma=gamma, encoding=encoding, sparse_k=4),
     )
-    drafter = Drafter(models()[1], gamma=gamma, encoding=encoding, sparse_k=4)
+    drafter = Drafter(models()[1], cfg.draft)
 
     async def go():
         v = LocalVerifier(scheduler=scheduler())
@@ -118,7 +119,7 @@ def test_pipelined_output_is_independent_of_depth_and_delays(depth, gamma, delay
 
 def test_every_rollback_leaves_the_drafter_as_if_built_from_scratch():
     _, d = models()
-    fresh_drafter = Drafter(d, gamma=3)
+    fresh_drafter = Drafter(d, DraftSpec(gamma=3))
     checked = []
 
     def check(state, committed):

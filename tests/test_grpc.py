@@ -7,6 +7,7 @@ import asyncio
 import filecmp
 import pathlib
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 import jaxspec
 from jaxspec import wire
@@ -26,6 +28,7 @@ from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import NotFound, ResourceExhausted, Unauthenticated
 from tests import grpc_helpers as h
+from verify.process import VerifierProcess
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 258  # the byte tokenizer of jaxspec.testing
@@ -361,18 +364,82 @@ asyncio.run(main())
     assert h.run(client(world, "bob", BOB_CFG)).tokens == bob_reference
 
 
-def test_prometheus_metrics(world):
-    port = world["server"].log.split("metrics on :")[1].split()[0]
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    values = {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
+def scrape(host: str, port: int) -> dict[tuple[str, frozenset], float]:
+    """Every sample of the endpoint, parsed as Prometheus exposition: {(name, labels): v}."""
+    text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
     }
-    assert values['jaxspec_drafted_tokens_total{tenant="bob"}'] > 0
-    assert values['jaxspec_accepted_tokens_total{tenant="bob"}'] >= 0
-    assert values["jaxspec_batch_occupancy"] > 0
-    assert any(k.startswith("jaxspec_rejected_requests_total{") for k in values)
+
+
+def sample(values: dict, name: str, **labels: str) -> float:
+    return values.get((name, frozenset(labels.items())), 0.0)
+
+
+def test_prometheus_metrics(world):
+    """One session and one refused call move the counters by exactly what they did."""
+    host, port = h.metrics_address(world["server"])
+    assert host == "127.0.0.1"
+    before = scrape(host, port)
+    with pytest.raises(grpc.RpcError):
+        stub(world).Stats(pb.StatsRequest(), metadata=h.auth(None), timeout=10)
+    trace = h.run(client(world, "bob", BOB_CFG))
+    after = scrape(host, port)
+
+    def delta(name, **labels):
+        return sample(after, name, **labels) - sample(before, name, **labels)
+
+    bob = dict(tenant="bob")
+    assert delta("jaxspec_drafted_tokens_total", **bob) == trace.drafted > 0
+    assert delta("jaxspec_accepted_tokens_total", **bob) == trace.accepted
+    assert delta("jaxspec_committed_tokens_total", **bob) == len(trace.tokens) > 0
+    assert delta("jaxspec_stale_blocks_total", **bob) >= trace.stale
+    assert delta("jaxspec_sessions_opened_total", **bob) == 1
+    refused = dict(method="Stats", status="UNAUTHENTICATED")
+    assert delta("jaxspec_rejected_requests_total", **refused) == 1
+    answered = delta("jaxspec_block_seconds_count", **bob)
+    assert trace.rounds + trace.stale <= answered <= trace.blocks_sent
+    # Every verify step is observed once: the histograms count the scheduler's steps.
+    steps = sample(after, "jaxspec_verify_steps_total")
+    assert steps > 0
+    assert sample(after, "jaxspec_verify_step_seconds_count") == steps
+    assert sample(after, "jaxspec_batch_rows_count") == steps
+    assert sample(after, "jaxspec_batch_rows_bucket", le="8.0") == steps  # 8 rows at most
+    assert 0 < sample(after, "jaxspec_batch_occupancy") <= 1
+    assert sample(after, "jaxspec_serving") == 1
+    assert sample(after, "jaxspec_sessions") == live_sessions(world)
+
+
+def reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+def test_metrics_listen_on_loopback_unless_told_otherwise(world):
+    """`--host 0.0.0.0` opens gRPC to every interface; the metrics (tenant names, no auth)
+    stay on 127.0.0.1 unless `--metrics-host` moves them. On Linux 127.0.0.2 is loopback
+    too, yet reaches only sockets bound to it or to the wildcard address."""
+    common = ["--checkpoint", str(world["target"]), *h.SERVER_FLAGS, "--metrics-port", "0"]
+    env = h.server_env(world["root"] / "jax-cache")
+    wide = VerifierProcess([*common, "--host", "0.0.0.0"], env=env)
+    moved = VerifierProcess([*common, "--metrics-host", "127.0.0.2"], env=env)
+    with wide, moved:  # both start at once
+        wide.wait_ready(180)
+        moved.wait_ready(180)
+        assert reachable("127.0.0.2", wide.port)  # the probe sees a wildcard bind
+        host, port = h.metrics_address(wide)
+        assert host == "127.0.0.1"
+        assert reachable("127.0.0.1", port) and not reachable("127.0.0.2", port)
+        host, port = h.metrics_address(moved)
+        assert host == "127.0.0.2"
+        assert reachable("127.0.0.2", port) and not reachable("127.0.0.1", port)
+        assert sample(scrape(host, port), "jaxspec_serving") == 1
+    assert wide.proc.returncode == moved.proc.returncode == 0
 
 
 def test_unauthenticated_client_error_is_precise(world):

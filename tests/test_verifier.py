@@ -15,6 +15,7 @@ import pytest
 
 import jaxspec
 from jaxspec.protocol import (
+    MAX_GAMMA,
     DraftBlock,
     DraftSpec,
     FailedPrecondition,
@@ -26,9 +27,10 @@ from jaxspec.protocol import (
 from jaxspec.sampling import Purpose, SamplingParams, session_key, uniforms
 from jaxspec.speculative import draft_q_for
 from jaxspec.testing import tiny_config, to_dtype
-from verify import LocalVerifier, Scheduler
+from verify import LocalVerifier, Scheduler, SchedulerConfig
+from verify.__main__ import build_parser, scheduler_config_from_args
 
-BUCKETS = dict(max_gamma=4, row_buckets=(1, 2, 4, 8), max_sessions=8, max_len=96)
+CONFIG = SchedulerConfig(max_gamma=4, row_buckets=(1, 2, 4, 8), max_sessions=8, max_len=96)
 
 
 def _models(dtype=jnp.float32):
@@ -111,7 +113,7 @@ def test_a_session_equals_colocated_speculative_generate(kw):
     with jax.enable_x64(True):
         t, d = _models(jnp.float64)
         cfg = session_config(prompt=(1, 2, 3, 4), max_new_tokens=14, gamma=3, **kw)
-        sched = Scheduler(t, **BUCKETS)
+        sched = Scheduler(t, CONFIG)
         sid = sched.open(cfg).session_id
         got = drive(sched, sid, RefDrafter(d, cfg))
         ref = jaxspec.generate(
@@ -148,9 +150,9 @@ def test_many_sessions_batched_equal_each_alone():
         ]
         alone = []
         for c in configs:
-            sched = Scheduler(t, **BUCKETS)
+            sched = Scheduler(t, CONFIG)
             alone.append(drive(sched, sched.open(c).session_id, RefDrafter(d, c)))
-        sched = Scheduler(t, **BUCKETS)
+        sched = Scheduler(t, CONFIG)
         sids = [sched.open(c).session_id for c in configs]
         drafters = [RefDrafter(d, c) for c in configs]
         sessions = [sched.sessions[s] for s in sids]
@@ -177,7 +179,7 @@ def test_many_sessions_batched_equal_each_alone():
 @pytest.fixture(scope="module")
 def warm():
     t, _ = _models()
-    sched = Scheduler(t, **BUCKETS)
+    sched = Scheduler(t, CONFIG)
     sched.warmup()
     return t, sched
 
@@ -226,9 +228,10 @@ def test_no_recompilation_after_warmup(warm):
 
 def test_a_flooding_tenant_cannot_starve_another():
     t, _ = _models()
-    sched = Scheduler(
-        t, max_gamma=2, row_buckets=(1, 2), max_sessions=8, max_len=64, max_queue_per_session=8
+    config = SchedulerConfig(
+        max_gamma=2, row_buckets=(1, 2), max_sessions=8, max_len=64, max_queue_per_session=8
     )
+    sched = Scheduler(t, config)
     cfg = SessionConfig(
         prompt=(1, 2),
         max_new_tokens=40,
@@ -263,16 +266,15 @@ def test_a_flooding_tenant_cannot_starve_another():
 def test_errors_are_precise_and_harmless():
     t, _ = _models()
     clock = [0.0]
-    sched = Scheduler(
-        t,
+    config = SchedulerConfig(
         max_gamma=4,
         row_buckets=(1, 2),
         max_sessions=2,
         max_len=64,
         max_queue_per_session=2,
         idle_timeout_s=10,
-        clock=lambda: clock[0],
     )
+    sched = Scheduler(t, config, clock=lambda: clock[0])
     cfg = SessionConfig(
         prompt=(1, 2, 3), max_new_tokens=8, draft=DraftSpec(gamma=2, encoding="full")
     )
@@ -330,13 +332,39 @@ def test_errors_are_precise_and_harmless():
         sched.submit(ok, "A")
 
 
+def test_scheduler_config_is_validated_once_and_derives_its_buckets():
+    c = SchedulerConfig(max_sessions=12, max_gamma=4)
+    assert c.row_buckets == (1, 2, 4, 8, 12) and c.width_buckets == (3, 5)
+    assert c.token_budget == 12 * 5
+    bad = [
+        dict(max_gamma=0),
+        dict(max_gamma=MAX_GAMMA + 1),
+        dict(max_sessions=0),
+        dict(max_len=0),
+        dict(idle_timeout_s=0.0),
+        dict(max_sessions=4, row_buckets=(1, 8)),  # a row bucket larger than the pool
+        dict(max_gamma=4, width_buckets=(3,)),  # no room for a full block
+        dict(max_gamma=4, width_buckets=(3, 9)),  # a width no block can have
+        dict(max_gamma=4, token_budget=4),  # no full block ever fits a step
+    ]
+    for kw in bad:
+        with pytest.raises(ValueError):
+            SchedulerConfig(**kw)
+    with pytest.raises(ValueError):
+        LocalVerifier(_models()[0])  # a model needs its SchedulerConfig
+    # `python -m verify serve` builds one config from its flags, rows over the data shards.
+    flags = ["serve", "--max-sessions", "12", "--max-gamma", "3", "--mesh", "data=4,model=2"]
+    c = scheduler_config_from_args(build_parser().parse_args(flags))
+    assert (c.max_sessions, c.max_gamma, c.row_buckets) == (12, 3, (4, 8, 12))
+
+
 def test_local_verifier_pipelined_blocks_in_flight():
     """Several blocks in flight per session, several sessions, one asyncio endpoint:
     greedy output equals plain greedy; a rejected block makes the next ones stale."""
     t, _ = _models()
 
     async def run():
-        v = LocalVerifier(t, **BUCKETS)
+        v = LocalVerifier(t, CONFIG)
         assert isinstance(v, jaxspec.protocol.VerifierEndpoint)
         prompts = [(1, 2, 3), (4, 5, 6, 7, 8)]
         plains = [jaxspec.generate(t, list(p), 16, temperature=0.0).tokens for p in prompts]
@@ -394,11 +422,12 @@ import json, sys, jax, jax.numpy as jnp, numpy as np
 jax.config.update("jax_enable_x64", True)
 sys.path.insert(0, "tests")
 import test_verifier as tv
+import dataclasses
 from verify import Scheduler, make_mesh
 t, d = tv._models(jnp.float64)
 mesh = make_mesh(int(sys.argv[1]), int(sys.argv[2])) if sys.argv[1] != "0" else None
-kw = dict(tv.BUCKETS, row_buckets=(4, 8)) if mesh else tv.BUCKETS  # rows over 4 data shards
-sched = Scheduler(t, mesh=mesh, **kw)
+config = dataclasses.replace(tv.CONFIG, row_buckets=(4, 8)) if mesh else tv.CONFIG  # 4 shards
+sched = Scheduler(t, config, mesh=mesh)
 outs = []
 for i, kw in enumerate(tv.CONFIGS):
     c = tv.session_config(prompt=(1, 2, 3 + i), max_new_tokens=8, gamma=3, **kw)

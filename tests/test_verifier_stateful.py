@@ -18,7 +18,7 @@ from hypothesis.stateful import (
 import jaxspec
 from jaxspec.protocol import DraftBlock, DraftSpec, NotFound, ResourceExhausted, SessionConfig
 from jaxspec.testing import tiny_config
-from verify import Scheduler
+from verify import Scheduler, SchedulerConfig
 
 MAX_SESSIONS, NEW = 4, 12
 
@@ -34,14 +34,14 @@ def target() -> jaxspec.Model:
 def scheduler() -> Scheduler:
     """One scheduler (and its compilations) for every example; each example must leave it
     empty, which the teardown checks."""
-    s = Scheduler(
-        target(),
+    config = SchedulerConfig(
         max_sessions=MAX_SESSIONS,
         max_len=64,
         max_gamma=4,
         row_buckets=(1, 2, 4),
         max_queue_per_session=4,
     )
+    s = Scheduler(target(), config)
     s.warmup()
     return s
 

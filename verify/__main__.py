@@ -1,12 +1,14 @@
-"""`python -m verify serve`: the verifier service (see verify/server.py).
+"""`python -m verify serve`: the verifier service (start-up in verify/serve.py).
 
     python -m verify serve --port 50051                        # default target, loopback, open
     python -m verify serve --checkpoint ckpt --host 0.0.0.0 --port 443 \\
         --tenants tenants.toml --tls-cert cert.pem --tls-key key.pem --mesh data=4,model=2
 
 It prints one line `jaxspec verifier serving <checkpoint> on <host>:<port>` once every step
-shape is compiled and it takes requests. SIGTERM (or Ctrl-C) drains: health NOT_SERVING, new
-sessions UNAVAILABLE, blocks already received answered, then exit 0.
+shape is compiled and it takes requests (with `--metrics-port`, the line goes on
+`, metrics on http://<metrics host>:<port>/metrics`; the metrics bind to loopback unless
+`--metrics-host` says otherwise, whatever `--host` is). SIGTERM (or Ctrl-C) drains: health
+NOT_SERVING, new sessions UNAVAILABLE, blocks already received answered, then exit 0.
 """
 
 from __future__ import annotations
@@ -17,6 +19,15 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+
+import jax.numpy as jnp
+
+import jaxspec
+from verify.local import LocalVerifier
+from verify.scheduler import SchedulerConfig, row_buckets_for
+from verify.serve import start
+from verify.step import make_mesh
+from verify.tenants import ANONYMOUS, Tenants
 
 log = logging.getLogger("verify")
 
@@ -52,42 +63,38 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--drain-timeout-s", type=float, default=30.0, help="most time to drain")
     s.add_argument("--drain-min-s", type=float, default=0.5, help="least time NOT_SERVING")
     s.add_argument("--metrics-port", type=int, default=None, help="Prometheus text over HTTP")
+    s.add_argument(
+        "--metrics-host", default="127.0.0.1", help="metrics bind address (default: loopback)"
+    )
     s.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
     s.add_argument("--no-warmup", action="store_true", help="compile lazily (tests, demos)")
     return p
 
 
-def make_verifier(args: argparse.Namespace):
-    """Load the target and build the scheduler the flags describe."""
-    import jax.numpy as jnp
-
-    import jaxspec
-    from verify.local import LocalVerifier
-    from verify.step import make_mesh
-
-    data, model_par = args.mesh
-    mesh = make_mesh(data, model_par) if data * model_par > 1 else None
-    model = jaxspec.load(args.checkpoint, dtype=getattr(jnp, args.dtype))
-    rows, b = [], data
-    while b < args.max_sessions:
-        rows.append(b)
-        b *= 2
-    rows.append(args.max_sessions)
-    return LocalVerifier(
-        model,
+def scheduler_config_from_args(args: argparse.Namespace) -> SchedulerConfig:
+    """The scheduler the flags describe: row buckets from --max-sessions, each a multiple of
+    the mesh's data shards."""
+    data, _ = args.mesh
+    return SchedulerConfig(
         max_sessions=args.max_sessions,
         max_len=args.max_len,
         max_gamma=args.max_gamma,
         max_sparse_k=args.max_sparse_k,
-        row_buckets=tuple(rows),
+        row_buckets=row_buckets_for(args.max_sessions, data),
         idle_timeout_s=args.idle_timeout_s,
-        mesh=mesh,
     )
 
 
-async def _serve(args: argparse.Namespace) -> int:
-    from verify.server import Tenants, start
+def make_verifier(args: argparse.Namespace) -> LocalVerifier:
+    """Load the target and build the verifier the flags describe."""
+    config = scheduler_config_from_args(args)  # before loading: bad flags fail fast
+    data, model_par = args.mesh
+    mesh = make_mesh(data, model_par) if data * model_par > 1 else None
+    model = jaxspec.load(args.checkpoint, dtype=getattr(jnp, args.dtype))
+    return LocalVerifier(model, config, mesh=mesh)
 
+
+async def _serve(args: argparse.Namespace) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")
     tls = None
@@ -98,7 +105,7 @@ async def _serve(args: argparse.Namespace) -> int:
         tenants = Tenants.load(args.tenants)
     else:
         tenants = Tenants(None)
-        log.warning("no --tenants file: every caller is accepted as tenant %r", "anonymous")
+        log.warning("no --tenants file: every caller is accepted as tenant %r", ANONYMOUS)
     verifier = make_verifier(args)
     if not args.no_warmup:
         await asyncio.get_running_loop().run_in_executor(None, verifier.scheduler.warmup)
@@ -110,12 +117,14 @@ async def _serve(args: argparse.Namespace) -> int:
         tls=tls,
         reflection=args.reflection,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    extra = f", metrics on :{server.metrics_port}" if server.metrics_port else ""
+    m = server.metrics
+    extra = f", metrics on http://{m.host}:{m.port}/metrics" if m is not None else ""
     print(
         f"jaxspec verifier serving {args.checkpoint} on {args.host}:{server.port}"
         f"{' (TLS)' if tls else ''}{extra}",

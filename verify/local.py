@@ -10,26 +10,38 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
 from jaxspec.model import Model
 from jaxspec.protocol import DraftBlock, SessionConfig, SessionInfo, VerifyResult
-from verify.scheduler import Scheduler
+from verify.scheduler import Scheduler, SchedulerConfig
 
 
 class LocalVerifier:
     """An asyncio `VerifierEndpoint` over a `Scheduler` (one tenant identity per instance
     unless `tenant` is given per call)."""
 
-    def __init__(self, model: Model | None = None, *, scheduler: Scheduler | None = None,
-                 tenant: str = "default", **scheduler_kw: Any):  # fmt: skip
+    def __init__(
+        self,
+        model: Model | None = None,
+        config: SchedulerConfig | None = None,
+        *,
+        scheduler: Scheduler | None = None,
+        mesh: Any = None,
+        tenant: str = "default",
+    ):
         if scheduler is None:
-            if model is None:
-                raise ValueError("give a model or a scheduler")
-            scheduler = Scheduler(model, **scheduler_kw)
+            if model is None or config is None:
+                raise ValueError("give a model and a SchedulerConfig, or a scheduler")
+            scheduler = Scheduler(model, config, mesh=mesh)
+        elif model is not None or config is not None or mesh is not None:
+            raise ValueError("give a model and a SchedulerConfig, or a scheduler, not both")
         self.scheduler = scheduler
+        # Called as fn(step seconds, live rows) after every verify step (e.g. metrics).
+        self.step_observers: list[Callable[[float, int], None]] = []
         self.tenant = tenant
         # JAX config contexts are per thread and ticks run in a worker thread: they take
         # the x64 setting in force where the verifier was made (e.g. `jax.enable_x64()`).
@@ -44,6 +56,7 @@ class LocalVerifier:
         view = LocalVerifier(scheduler=self.scheduler, tenant=tenant)
         view._x64 = self._x64
         view._lock, view._futures = self._lock, self._futures
+        view.step_observers = self.step_observers
         view._shared = self
         return view
 
@@ -69,6 +82,7 @@ class LocalVerifier:
                     )
                 if not busy:
                     break
+                steps = self.scheduler.metrics.steps
                 try:
                     results = await loop.run_in_executor(None, self._tick)
                 except Exception as e:  # a bug of ours: fail every waiting caller, loudly
@@ -78,6 +92,10 @@ class LocalVerifier:
                     self._futures.clear()
                     raise
                 self._resolve(results)
+                m = self.scheduler.metrics
+                if m.steps > steps:
+                    for observe in self.step_observers:
+                        observe(m.last_step_s, m.last_rows)
 
     def _tick(self) -> list[tuple[int, VerifyResult]]:
         with self._lock, jax.enable_x64(self._x64):

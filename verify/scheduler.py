@@ -28,6 +28,7 @@ import numpy as np
 
 from jaxspec.model import Model, init_cache
 from jaxspec.protocol import (
+    MAX_GAMMA,
     MODES,
     DraftBlock,
     FailedPrecondition,
@@ -111,55 +112,98 @@ def _bucket(n: int, buckets: tuple[int, ...]) -> int:
     raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
 
 
+def row_buckets_for(max_sessions: int, data: int = 1) -> tuple[int, ...]:
+    """Row buckets data, 2 data, 4 data, ... below `max_sessions`, then `max_sessions`: few
+    compiled step shapes, each a multiple of the mesh's `data` shards (when max_sessions is)."""
+    rows, b = [], data
+    while b < max_sessions:
+        rows.append(b)
+        b *= 2
+    return (*rows, max_sessions)
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """The scheduler's static settings, validated once here (`ValueError`).
+
+    `row_buckets` (batch rows per compiled step), `width_buckets` (block width = drafts + 1)
+    and `token_budget` (positions verified per step) are derived when left None: powers of two
+    up to `max_sessions`; (3, 5) below max_gamma + 1 and max_gamma + 1; the largest row bucket
+    times (max_gamma + 1). They are filled in at construction, so a `dataclasses.replace` that
+    changes `max_gamma` or `max_sessions` must give them again (or fails validation).
+    """
+
+    max_sessions: int = 64  # KV slots: live sessions at once
+    max_len: int = 512  # positions per slot (prompt + new tokens + max_gamma + 1)
+    max_gamma: int = 8  # the most drafts a block may carry here (<= protocol MAX_GAMMA)
+    max_sparse_k: int = 16  # the most q columns a sparse block may carry
+    row_buckets: tuple[int, ...] | None = None
+    width_buckets: tuple[int, ...] | None = None
+    token_budget: int | None = None
+    prefill_chunk: int = 64  # prompt positions prefilled per row per tick
+    max_queue_per_session: int = 8  # blocks in flight per session
+    max_pending: int = 4096  # blocks queued over all sessions
+    idle_timeout_s: float = 300.0  # a session idle this long is evicted
+
+    def __post_init__(self) -> None:
+        positive = ("max_sessions", "max_len", "max_sparse_k", "prefill_chunk",
+                    "max_queue_per_session", "max_pending")  # fmt: skip
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.max_gamma <= MAX_GAMMA:
+            raise ValueError(f"max_gamma must be in [1, {MAX_GAMMA}], got {self.max_gamma}")
+        if not self.idle_timeout_s > 0:
+            raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
+        width = self.max_gamma + 1
+        rows = self.row_buckets or row_buckets_for(self.max_sessions)
+        widths = self.width_buckets or (*(w for w in (3, 5) if w < width), width)
+        object.__setattr__(self, "row_buckets", tuple(sorted(set(rows))))
+        object.__setattr__(self, "width_buckets", tuple(sorted(set(widths))))
+        if self.token_budget is None:
+            object.__setattr__(self, "token_budget", self.row_buckets[-1] * width)
+        if self.row_buckets[0] < 1 or self.row_buckets[-1] > self.max_sessions:
+            raise ValueError(f"row buckets must be in [1, max_sessions={self.max_sessions}]")
+        if self.width_buckets[0] < 2 or self.width_buckets[-1] != width:
+            raise ValueError(
+                f"width buckets must be in [2, max_gamma + 1] and end at {width}, "
+                f"got {self.width_buckets}"
+            )
+        if self.token_budget < width:
+            raise ValueError(f"token_budget must hold one full block ({width} positions)")
+
+
 class Scheduler:
-    """Sessions, queues and the batch former over one target model and one slot pool."""
+    """Sessions, queues and the batch former over one target model and one slot pool.
+
+    `config` fixes the pool and the compiled shapes; `mesh` (from `verify.step.make_mesh`)
+    shards them over ("data", "model") devices; `clock` is for idle eviction (tests fake it).
+    """
 
     def __init__(
         self,
         model: Model,
+        config: SchedulerConfig,
         *,
-        max_sessions: int = 64,
-        max_len: int = 512,
-        max_gamma: int = 8,
-        max_sparse_k: int = 16,
-        row_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
-        width_buckets: tuple[int, ...] | None = None,
-        token_budget: int | None = None,
-        prefill_chunk: int = 64,
-        max_queue_per_session: int = 8,
-        max_pending: int = 4096,
-        idle_timeout_s: float = 300.0,
         mesh: Any = None,
         clock: Callable[[], float] = time.monotonic,
     ):
+        self.config = config
         self.model = model
         self.vocab = model.config.vocab_size
-        self.max_len = max_len
-        self.max_gamma = max_gamma
-        self.max_sparse_k = max_sparse_k
-        self.row_buckets = tuple(sorted(row_buckets))
-        widths = width_buckets or {w for w in (3, 5) if w < max_gamma + 1} | {max_gamma + 1}
-        self.width_buckets = tuple(sorted(widths))
-        if self.width_buckets[-1] < max_gamma + 1:
-            raise ValueError("the largest width bucket must hold max_gamma + 1 columns")
-        self.token_budget = token_budget or self.row_buckets[-1] * (max_gamma + 1)
-        self.prefill_chunk = prefill_chunk
-        self.max_queue_per_session = max_queue_per_session
-        self.max_pending = max_pending
-        self.idle_timeout_s = idle_timeout_s
         self.clock = clock
         self.mesh = mesh
         if mesh is not None:
             data = mesh.shape["data"]
-            if max_sessions % data or any(b % data for b in self.row_buckets):
+            if config.max_sessions % data or any(b % data for b in config.row_buckets):
                 raise ValueError(f"slots and row buckets must be multiples of data={data}")
         self.params = model.params if mesh is None else shard_params(model.params, mesh)
-        cache = init_cache(model.config, max_sessions, max_len, model.dtype)
+        cache = init_cache(model.config, config.max_sessions, config.max_len, model.dtype)
         self.cache = cache if mesh is None else jax.device_put(cache, cache_sharding(mesh))
         self._step = make_verify_step(model.module, mesh)
         self._prefill = make_prefill(model.module, mesh)
         self.sessions: dict[str, Session] = {}
-        self.free_slots = list(range(max_sessions))[::-1]
+        self.free_slots = list(range(config.max_sessions))[::-1]
         self.tenant_tokens: collections.Counter[str] = collections.Counter()
         self.metrics = Metrics()
         self._ticket = 0
@@ -188,7 +232,7 @@ class Scheduler:
         return SessionInfo(
             session_id=sid,
             max_gamma=config.draft.gamma,
-            max_sparse_k=self.max_sparse_k,
+            max_sparse_k=self.config.max_sparse_k,
             vocab_size=self.vocab,
             max_new_tokens=config.max_new_tokens,
         )
@@ -206,7 +250,9 @@ class Scheduler:
         if c.mode not in MODES:
             raise InvalidArgument(f"mode must be one of {MODES}")
         c.draft.check(
-            vocab_size=self.vocab, max_gamma=self.max_gamma, max_sparse_k=self.max_sparse_k
+            vocab_size=self.vocab,
+            max_gamma=self.config.max_gamma,
+            max_sparse_k=self.config.max_sparse_k,
         )
         if c.max_new_tokens < 1:
             raise InvalidArgument("max_new_tokens must be >= 1")
@@ -217,11 +263,11 @@ class Scheduler:
                 raise InvalidArgument(f"committed token ids must be in [0, {self.vocab})")
             if len(c.committed) >= c.max_new_tokens or set(c.committed) & self._stops(c):
                 raise InvalidArgument("the committed tokens already finish this session")
-        need = len(c.prompt) + c.max_new_tokens + self.max_gamma + 1
-        if need > self.max_len:
+        need = len(c.prompt) + c.max_new_tokens + self.config.max_gamma + 1
+        if need > self.config.max_len:
             raise InvalidArgument(
                 f"prompt ({len(c.prompt)}) + max_new_tokens ({c.max_new_tokens}) + gamma "
-                f"does not fit the verifier's max length {self.max_len}"
+                f"does not fit the verifier's max length {self.config.max_len}"
             )
         try:
             SamplingParams.make(1, c.temperature, c.top_k, c.top_p)
@@ -251,7 +297,7 @@ class Scheduler:
         now = self.clock()
         out = []
         for s in list(self.sessions.values()):
-            if not s.queue and now - s.last_active > self.idle_timeout_s:
+            if not s.queue and now - s.last_active > self.config.idle_timeout_s:
                 out += self._drop(s)
         return out
 
@@ -264,9 +310,10 @@ class Scheduler:
         """Validate and queue a block; returns its ticket (the result comes from `tick`)."""
         s = self.get(block.session_id, tenant)
         self._validate_block(s, block)
-        if len(s.queue) >= self.max_queue_per_session:
-            raise ResourceExhausted(f"more than {self.max_queue_per_session} blocks in flight")
-        if self.pending() >= self.max_pending:
+        c = self.config
+        if len(s.queue) >= c.max_queue_per_session:
+            raise ResourceExhausted(f"more than {c.max_queue_per_session} blocks in flight")
+        if self.pending() >= c.max_pending:
             raise ResourceExhausted("the verifier is overloaded")
         self._ticket += 1
         s.queue.append((self._ticket, block))
@@ -344,8 +391,8 @@ class Scheduler:
         )
         for s in sorted(ready, key=lambda s: s.queue[0][0]):  # oldest block first
             by_tenant[s.tenant].append(s)
-        chosen, budget = [], self.token_budget
-        while by_tenant and len(chosen) < self.row_buckets[-1]:
+        chosen, budget = [], self.config.token_budget
+        while by_tenant and len(chosen) < self.config.row_buckets[-1]:
             tenant = min(by_tenant, key=lambda t: (counters[t], t))
             s = by_tenant[tenant][0]
             cost = len(s.queue[0][1].tokens) + 1
@@ -361,8 +408,8 @@ class Scheduler:
 
     def _verify_tick(self, rows: list[Session]) -> list[tuple[int, VerifyResult]]:
         blocks = [s.queue.popleft() for s in rows]
-        R = _bucket(len(rows), self.row_buckets)
-        W = _bucket(max(len(b.tokens) for _, b in blocks) + 1, self.width_buckets)
+        R = _bucket(len(rows), self.config.row_buckets)
+        W = _bucket(max(len(b.tokens) for _, b in blocks) + 1, self.config.width_buckets)
         batch = self._build_batch(rows, [b for _, b in blocks], R, W)
         jax.block_until_ready(self.cache)  # a prefill still in flight is not this step's time
         t0 = time.perf_counter()
@@ -414,7 +461,7 @@ class Scheduler:
         )
 
     def _build_batch(self, rows: list[Session], blocks: list[DraftBlock], R: int, W: int):
-        K, k = W - 1, self.max_sparse_k
+        K, k = W - 1, self.config.max_sparse_k
         tokens = np.zeros((R, W), np.int32)
         start = np.ones(R, np.int32)
         num_draft = np.zeros(R, np.int32)
@@ -471,8 +518,9 @@ class Scheduler:
         todo = [s for s in self.sessions.values() if not s.ready_to_verify]
         if not todo:
             return
-        todo = todo[: self.row_buckets[-1]]
-        R, C = _bucket(len(todo), self.row_buckets), self.prefill_chunk
+        rows = self.config.row_buckets
+        todo = todo[: rows[-1]]
+        R, C = _bucket(len(todo), rows), self.config.prefill_chunk
         tokens = np.zeros((R, C), np.int32)
         positions = np.zeros((R, C), np.int32)
         valid = np.zeros((R, C), bool)
@@ -494,11 +542,11 @@ class Scheduler:
     def warmup(self) -> None:
         """Compile every (rows, width) bucket of the step and every prefill bucket now, so
         no request ever waits for a compilation (filler rows change nothing)."""
-        for R in self.row_buckets:
-            for W in self.width_buckets:
+        for R in self.config.row_buckets:
+            for W in self.config.width_buckets:
                 batch = self._build_batch([], [], R, W)
                 self.cache, _ = self._step(self.params, self.cache, batch)
-            C = self.prefill_chunk
+            C = self.config.prefill_chunk
             z = jnp.zeros((R, C), jnp.int32)
             self.cache = self._prefill(
                 self.params, self.cache, z, z, jnp.zeros((R, C), bool), jnp.zeros(R, jnp.int32)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
-from verify import Scheduler
+from verify import Scheduler, SchedulerConfig
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -49,13 +49,12 @@ def step_flops(model: Any, rows: int, width: int, context: int) -> float:
 
 def make_scheduler(
     model: Any, *, rows: Sequence[int], gamma: int, max_len: int, max_sparse_k: int = 16
-) -> Any:
+) -> Scheduler:
     """A warmed-up `verify.Scheduler` with one row bucket per size in `rows` and one width
     bucket (gamma + 1), so every section of a run shares its compilations."""
 
     rows = tuple(sorted(set(rows)))
-    sched = Scheduler(
-        model,
+    config = SchedulerConfig(
         max_sessions=rows[-1],
         max_len=max_len,
         max_gamma=gamma,
@@ -63,6 +62,7 @@ def make_scheduler(
         row_buckets=rows,
         width_buckets=(gamma + 1,),
     )
+    sched = Scheduler(model, config)
     sched.warmup()
     return sched
 

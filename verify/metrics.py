@@ -1,0 +1,135 @@
+"""The verifier service's Prometheus metrics (`prometheus_client`), and their HTTP endpoint.
+
+Each service has its own `CollectorRegistry` (not the process-global one: tests and tools
+run several services in one process). What the registry exposes:
+
+  counters   jaxspec_drafted_tokens_total{tenant}      drafts verified
+             jaxspec_accepted_tokens_total{tenant}     drafts accepted
+             jaxspec_committed_tokens_total{tenant}    tokens committed
+             jaxspec_stale_blocks_total{tenant}        blocks answered stale
+             jaxspec_sessions_opened_total{tenant}     sessions opened
+             jaxspec_rejected_requests_total{method,status}  requests refused, by gRPC status
+             jaxspec_verify_steps_total                batched verify steps (the scheduler's)
+  histograms jaxspec_block_seconds{tenant}             a block's time in the service
+             jaxspec_verify_step_seconds               one batched verify step
+             jaxspec_batch_rows                        live rows per step (le = row buckets)
+  gauges     jaxspec_sessions, jaxspec_queued_blocks, jaxspec_batch_occupancy (mean live /
+             padded rows), jaxspec_serving (1 unless draining)
+
+The gauges and the step counter are read from the service's `stats()` at scrape time, in the
+HTTP server's thread. The endpoint is prometheus_client's own (`start_wsgi_server`) and
+binds to loopback unless told otherwise: metrics name tenants, and carry no auth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_wsgi_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+PREFIX = "jaxspec_"
+
+
+class _StatsCollector(Collector):
+    """Gauges (and the step counter) read from `stats()` when scraped."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]):
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        yield GaugeMetricFamily(PREFIX + "sessions", "live sessions", value=s["sessions"])
+        yield GaugeMetricFamily(PREFIX + "queued_blocks", "blocks waiting", s["queued_blocks"])
+        yield CounterMetricFamily(PREFIX + "verify_steps", "batched verify steps", s["steps"])
+        yield GaugeMetricFamily(
+            PREFIX + "batch_occupancy", "mean live/padded rows per step", s["mean_occupancy"]
+        )
+        yield GaugeMetricFamily(PREFIX + "serving", "1 unless draining", int(s["serving"]))
+
+
+class ServiceMetrics:
+    """The counters and histograms a `VerifierService` updates, in one registry.
+
+    `stats` gives the scheduler's figures (see `VerifierService.stats`); `row_buckets` are
+    the scheduler's, so the rows histogram shows which compiled step shapes are used.
+    """
+
+    def __init__(self, stats: Callable[[], dict[str, Any]], row_buckets: Sequence[int]):
+        self.registry = CollectorRegistry()
+        r, tenant = self.registry, ["tenant"]
+        self.drafted = Counter(PREFIX + "drafted_tokens", "drafts verified", tenant, registry=r)
+        self.accepted = Counter(PREFIX + "accepted_tokens", "drafts accepted", tenant, registry=r)
+        self.committed = Counter(
+            PREFIX + "committed_tokens", "tokens committed", tenant, registry=r
+        )
+        self.stale = Counter(PREFIX + "stale_blocks", "blocks answered stale", tenant, registry=r)
+        self.sessions_opened = Counter(
+            PREFIX + "sessions_opened", "sessions opened", tenant, registry=r
+        )
+        self.rejected = Counter(
+            PREFIX + "rejected_requests",
+            "requests refused, by gRPC status",
+            ["method", "status"],
+            registry=r,
+        )
+        self.block_seconds = Histogram(
+            PREFIX + "block_seconds",
+            "a block's time in the service, received to answered (rate limit, queue, step)",
+            tenant,
+            registry=r,
+        )
+        self.step_seconds = Histogram(
+            PREFIX + "verify_step_seconds", "one batched verify step", registry=r
+        )
+        self.batch_rows = Histogram(
+            PREFIX + "batch_rows",
+            "live rows per verify step",
+            buckets=[float(b) for b in sorted(row_buckets)],
+            registry=r,
+        )
+        r.register(_StatsCollector(stats))
+
+    def observe_step(self, seconds: float, rows: int) -> None:
+        """One verify step (a `LocalVerifier.step_observers` callback)."""
+        self.step_seconds.observe(seconds)
+        self.batch_rows.observe(rows)
+
+    def count_block(
+        self, tenant: str, *, stale: bool, drafted: int, accepted: int, committed: int
+    ) -> None:
+        """One answered block of `tenant`: a stale one counts as stale only."""
+        if stale:
+            self.stale.labels(tenant).inc()
+            return
+        self.drafted.labels(tenant).inc(drafted)
+        self.accepted.labels(tenant).inc(accepted)
+        self.committed.labels(tenant).inc(committed)
+
+
+@dataclasses.dataclass
+class MetricsServer:
+    """A running HTTP endpoint (any path answers the exposition) and its bound address."""
+
+    httpd: WSGIServer
+    thread: threading.Thread
+    host: str
+    port: int
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5.0)
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
+    """Serve `registry` on http://host:port (0 picks a free port) from a daemon thread."""
+    httpd, thread = start_wsgi_server(port, addr=host, registry=registry)
+    bound_host, bound_port = httpd.server_address[:2]
+    return MetricsServer(httpd, thread, str(bound_host), int(bound_port))

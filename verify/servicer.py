@@ -1,0 +1,212 @@
+"""`VerifierService`: the `jaxspec.v1.Verifier` gRPC servicer over `LocalVerifier`
+(docs/design.md §4).
+
+    caller --Bearer token--> tenant --> OpenSession / Verify stream / CloseSession / Stats
+                                           |
+                              LocalVerifier (one scheduler, one batched step per tick)
+
+Every RPC authenticates first (no state is created for an unknown caller); every protocol
+error leaves as its own status (`jaxspec.protocol` names it), never UNKNOWN. A Verify stream
+carries one session: blocks are answered in order; a client that goes away (cancel,
+disconnect, deadline) frees its session's slot. Setting `draining` stops taking sessions and
+blocks; what was taken is answered, then every stream ends with UNAVAILABLE so clients resume
+elsewhere — with exactly the tokens they would have had, because draws are keyed by position.
+Start-up, health and the drain's timing are `verify.serve`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from jaxspec import wire
+from jaxspec.proto import verifier_pb2 as pb
+from jaxspec.proto import verifier_pb2_grpc as pb_grpc
+from jaxspec.protocol import (
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+    VerifierError,
+)
+from verify.local import LocalVerifier
+from verify.metrics import ServiceMetrics
+from verify.tenants import RateLimits, Tenant, Tenants
+
+
+class VerifierService(pb_grpc.VerifierServicer):
+    """The `jaxspec.v1.Verifier` servicer; `verifier` does the work, `tenants` the auth,
+    `metrics` (its own Prometheus registry) counts what happens."""
+
+    def __init__(self, verifier: LocalVerifier, tenants: Tenants):
+        self.verifier = verifier
+        self.tenants = tenants
+        self.rate_limits = RateLimits()
+        self.metrics = ServiceMetrics(self.stats, verifier.scheduler.config.row_buckets)
+        verifier.step_observers.append(self.metrics.observe_step)
+        self.draining = asyncio.Event()
+        self.streams = 0
+        self.answered_draining = 0  # blocks answered while draining
+        self.unanswered_draining = 0  # taken, then the stream ended in the drain: must stay 0
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    async def _fail(self, context: Any, method: str, code: str, message: str) -> None:
+        self.metrics.rejected.labels(method, code).inc()
+        await context.abort(grpc.StatusCode[code], message)
+
+    async def _auth(self, context: Any, method: str) -> Tenant:
+        tenant = self.tenants.identify(context.invocation_metadata())
+        if tenant is None:
+            await self._fail(context, method, "UNAUTHENTICATED", "missing or invalid token")
+        return tenant
+
+    def _live_sessions(self, tenant: str) -> int:
+        return sum(s.tenant == tenant for s in list(self.verifier.scheduler.sessions.values()))
+
+    # ---- RPCs ----------------------------------------------------------------------------
+
+    async def OpenSession(
+        self, request: pb.OpenSessionRequest, context: Any
+    ) -> pb.OpenSessionResponse:
+        tenant = await self._auth(context, "OpenSession")
+        if self.draining.is_set():
+            await self._fail(context, "OpenSession", "UNAVAILABLE", "the verifier is draining")
+        try:
+            if self._live_sessions(tenant.name) >= tenant.max_sessions:
+                raise ResourceExhausted(f"tenant limit of {tenant.max_sessions} live sessions")
+            config = wire.config_from_proto(request)
+            info = await self.verifier.for_tenant(tenant.name).open_session(config)
+        except VerifierError as e:
+            await self._fail(context, "OpenSession", e.code, str(e))
+        self.metrics.sessions_opened.labels(tenant.name).inc()
+        return wire.info_to_proto(info)
+
+    async def CloseSession(
+        self, request: pb.CloseSessionRequest, context: Any
+    ) -> pb.CloseSessionResponse:
+        tenant = await self._auth(context, "CloseSession")
+        try:
+            await self.verifier.for_tenant(tenant.name).close_session(request.session_id)
+        except VerifierError as e:
+            await self._fail(context, "CloseSession", e.code, str(e))
+        return pb.CloseSessionResponse()
+
+    async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
+        await self._auth(context, "Stats")
+        return pb.StatsResponse(**self.stats())
+
+    def stats(self) -> dict[str, Any]:
+        """The scheduler's figures (the Stats RPC, and the metrics' gauges at scrape time,
+        from another thread: the session table is copied before it is read)."""
+        sch = self.verifier.scheduler
+        m = sch.metrics
+        sessions = list(sch.sessions.values())
+        return dict(
+            sessions=len(sessions),
+            queued_blocks=sum(len(s.queue) for s in sessions),
+            steps=m.steps,
+            last_step_s=m.last_step_s,
+            last_rows=m.last_rows,
+            last_bucket_rows=m.last_bucket_rows,
+            mean_occupancy=m.mean_occupancy,
+            tokens_committed=m.tokens_committed,
+            serving=not self.draining.is_set(),
+        )
+
+    async def Verify(
+        self, request_iterator: AsyncIterator[pb.DraftBlock], context: Any
+    ) -> AsyncIterator[pb.VerifyResult]:
+        """Blocks of one session up, results down in order. Errors end the stream with their
+        status after every earlier block's result (the session stays for a new stream);
+        the end of the stream — half-close, cancel, a vanished client — closes the session."""
+        tenant = await self._auth(context, "Verify")
+        endpoint = self.verifier.for_tenant(tenant.name)
+        # (block, received at, future of its result), or an error, or None (the end)
+        items: asyncio.Queue[Any] = asyncio.Queue()
+        session: list[str] = []  # the stream's session id, once known
+        counts = [0, 0]  # this stream's blocks taken, answered
+
+        async def read() -> None:
+            try:
+                async for msg in request_iterator:
+                    if self.draining.is_set():
+                        raise Unavailable("the verifier is draining: resume the session")
+                    received = time.perf_counter()
+                    block = wire.block_from_proto(msg)
+                    if not session:
+                        endpoint.scheduler.get(block.session_id, tenant.name)  # NotFound
+                        session.append(block.session_id)
+                    elif block.session_id != session[0]:
+                        raise InvalidArgument("a Verify stream carries one session")
+                    await self.rate_limits.take(tenant, len(block.tokens) + 1)
+                    fut = asyncio.ensure_future(endpoint.verify(block))
+                    items.put_nowait((block, received, fut))
+                    counts[0] += 1
+                items.put_nowait(None)
+            except VerifierError as e:
+                items.put_nowait(e)
+            except grpc.RpcError:
+                items.put_nowait(None)  # the client went away: the writer sees the cancel
+
+        reader = asyncio.ensure_future(read())
+        drain = asyncio.ensure_future(self.draining.wait())
+        self.streams += 1
+        keep = False  # True: the stream failed on bad input, the session stays
+        try:
+            while True:
+                if items.empty() and drain.done() and reader.done():
+                    raise Unavailable("the verifier is draining: resume the session")
+                get = asyncio.ensure_future(items.get())
+                await asyncio.wait({get, drain}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    # Draining: stop reading; answer what was taken, then end the stream.
+                    reader.cancel()
+                    await asyncio.gather(reader, return_exceptions=True)
+                    continue
+                item = get.result()
+                if item is None:  # half-closed, or a vanished client seen as one
+                    return
+                if isinstance(item, VerifierError):
+                    raise item
+                block, received, fut = item
+                res = await fut
+                self.metrics.count_block(
+                    tenant.name,
+                    stale=res.stale,
+                    drafted=len(block.tokens),
+                    accepted=res.accepted,
+                    committed=len(res.tokens),
+                )
+                self.metrics.block_seconds.labels(tenant.name).observe(
+                    time.perf_counter() - received
+                )
+                yield wire.result_to_proto(res)
+                self.answered_draining += self.draining.is_set()
+                counts[1] += 1
+        except VerifierError as e:
+            keep = True  # the session stays; the client may open another stream
+            await self._fail(context, "Verify", e.code, str(e))
+        finally:
+            self.streams -= 1
+            drain.cancel()
+            reader.cancel()
+            if self.draining.is_set():
+                self.unanswered_draining += counts[0] - counts[1]
+            if not keep and session and not self.draining.is_set():
+                # Ended, cancelled, disconnected or past its deadline (a killed client can
+                # look like a half-close): nobody will send or read more, so the slot goes
+                # back to the pool now.
+                await self._close_quietly(endpoint, session[0])
+
+    @staticmethod
+    async def _close_quietly(endpoint: LocalVerifier, session_id: str) -> None:
+        try:
+            await endpoint.close_session(session_id)
+        except NotFound:
+            pass  # closed already (CloseSession, eviction, the other path here)

@@ -1,0 +1,128 @@
+"""Who may call the verifier service, and how fast (docs/design.md §4).
+
+`Tenants` maps a Bearer token to a `Tenant` (a TOML file of tenants, or — no file — everyone
+as one anonymous tenant). Only SHA-256 digests of tokens are kept, and a token is compared in
+constant time. `RateLimits` holds one token bucket per tenant that has a `tokens_per_s` limit:
+a Verify stream waits for its tenant's bucket before it queues a block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import hmac
+import pathlib
+import time
+import tomllib
+from typing import Any
+
+ANONYMOUS = "anonymous"
+
+
+@dataclasses.dataclass(frozen=True)
+class Tenant:
+    """One caller identity and its limits."""
+
+    name: str
+    token_sha256: str  # never the token itself: nothing that could leak it is kept
+    max_sessions: int = 16  # live sessions at once
+    tokens_per_s: float = 0.0  # verified positions per second; 0 = unlimited
+
+
+class Tenants:
+    """Bearer-token tenants from a TOML file, or (no file) everyone as one anonymous tenant.
+
+    [tenants.alice]
+    token = "..."            # or token_sha256 = "<hex>" to keep the secret out of the file
+    max_sessions = 16        # live sessions at once
+    tokens_per_s = 400       # verified positions per second (drafts + 1 per block), 0 = off
+    """
+
+    def __init__(self, tenants: list[Tenant] | None, anonymous: Tenant | None = None):
+        self.open = tenants is None
+        self.by_hash = {t.token_sha256: t for t in tenants or ()}
+        self.anonymous = anonymous or Tenant(ANONYMOUS, "", max_sessions=1 << 30)
+
+    @classmethod
+    def load(cls, path: str | pathlib.Path) -> Tenants:
+        """Read a tenants file; `ValueError` names what is wrong with it."""
+        try:
+            raw = tomllib.loads(pathlib.Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ValueError(f"cannot read tenants file {path}: {e}") from None
+        out = []
+        for name, t in raw.get("tenants", {}).items():
+            if not isinstance(t, dict) or ("token" in t) == ("token_sha256" in t):
+                raise ValueError(f"tenant {name!r} needs exactly one of token / token_sha256")
+            digest = t.get("token_sha256") or token_sha256(str(t["token"]))
+            out.append(
+                Tenant(
+                    name=name,
+                    token_sha256=digest.lower(),
+                    max_sessions=int(t.get("max_sessions", 16)),
+                    tokens_per_s=float(t.get("tokens_per_s", 0.0)),
+                )
+            )
+        if not out:
+            raise ValueError(f"tenants file {path} defines no [tenants.<name>] table")
+        if len({t.token_sha256 for t in out}) != len(out):
+            raise ValueError("two tenants share a token")
+        return cls(out)
+
+    def identify(self, metadata: Any) -> Tenant | None:
+        """The caller's tenant from `authorization: Bearer <token>` metadata, else None."""
+        if self.open:
+            return self.anonymous
+        token = None
+        for key, value in metadata or ():
+            if key == "authorization" and isinstance(value, str):
+                scheme, _, rest = value.partition(" ")
+                if scheme.lower() == "bearer" and rest:
+                    token = rest.strip()
+        if token is None:
+            return None
+        digest = token_sha256(token)
+        for known, tenant in self.by_hash.items():  # constant time per comparison
+            if hmac.compare_digest(known, digest):
+                return tenant
+        return None
+
+
+def token_sha256(token: str) -> str:
+    """The hex digest a tenants file may hold instead of the token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenBucket:
+    """`rate` per second, bursts up to one second's worth (or one cost, if larger)."""
+
+    def __init__(self, rate: float):
+        self.rate = rate
+        self.level = rate
+        self.t = time.monotonic()
+
+    async def take(self, cost: float) -> None:
+        """Wait until `cost` is available, then spend it."""
+        while True:
+            now = time.monotonic()
+            self.level = min(max(self.rate, cost), self.level + (now - self.t) * self.rate)
+            self.t = now
+            if self.level >= cost:
+                self.level -= cost
+                return
+            await asyncio.sleep((cost - self.level) / self.rate)
+
+
+class RateLimits:
+    """One `TokenBucket` per rate-limited tenant, shared by all of its streams."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[str, TokenBucket] = {}
+
+    async def take(self, tenant: Tenant, cost: float) -> None:
+        """Wait for `cost` verified positions of `tenant`'s rate (no wait if unlimited)."""
+        if tenant.tokens_per_s <= 0:
+            return
+        bucket = self._buckets.setdefault(tenant.name, TokenBucket(tenant.tokens_per_s))
+        await bucket.take(cost)
