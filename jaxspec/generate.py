@@ -24,7 +24,7 @@ from jaxspec.model import KVCache, Llama, Model, init_cache
 from jaxspec.protocol import MODES, DraftSpec
 from jaxspec.sampling import Purpose, SamplingParams, sample_at, session_keys
 from jaxspec.shapes import bucket
-from jaxspec.speculative import SpecCounters, SpecStats, speculative_decode
+from jaxspec.speculative import DecodeBatch, SpecCounters, SpecStats, speculative_decode
 
 PromptIds = Sequence[int] | Sequence[Sequence[int]] | np.ndarray
 
@@ -223,22 +223,22 @@ def _run_chunk(
     for i, r in enumerate(rows):
         prompt[i, : len(r)] = r
         lengths[i] = len(r)
-    args = (
-        jnp.asarray(prompt),
-        jnp.asarray(lengths),
-        jax.tree.map(lambda a: a[lo:hi], params).pad(B),
-        jnp.pad(keys[lo:hi], ((0, B - b), (0, 0))),
-        stop_arr,
-        jnp.int32(max_new),
-        jnp.int32(b),
+    batch = DecodeBatch(
+        prompt=jnp.asarray(prompt),
+        lengths=jnp.asarray(lengths),
+        sampling=jax.tree.map(lambda a: a[lo:hi], params).pad(B),
+        keys=jnp.pad(keys[lo:hi], ((0, B - b), (0, 0))),
+        stop_ids=stop_arr,
+        max_new=jnp.int32(max_new),
+        num_live=jnp.int32(b),
     )
     if draft is None:
-        out = _decode(model.module, model.params, *args, N)
+        out = _decode(model.module, model.params, batch, N)
         counters = None
     else:
         sync = jnp.full((B,), mode == "sync")
         out, counters = speculative_decode(
-            model.module, draft.module, model.params, draft.params, *args, sync,
+            model.module, draft.module, model.params, draft.params, batch, sync,
             spec=spec, buffer=N, mutant=mutant,
         )  # fmt: skip
     return np.asarray(out)[:b, :max_new], counters
@@ -267,16 +267,12 @@ class DecodeState:
 def _decode(
     module: Llama,
     params: Any,
-    prompt_BT: jax.Array,
-    lengths_B: jax.Array,
-    sampling: SamplingParams,
-    keys_B2: jax.Array,
-    stop_ids: jax.Array,
-    max_new: jax.Array,
-    num_live: jax.Array,
+    batch: DecodeBatch,
     buffer: int,
 ) -> jax.Array:
     """Prefill, then a while loop of single-token steps; returns `[B, buffer]` (-1 padded)."""
+    prompt_BT, lengths_B, keys_B2 = batch.prompt, batch.lengths, batch.keys
+    sampling, stop_ids, max_new = batch.sampling, batch.stop_ids, batch.max_new
     B, T = prompt_BT.shape
     cache = init_cache(module.config, B, T + buffer, module.dtype)
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
@@ -285,7 +281,7 @@ def _decode(
     last = jnp.take_along_axis(logits, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
     tok = sample_at(last, sampling, keys_B2, lengths_B, Purpose.TARGET)
     out = jnp.full((B, buffer), -1, jnp.int32).at[:, 0].set(tok)
-    filler = jnp.arange(B) >= num_live
+    filler = jnp.arange(B) >= batch.num_live
     done = jnp.isin(tok, stop_ids) | (max_new <= 1) | filler
 
     def cond(s: DecodeState) -> jax.Array:

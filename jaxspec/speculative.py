@@ -76,6 +76,29 @@ class SpecStats:
 
 
 @flax.struct.dataclass(kw_only=True)
+class DecodeBatch:
+    """What both decoders take (`generate._decode`, `speculative_decode`): B bucketed rows.
+
+    Fields:
+      prompt: `[B, T]` int32 prompts, right-padded.
+      lengths: `[B]` int32 prompt lengths (>= 1).
+      sampling: `SamplingParams` of B rows.
+      keys: `[B, 2]` uint32 session keys.
+      stop_ids: `[S]` int32 ids that end a row (kept in its output).
+      max_new: `[]` int32, new tokens per row at most.
+      num_live: `[]` int32; rows >= num_live are filler (done from the start).
+    """
+
+    prompt: jax.Array
+    lengths: jax.Array
+    sampling: SamplingParams
+    keys: jax.Array
+    stop_ids: jax.Array
+    max_new: jax.Array
+    num_live: jax.Array
+
+
+@flax.struct.dataclass(kw_only=True)
 class SpecCounters:
     """The speculative loop's counters, summed over live rows and rounds (traced).
 
@@ -233,13 +256,7 @@ def speculative_decode(
     draft: Llama,
     target_params: Any,
     draft_params: Any,
-    prompt_BT: jax.Array,
-    lengths_B: jax.Array,
-    sampling: SamplingParams,
-    keys_B2: jax.Array,
-    stop_ids: jax.Array,
-    max_new: jax.Array,
-    num_live: jax.Array,
+    batch: DecodeBatch,
     sync_B: jax.Array,
     *,
     spec: DraftSpec,
@@ -248,6 +265,8 @@ def speculative_decode(
 ) -> tuple[jax.Array, SpecCounters]:
     """The jitted round loop (`spec.gamma` drafts per round, q sent as `spec.encoding`);
     returns new tokens `[B, buffer]` (-1 padded) and the counters."""
+    prompt_BT, lengths_B, keys_B2 = batch.prompt, batch.lengths, batch.keys
+    sampling, stop_ids, max_new = batch.sampling, batch.stop_ids, batch.max_new
     B, T = prompt_BT.shape
     K = spec.gamma
     S = T + buffer + K + 1
@@ -318,7 +337,7 @@ def speculative_decode(
         num_new=jnp.zeros(B, jnp.int32),
         prev=prev_B,
         last=last_B,
-        done=jnp.arange(B) >= num_live,
+        done=jnp.arange(B) >= batch.num_live,
         target_cache=tcache,
         draft_cache=dcache,
         counters=SpecCounters.zeros(K),
