@@ -95,10 +95,10 @@ class SamplingParams:
         """Broadcast scalars or per-row lists to `[rows]` arrays, validating every value."""
 
         def col(x, dtype, name):
-            a = np.broadcast_to(np.asarray(x, dtype), (rows,)).copy()
-            if a.shape != (rows,):
+            a = np.asarray(x, dtype)
+            if a.shape not in ((), (1,), (rows,)):
                 raise ValueError(f"{name} has {a.shape} values for {rows} rows")
-            return a
+            return np.broadcast_to(a, (rows,)).copy()
 
         t = col(temperature, np.float32, "temperature")
         k = col(top_k, np.int32, "top_k")

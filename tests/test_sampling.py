@@ -110,7 +110,7 @@ def test_position_keys_are_pure_functions_of_seed_position_purpose():
         ({"top_k": -1}, "top_k"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
-        ({"temperature": [1.0, 0.5]}, ""),
+        ({"temperature": [1.0, 0.5]}, "temperature has .2,. values for 3 rows"),
     ],
 )
 def test_bad_sampling_params_are_rejected(kw, message):
