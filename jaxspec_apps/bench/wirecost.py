@@ -19,7 +19,7 @@ from typing import Any
 from edge.drafter import Drafter
 from edge.session import run_session
 from jaxspec import wire
-from jaxspec.protocol import SessionConfig
+from jaxspec.protocol import DraftSpec, SessionConfig
 from verify import LocalVerifier
 
 
@@ -45,12 +45,12 @@ class CountingEndpoint:
         await self.inner.close_session(session_id)
 
 
-def encodings(sparse_ks: Sequence[int]) -> list[tuple[str, str, int]]:
-    """(label, encoding, sparse_k) for full, sparse at each k, and onehot."""
+def encodings(gamma: int, sparse_ks: Sequence[int]) -> list[tuple[str, DraftSpec]]:
+    """(label, draft spec) for full, sparse at each k, and onehot, all `gamma` drafts a block."""
     return [
-        ("full", "full", 8),
-        *((f"sparse{k}", "sparse", k) for k in sparse_ks),
-        ("onehot", "onehot", 8),
+        ("full", DraftSpec(gamma=gamma, encoding="full")),
+        *((f"sparse{k}", DraftSpec(gamma=gamma, encoding="sparse", sparse_k=k)) for k in sparse_ks),
+        ("onehot", DraftSpec(gamma=gamma, encoding="onehot")),
     ]
 
 
@@ -89,10 +89,10 @@ def run(
     """One row per encoding: bytes up/down per committed token and alpha, over one sampled
     sync session per prompt (same seeds for every encoding)."""
     rows = []
-    for label, enc, k in encodings(sparse_ks):
+    for label, spec in encodings(gamma, sparse_ks):
         config = dict(
-            max_new_tokens=new_tokens, gamma=gamma, mode="sync", encoding=enc, sparse_k=k,
-            temperature=temperature, stop_tokens=(),
+            max_new_tokens=new_tokens, mode="sync", draft=spec, temperature=temperature,
+            stop_tokens=(),
         )  # fmt: skip
         runs = [
             asyncio.run(_session(sched, draft, p, config | {"seed": i}))
@@ -102,7 +102,7 @@ def run(
         rows.append(
             {
                 "encoding": label,
-                "sparse_k": k if enc == "sparse" else None,
+                "sparse_k": spec.k or None,
                 "temperature": temperature,
                 "sessions": len(runs),
                 "tokens": tot["tokens"],

@@ -12,8 +12,6 @@ tokens, rejected drafts and drafts in flight in distinct styles), α, tokens/s a
 latency; the verifier's rows per step, step time and queue depth; throughput over time.
 Without a terminal it prints a plain summary instead. Ctrl-C stops it; the spawned verifier
 never outlives the demo.
-
-Only the stdlib is imported here: the CLI imports this module to build its parser.
 """
 
 from __future__ import annotations
