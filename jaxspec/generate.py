@@ -4,7 +4,7 @@ A batch of prompts of different lengths is right-padded into a bucketed `[B, T]`
 prefilled in one forward, then decoded by one jitted `lax.while_loop` that stops when every
 row has hit a stop token or `max_new_tokens`. The token at absolute position P of row i is
 drawn with the uniform keyed by (row key, P, TARGET), so a row's output does not depend on
-the batch it is decoded in (up to floating-point near-ties, see FACTS.md).
+the batch it is decoded in (up to floating-point near-ties, docs/design.md §2).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The papers' analytical latency/capacity model (PAPERS.md), exact on Fractions.
+"""The papers' analytical latency/capacity model, exact on Fractions (docs/design.md names
+the two papers).
 
 Every function is plain arithmetic, so Fraction (or int) inputs give exact Fraction
 results and floats give floats. Times are per block or per token in any one unit; t_network

@@ -1,4 +1,4 @@
-"""The benchmarks' code, run at tiny sizes (the real runs are in the README)."""
+"""The benchmarks' code, run at tiny sizes (the real runs: docs/benchmarks.md)."""
 
 from __future__ import annotations
 

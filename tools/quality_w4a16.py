@@ -19,7 +19,8 @@ it reports
 
 The metrics are `jaxspec_apps.bench.quality`'s, which `jaxspec bench` runs in short form.
 
-Writes `<out>.md` (tables for the README) and `<out>.json` (everything, with the command).
+Writes `<out>.md` (the tables of docs/benchmarks.md) and `<out>.json` (everything, with the
+command).
 
     python tools/quality_w4a16.py --out quality_w4a16      # the default pair (~8 min, 2 cores)
     python tools/quality_w4a16.py --tiny --out /tmp/q      # random tiny models (CI)

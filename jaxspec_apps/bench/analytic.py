@@ -1,4 +1,5 @@
-"""The papers' latency/capacity model, as the benchmarks evaluate it (PAPERS.md).
+"""The papers' latency/capacity model, as the benchmarks evaluate it (docs/design.md
+names the two papers).
 
 `proofs/latency.py` derives these formulas and proves their properties; `proofs` is not
 installed and imports nothing of the package (an independent second implementation), so the
