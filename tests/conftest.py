@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+
+# One persistent XLA compilation cache for the whole run (every xdist worker and every server
+# subprocess inherits it): a step that one module, worker or spawned verifier compiled is
+# loaded, not compiled again, by the next. It starts empty each run, so the suite's time is a
+# cold run's. Set before JAX is imported (JAX reads these variables then).
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="jaxspec-tests-xla-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
 import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# In case a plugin imported JAX before this file ran.
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 settings.register_profile(
     "ci", deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
