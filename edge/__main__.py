@@ -7,6 +7,10 @@ The draft model (default: the shipped draft, quantized W4A16 as on a device) pro
 `--gamma` tokens per block; the verifier's answers are the output, distributed exactly as
 the target's. With `--resume-timeout-s`, a verifier restart is survived without a lost or
 repeated token.
+
+Before it loads the draft model (tens of seconds), it checks every flag (exit status 2) and
+asks the verifier for its Stats (reachable, token accepted, serving): an unavailable verifier
+is retried for `--resume-timeout-s`, saying so on stderr, then reported (exit status 1).
 """
 
 from __future__ import annotations
@@ -17,11 +21,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from edge.client import GrpcEndpoint
+from edge.client import GrpcEndpoint, check_verifier, retry_notice
 from edge.drafter import load_drafter
 from edge.session import run_session
-from jaxspec.flags import add_draft_flags, add_sampling_flags, draft_spec_from_args
-from jaxspec.protocol import DraftSpec, SessionConfig, VerifierError
+from jaxspec.flags import add_draft_flags, add_sampling_flags, check_args
+from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
 from jaxspec.text import decode_text, encode_prompt
 
 
@@ -40,30 +44,61 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_flags(g)
     add_draft_flags(g, mode="pipelined")
     g.add_argument("--depth", type=int, default=2, help="blocks in flight (pipelined)")
-    g.add_argument("--resume-timeout-s", type=float, default=30.0)
+    g.add_argument(
+        "--resume-timeout-s",
+        type=float,
+        default=30.0,
+        help="how long an unavailable verifier is retried, at start and after it went away "
+        "mid-session (default %(default)s)",
+    )
     g.add_argument("--timeout-s", type=float, default=30.0, help="per-call deadline")
     return p
 
 
+def _check(args: argparse.Namespace) -> DraftSpec:
+    """Every flag, before anything connects or loads; the `DraftSpec` (`ValueError`)."""
+    spec = check_args(args)
+    if not args.timeout_s > 0:
+        raise ValueError(f"--timeout-s must be > 0, got {args.timeout_s}")
+    if not args.resume_timeout_s >= 0:
+        raise ValueError(f"--resume-timeout-s must be >= 0, got {args.resume_timeout_s}")
+    return spec
+
+
+def _say(text: str) -> None:
+    print(f"python -m edge generate: {text}", file=sys.stderr, flush=True)
+
+
 async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
-    drafter = load_drafter(args.draft, args.quantize, spec)
-    config = SessionConfig(
-        prompt=encode_prompt(drafter.model, args.prompt),
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        mode=args.mode,
-        draft=spec,
-    )
     token = args.token or os.environ.get("JAXSPEC_TOKEN")
     tls_ca = args.tls_ca
     async with GrpcEndpoint(
         args.verifier, token=token, tls=args.tls, tls_ca=tls_ca, timeout_s=args.timeout_s
     ) as ep:
+        # The verifier first (seconds), then the draft model (tens of seconds).
+        await check_verifier(ep, retry_s=args.resume_timeout_s, on_retry=_say)
+        drafter = load_drafter(args.draft, args.quantize, spec)
+        config = SessionConfig(
+            prompt=encode_prompt(drafter.model, args.prompt),
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            mode=args.mode,
+            draft=spec,
+        )
+
+        def on_retry(error: Unavailable, retry_s: float) -> None:
+            _say(retry_notice(args.verifier, error, retry_s))
+
         trace = await run_session(
-            ep, drafter, config, depth=args.depth, resume_timeout_s=args.resume_timeout_s
+            ep,
+            drafter,
+            config,
+            depth=args.depth,
+            resume_timeout_s=args.resume_timeout_s,
+            on_retry=on_retry,
         )
     prefix = "" if drafter.model.tokenizer is None else args.prompt
     print(prefix + decode_text(drafter.model, trace.tokens))
@@ -80,13 +115,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        spec = draft_spec_from_args(args)
+        spec = _check(args)
     except ValueError as e:  # a bad flag is a usage error (exit 2), not the verifier's refusal
         parser.error(str(e))
     try:
         return asyncio.run(_generate(args, spec))
     except VerifierError as e:
-        print(f"python -m edge generate: {e.code}: {e}", file=sys.stderr)
+        hint = ""
+        if e.code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            hint = " (give a tenant's token with --token or $JAXSPEC_TOKEN)"
+        print(f"python -m edge generate: {e.code}: {e}{hint}", file=sys.stderr)
         return 1
     except (ValueError, OSError) as e:
         print(f"python -m edge generate: error: {e}", file=sys.stderr)

@@ -4,6 +4,9 @@ One channel per endpoint; one bidirectional Verify stream per session, opened on
 block: blocks go up as they are drafted, results come back in order and resolve the
 callers' futures. A failed stream fails every block in flight with the protocol error its
 status maps to (UNAVAILABLE -> `Unavailable`, which `run_session` answers by resuming).
+
+`check_verifier` is what a command asks first, before it loads or compiles anything: one
+Stats call proves the verifier is reachable, takes the token and is serving.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -23,11 +28,24 @@ from jaxspec.protocol import (
     DeadlineExceeded,
     DraftBlock,
     NotFound,
+    PermissionDenied,
     SessionConfig,
     SessionInfo,
+    Unauthenticated,
     Unavailable,
     VerifierError,
     VerifyResult,
+)
+
+# Words for the usual reasons a channel cannot reach a verifier (grpc's details are long).
+_REASONS = (
+    ("connection refused", "connection refused"),
+    ("errors resolving", "name not resolved"),
+    ("domain name not found", "name not resolved"),
+    ("handshake", "TLS handshake failed"),
+    ("ssl", "TLS error"),
+    ("deadline", "no answer in time"),
+    ("not serving", "not serving: warming up or draining"),
 )
 
 
@@ -88,6 +106,7 @@ class GrpcEndpoint:
             self.channel = grpc.aio.secure_channel(target, creds, options=options)
         else:
             self.channel = grpc.aio.insecure_channel(target, options=options)
+        self.target = target
         self.stub = pb_grpc.VerifierStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.timeout_s = timeout_s
@@ -182,3 +201,66 @@ class GrpcEndpoint:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def short_reason(error: Exception) -> str:
+    """A few words for why a call failed ("connection refused", "name not resolved", ...);
+    the error's own text when none fits."""
+    text = str(error)
+    low = text.lower()
+    return next((words for needle, words in _REASONS if needle in low), text)
+
+
+def retry_notice(target: str, error: Exception, retry_s: float) -> str:
+    """`verifier localhost:1 unavailable (connection refused); retrying until 12:03:04 (30 s)`:
+    what a command prints when it starts retrying, so a wrong address is not a silent wait."""
+    until = time.strftime("%H:%M:%S", time.localtime(time.time() + retry_s))
+    return (
+        f"verifier {target} unavailable ({short_reason(error)}); "
+        f"retrying until {until} ({retry_s:g} s)"
+    )
+
+
+async def check_verifier(
+    endpoint: GrpcEndpoint,
+    *,
+    retry_s: float = 0.0,
+    backoff_s: float = 0.5,
+    on_retry: Callable[[str], None] | None = None,
+    serving: bool = True,
+) -> dict[str, Any]:
+    """The verifier's Stats, asked before anything is loaded or compiled: one call proves it
+    is reachable, accepts the endpoint's token (Stats is authenticated like every call) and
+    (with `serving`) is serving: not warming up, not draining.
+
+    An unavailable or not-serving verifier is retried every `backoff_s` for `retry_s` seconds
+    (a restart takes a while); `on_retry(notice)` hears once that it is retrying, why, and
+    until when (`retry_notice`). Raises the protocol error, its message naming the address:
+    `Unavailable` ("verifier H:P unavailable (connection refused); gave up after 30 s"),
+    `Unauthenticated` / `PermissionDenied` ("verifier H:P refused the token (...)"), or any
+    other status the call ended with.
+    """
+    target = endpoint.target
+    give_up = time.monotonic() + retry_s
+    told = False
+    while True:
+        try:
+            stats = await endpoint.stats()
+            if stats.get("serving", True) or not serving:
+                return stats
+            error: VerifierError = Unavailable("the verifier is not serving")
+        except Unavailable as e:
+            error = e
+        except (Unauthenticated, PermissionDenied) as e:
+            raise type(e)(f"verifier {target} refused the token ({e})") from None
+        except VerifierError as e:
+            err = type(e)(f"verifier {target}: {e}")
+            err.code = e.code
+            raise err from None
+        if time.monotonic() + backoff_s > give_up:
+            gave_up = f"; gave up after {retry_s:g} s" if retry_s > 0 else ""
+            raise Unavailable(f"verifier {target} unavailable ({short_reason(error)}){gave_up}")
+        if not told and on_retry is not None:
+            on_retry(retry_notice(target, error, retry_s))
+        told = True
+        await asyncio.sleep(backoff_s)

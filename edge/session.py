@@ -95,6 +95,7 @@ async def run_session(
     on_rollback: Callable[[Any, list[int]], None] | None = None,
     resume_timeout_s: float = 0.0,
     resume_backoff_s: float = 0.2,
+    on_retry: Callable[[Unavailable, float], None] | None = None,
 ) -> SessionTrace:
     """Generate with `drafter` against `endpoint` until the verifier says finished.
 
@@ -104,6 +105,8 @@ async def run_session(
     With `resume_timeout_s > 0`, a verifier that becomes unavailable (killed, restarted,
     draining) is retried for that long and the session reopened with its committed tokens:
     the output is exactly that of an uninterrupted run (draws are keyed by position).
+    `on_retry(error, resume_timeout_s)` hears once per outage that it is retrying (a command
+    says so: the wait is not silent); giving up raises `Unavailable` saying how long it tried.
     """
     if drafter.spec != config.draft:
         raise ValueError(
@@ -122,12 +125,18 @@ async def run_session(
 
     async def open_session(cfg: SessionConfig) -> str:
         give_up = time.monotonic() + resume_timeout_s
+        told = False
         while True:
             try:
                 return (await endpoint.open_session(cfg)).session_id
-            except Unavailable:
+            except Unavailable as e:
                 if time.monotonic() + resume_backoff_s > give_up:
-                    raise
+                    if not told:
+                        raise
+                    raise Unavailable(f"{e} (gave up after {resume_timeout_s:g} s)") from None
+                if not told and on_retry is not None:
+                    on_retry(e, resume_timeout_s)
+                told = True
                 await asyncio.sleep(resume_backoff_s)
 
     sid = await open_session(config)

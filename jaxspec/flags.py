@@ -1,14 +1,16 @@
-"""The sampling and drafting flags every command shares, spelled once (stdlib argparse only).
+"""The sampling and drafting flags every command shares, spelled once (argparse).
 
     p = argparse.ArgumentParser()
     add_sampling_flags(p, temperature=0.7, top_k=None, top_p=None)  # None: no such flag
     add_draft_flags(p, mode="pipelined")
     args = p.parse_args()
-    spec = draft_spec_from_args(args)                               # a validated DraftSpec
+    spec = check_args(args)          # every shared flag validated, a DraftSpec; nothing loaded
 
 Each command keeps its own defaults (passed here) and leaves out the flags it has no use
 for; the names, types, choices and help texts are the same everywhere. The destinations are
 `temperature`, `top_k`, `top_p`, `seed`, `gamma`, `mode`, `encoding`, `sparse_k`.
+`check_args` runs the same validators the library runs later (`check_sampling`, `DraftSpec`),
+so a bad flag fails in a fraction of a second instead of after a model has loaded.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 from collections.abc import Mapping
 
 from jaxspec.protocol import ENCODINGS, MODES, DraftSpec
+from jaxspec.sampling import check_sampling
 
 SAMPLING_HELP = {
     "temperature": "sampling temperature; 0 = greedy (default %(default)s)",
@@ -101,3 +104,27 @@ def draft_spec_from_args(args: argparse.Namespace) -> DraftSpec:
     default). Raises `InvalidArgument` (a `ValueError`) for values out of range."""
     given = {f: getattr(args, f) for f in ("gamma", "encoding", "sparse_k") if hasattr(args, f)}
     return DraftSpec(**given)
+
+
+SEED_LIMIT = 1 << 32  # a seed keys jax.random.PRNGKey: larger ones would collide
+
+
+def check_args(args: argparse.Namespace) -> DraftSpec:
+    """Validate every shared flag `args` has, before anything loads: the sampling values
+    (`check_sampling`, the library's own validator), the seed, the draft flags (`DraftSpec`)
+    and, where the command has them, `--max-new-tokens` and `--depth`. Returns the
+    `DraftSpec`; raises `ValueError` (`InvalidArgument` for the draft flags) naming the flag.
+    """
+    sampling = {f: getattr(args, f) for f in ("temperature", "top_k", "top_p") if hasattr(args, f)}
+    check_sampling(1, **sampling)
+    seed = getattr(args, "seed", 0)
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"--seed must be in [0, 2**32), got {seed}")
+    mode = getattr(args, "mode", MODES[0])
+    if mode not in MODES:  # argparse's choices already refuse it; kept for Namespaces built by hand
+        raise ValueError(f"--mode must be one of {MODES}, got {mode!r}")
+    for dest in ("max_new_tokens", "depth"):
+        value = getattr(args, dest, 1)
+        if value < 1:
+            raise ValueError(f"--{dest.replace('_', '-')} must be >= 1, got {value}")
+    return draft_spec_from_args(args)

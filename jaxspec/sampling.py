@@ -70,6 +70,34 @@ def uniforms(
     return jax.vmap(jax.vmap(one, in_axes=(None, 0)))(keys_B2, positions_BT)
 
 
+def check_sampling(
+    rows: int,
+    temperature: float | Sequence[float] = 1.0,
+    top_k: int | Sequence[int] = 0,
+    top_p: float | Sequence[float] = 1.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The one validator of sampling values: scalars or per-row lists as `[rows]` numpy
+    arrays (float32, int32, float32). Raises `ValueError` naming the bad value. NumPy only, so
+    a command checks its flags before it loads (or compiles) anything."""
+
+    def col(x, dtype, name):
+        a = np.asarray(x, dtype)
+        if a.shape not in ((), (1,), (rows,)):
+            raise ValueError(f"{name} has {a.shape} values for {rows} rows")
+        return np.broadcast_to(a, (rows,)).copy()
+
+    t = col(temperature, np.float32, "temperature")
+    k = col(top_k, np.int32, "top_k")
+    p = col(top_p, np.float32, "top_p")
+    if not np.all(np.isfinite(t)) or np.any(t < 0):
+        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+    if np.any(k < 0):
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+    if not np.all(np.isfinite(p)) or np.any(p <= 0) or np.any(p > 1):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    return t, k, p
+
+
 @flax.struct.dataclass(kw_only=True)
 class SamplingParams:
     """Per-row sampling params, all array data (a new value never recompiles).
@@ -92,23 +120,9 @@ class SamplingParams:
         top_k: int | Sequence[int] = 0,
         top_p: float | Sequence[float] = 1.0,
     ) -> SamplingParams:
-        """Broadcast scalars or per-row lists to `[rows]` arrays, validating every value."""
-
-        def col(x, dtype, name):
-            a = np.asarray(x, dtype)
-            if a.shape not in ((), (1,), (rows,)):
-                raise ValueError(f"{name} has {a.shape} values for {rows} rows")
-            return np.broadcast_to(a, (rows,)).copy()
-
-        t = col(temperature, np.float32, "temperature")
-        k = col(top_k, np.int32, "top_k")
-        p = col(top_p, np.float32, "top_p")
-        if not np.all(np.isfinite(t)) or np.any(t < 0):
-            raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-        if np.any(k < 0):
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
-        if not np.all(np.isfinite(p)) or np.any(p <= 0) or np.any(p > 1):
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        """Broadcast scalars or per-row lists to `[rows]` arrays, validating every value
+        (`check_sampling`)."""
+        t, k, p = check_sampling(rows, temperature, top_k, top_p)
         return cls(temperature=jnp.asarray(t), top_k=jnp.asarray(k), top_p=jnp.asarray(p))
 
     def pad(self, rows: int) -> SamplingParams:

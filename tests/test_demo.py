@@ -5,13 +5,15 @@ shipped default target, the shipped W4A16 draft in the tenants, gRPC on loopback
 in-process on a recording 80x24 terminal console to the end (the screen is checked against
 the tenants' texts), one is interrupted with SIGINT (Ctrl-C) while tokens flow, and the
 installed command is sent SIGTERM and SIGKILL. Each checks that the verifier process is gone
-afterwards.
+afterwards. A verifier with tenants (a tiny random target, started once for the module) checks
+that `--verifier` with a wrong token fails before the demo loads or compiles anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import asyncio
 import io
 import os
 import pathlib
@@ -27,6 +29,8 @@ import time
 import pytest
 from rich.console import Console
 
+from edge.client import GrpcEndpoint, check_verifier
+from jaxspec.testing import write_random_checkpoint
 from jaxspec_apps.demo import _check, add_arguments, run
 from jaxspec_apps.demo._render import STYLES, Dashboard, bar, sparkline, summary, tenant_text
 from jaxspec_apps.demo._run import make_state
@@ -253,8 +257,16 @@ def test_arguments_are_checked():
     add_arguments(defaults)
     d = defaults.parse_args([])
     assert (d.tenants, d.mode, d.warmup, d.verifier) == (3, "pipelined", True, None)
-    for bad in (["--tenants", "0"], ["--gamma", "0"], ["--rtt-ms", "-1"], ["--prompt", ""]):
-        with pytest.raises(ValueError):
+    for bad, message in (
+        (["--tenants", "0"], "--tenants"),
+        (["--gamma", "0"], "gamma"),
+        (["--rtt-ms", "-1"], "--rtt-ms"),
+        (["--prompt", ""], "--prompt"),
+        (["--temperature", "-1"], "temperature"),
+        (["--seed", "-1"], "--seed"),
+        (["--depth", "0"], "--depth"),
+    ):
+        with pytest.raises(ValueError, match=message):
             _check(demo_args(*bad))
 
 
@@ -362,8 +374,12 @@ def test_demo_runs_tenants_against_a_real_verifier_on_an_80x24_screen():
     rates = [float(r) for r in re.findall(r"· (\d+) tok/s · ITL", text)]
     assert len(alphas) == 2 and all(a > 0 for a in alphas), text
     assert len(rates) == 2 and all(r > 0 for r in rates), text
-    steps = re.search(r"(\d+) steps · (\d+) tokens", text)
-    assert steps and int(steps.group(1)) > 0 and int(steps.group(2)) >= 2 * int(TOKENS), text
+    # This demo's own figures and the verifier-wide ones, labelled apart.
+    ours = re.search(r"this demo: (\d+) tokens", text)
+    assert ours and int(ours.group(1)) == state.total_tokens() >= 2 * int(TOKENS), text
+    steps = re.search(r"verifier-wide: .* · (\d+) steps since start", text)
+    assert steps and int(steps.group(1)) > 0, text
+    assert state.baseline  # the verifier's figures as the tenants began
     assert "done" in rows[0]
     print(f"\n{text}\n[{took:.1f} s]")
 
@@ -429,3 +445,63 @@ def test_a_terminated_or_killed_demo_takes_its_verifier_down(sig):
     finally:
         proc.kill()
         proc.wait()
+
+
+# ---- a verifier that is already running, with tenants ---------------------------------------
+
+RIGHT_TOKEN = "demo-tenant-token"
+
+
+@pytest.fixture(scope="module")
+def tenant_verifier(tmp_path_factory):
+    """`python -m verify serve` with a tenants file, on a tiny random target (quick to load;
+    nothing is verified on it)."""
+    root = tmp_path_factory.mktemp("demo_verifier")
+    ckpt = write_random_checkpoint(root / "tiny")
+    tenants = root / "tenants.toml"
+    tenants.write_text(f'[tenants.demo]\ntoken = "{RIGHT_TOKEN}"\n')
+    serve = ["--checkpoint", str(ckpt), "--tenants", str(tenants), "--no-warmup"]
+    with VerifierProcess([*serve, "--max-sessions", "2"]) as v:
+        yield v.wait_ready(180)
+
+
+def test_a_wrong_token_is_refused_before_the_demo_loads_anything(tenant_verifier):
+    """`jaxspec demo --verifier ADDR --token WRONG` asks for the verifier's Stats first: exit
+    status 1 and the refusal, with nothing loaded. The draft named is a path that does not
+    exist, so a demo that loaded before checking would report that instead; with the right
+    token the check passes and that load is what fails."""
+    addr = tenant_verifier
+    cmd = [*_jaxspec_cmd(), "demo", "--verifier", addr, "--plain", "--draft", "/nonexistent/x"]
+    env = {k: v for k, v in os.environ.items() if k != "JAXSPEC_TOKEN"}
+    runs = {
+        "wrong": [*cmd, "--token", "not-the-token"],
+        "none": cmd,
+        "right": [*cmd, "--token", RIGHT_TOKEN],
+    }
+    procs = {
+        k: subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for k, c in runs.items()
+    }
+    out = {}
+    for k, proc in procs.items():
+        try:
+            out[k] = (*proc.communicate(timeout=300), proc.returncode)
+        finally:
+            proc.kill()
+    for k in ("wrong", "none"):
+        stdout, stderr, rc = out[k]
+        assert rc == 1, (k, stderr)
+        assert f"UNAUTHENTICATED: verifier {addr} refused the token (missing or invalid token)" in (
+            stderr
+        ), (k, stderr)
+        assert "--token or $JAXSPEC_TOKEN" in stderr and "Traceback" not in stderr
+        assert "loading" not in stdout and "no checkpoint directory" not in stderr, (k, stdout)
+    stdout, stderr, rc = out["right"]
+    assert rc == 2 and "no checkpoint directory" in stderr, stderr  # checked, then loading
+    assert "loading" in stdout and "UNAUTHENTICATED" not in stderr
+
+    async def stats(token: str) -> dict:
+        async with GrpcEndpoint(addr, token=token) as ep:
+            return await check_verifier(ep)
+
+    assert asyncio.run(stats(RIGHT_TOKEN))["serving"] is True

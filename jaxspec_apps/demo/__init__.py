@@ -12,6 +12,11 @@ tokens, rejected drafts and drafts in flight in distinct styles), α, tokens/s a
 latency; the verifier's rows per step, step time and queue depth; throughput over time.
 Without a terminal it prints a plain summary instead. Ctrl-C stops it; the spawned verifier
 never outlives the demo.
+
+Before anything starts, every option is checked (exit status 2) and a `--verifier` is asked
+for its Stats with the token (exit status 1, naming the address and the reason, when it is
+unreachable, refuses the token or is draining): no draft is loaded or compiled for a verifier
+that cannot be used. Its figures on screen are labelled this demo's own or verifier-wide.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import sys
 from rich.console import Console
 from rich.live import Live
 
-from jaxspec.flags import add_draft_flags, add_sampling_flags
+from jaxspec.flags import add_draft_flags, add_sampling_flags, check_args
+from jaxspec.protocol import VerifierError
 from jaxspec.shapes import bucket
 from jaxspec_apps.demo._render import Dashboard, save_capture, summary
 from jaxspec_apps.demo._run import DEFAULT_PROMPTS, DemoResult, make_state, run_demo
@@ -90,6 +96,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> None:
     """Refuse nonsense before anything starts (the CLI prints ValueErrors cleanly)."""
+    check_args(args)  # sampling values, seed, depth, the DraftSpec: the library's validators
     if not 1 <= args.tenants <= MAX_TENANTS:
         raise ValueError(f"--tenants must be in [1, {MAX_TENANTS}]")
     if not 1 <= args.gamma <= 16:
@@ -100,8 +107,6 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--tokens must be >= 1")
     if args.rtt_ms < 0 or args.jitter_ms < 0 or args.jitter_ms > args.rtt_ms:
         raise ValueError("--rtt-ms and --jitter-ms must be >= 0, jitter at most the RTT")
-    if args.temperature < 0:
-        raise ValueError("--temperature must be >= 0")
     if args.seconds < 0:
         raise ValueError("--seconds must be >= 0")
     if args.prompt is not None and not all(p for p in args.prompt):
@@ -220,12 +225,20 @@ def _raise_on_termination(stack: contextlib.ExitStack) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """`jaxspec demo`: 0 when every tenant finished, 130 after Ctrl-C, 1 on a failure."""
+    """`jaxspec demo`: 0 when every tenant finished, 130 after Ctrl-C, 1 on a failure (the
+    verifier unusable or not starting, a tenant's error); a bad option is 2 (the CLI)."""
 
+    _check(args)  # a bad option is a ValueError: the CLI's exit status 2, before anything runs
     console = Console()
     live = console.is_terminal and not args.plain
     try:
         result = run(args, console, live=live)
+    except VerifierError as e:  # --verifier unreachable, token refused, draining
+        hint = ""
+        if e.code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            hint = " (give a tenant's token with --token or $JAXSPEC_TOKEN)"
+        print(f"jaxspec demo: {e.code}: {e}{hint}", file=sys.stderr)
+        return 1
     except RuntimeError as e:  # the verifier did not start
         print(f"jaxspec demo: error: {e}", file=sys.stderr)
         return 1

@@ -2,8 +2,8 @@
 
     jaxspec demo · running · 12.3 s · pipelined γ=4 depth 2 · RTT 50±5 ms · T=0.7
     ╭─ cloud verifier 127.0.0.1:40123 (spawned, pid 4242) ─────────────────────╮
-    │ sessions 3 · queue 1 · step 7.1 ms · 512 steps · 1536 tokens              │
-    │ batch █▍░░ 1.1 rows/step · 147 tok/s ▁▂▄▆█▇▆▅▆▇▇▆▅▆▇█                     │
+    │ verifier-wide: 3 sessions · queue 1 · step 7.1 ms · 512 steps since start │
+    │ this demo: 1536 tokens · █▍░░ 1.1 rows/step · 147 tok/s ▁▂▄▆█▇▆▅▆▇▇▆▅▆▇█  │
     ╰───────────────────────────────────────────────────────────────────────────╯
     ╭─ edge 1 · α 0.81 · 63 tok/s · ITL 16 ms · 87/160 ────────────────────────╮
     │ def fibonacci(n):            (the last lines of the text that fit)        │
@@ -13,6 +13,10 @@
 The dashboard sizes itself to the console (one line short of its height, so a live region
 never scrolls): tenant panels stack, go side by side on wide terminals, and shrink to two
 lines, then one line, per tenant when there are more tenants than fit.
+
+The verifier may be shared (`--verifier`): what is this demo's own (its tenants' tokens and
+rates) and what is verifier-wide (sessions, queue, steps of every client) are labelled apart,
+and the verifier's lifetime counters are shown from the moment the tenants started.
 """
 
 from __future__ import annotations
@@ -172,29 +176,30 @@ def header(state: DemoState, now: float) -> Text:
 
 
 def verifier_panel(state: DemoState) -> Panel:
-    """Address, sessions, queue, step time; batch rows per step and the throughput line."""
+    """Verifier-wide: sessions, queue, step time, steps since the tenants started; this
+    demo's own: tokens, rows per verifier step and the throughput line."""
     s, st = state.settings, state.stats
     where = "spawned" + (f", pid {s.verifier_pid}" if s.verifier_pid else "")
     title = f" cloud verifier {s.verifier or '…'} ({where if s.spawned else 'remote'}) "
     rate = state.throughput[-1] if state.throughput else 0.0
     rows = state.rows_per_step
     if st:
-        steps = int(st.get("steps", 0))
+        steps = state.since_start("steps")
         note = ""
         if not st.get("serving", True):
             note = " · draining"
         elif state.stalled_s >= 1.0:  # blocks wait, no step: a new batch shape compiles
             note = f" · compiling a new batch shape ({state.stalled_s:.0f} s)"
         line1 = Text(
-            f"sessions {st.get('sessions', 0)} · queue {st.get('queued_blocks', 0)} · "
-            f"step {st.get('last_step_s', 0.0) * 1e3:.1f} ms · {steps} steps · "
-            f"{st.get('tokens_committed', 0)} tokens{note}",
+            f"verifier-wide: {st.get('sessions', 0)} sessions · queue "
+            f"{st.get('queued_blocks', 0)} · step {st.get('last_step_s', 0.0) * 1e3:.1f} ms · "
+            f"{steps} steps since start{note}",
             no_wrap=True,
             overflow="ellipsis",
         )
         slots = max(1, s.tenants)
         left = Text.assemble(
-            "batch ",
+            f"this demo: {state.total_tokens()} tokens · ",
             (bar((rows or 0.0) / slots, 4), "green"),
             f" {rows:.1f} rows/step · " if rows is not None else " – rows/step · ",
             (f"{rate:.0f} tok/s ", "bold"),
@@ -202,7 +207,9 @@ def verifier_panel(state: DemoState) -> Panel:
     else:
         line1 = Text(state.stats_error or state.detail or "waiting for its figures…", "dim")
         line1.no_wrap, line1.overflow = True, "ellipsis"
-        left = Text.assemble((f"{rate:.0f} tok/s ", "bold"))
+        left = Text.assemble(
+            f"this demo: {state.total_tokens()} tokens · ", (f"{rate:.0f} tok/s ", "bold")
+        )
     line2 = Table.grid(expand=True)
     line2.add_column(no_wrap=True)
     line2.add_column(ratio=1, no_wrap=True)
@@ -349,12 +356,20 @@ def summary(state: DemoState) -> Group:
             )
         st = state.stats
         lines: list[Any] = [table]
+        lines.append(
+            Text(
+                f"this demo: {state.total_tokens()} tokens committed in "
+                f"{state.total_rounds()} verified blocks"
+            )
+        )
         if st:
             lines.append(
                 Text(
-                    f"verifier: {st.get('steps', 0)} steps, {st.get('tokens_committed', 0)} "
-                    f"tokens committed, mean batch occupancy {st.get('mean_occupancy', 0.0):.2f}, "
-                    f"last step {st.get('last_step_s', 0.0) * 1e3:.1f} ms"
+                    f"verifier-wide (every client): {state.since_start('steps')} steps and "
+                    f"{state.since_start('tokens_committed')} tokens committed since this demo's "
+                    f"tenants started, last step {st.get('last_step_s', 0.0) * 1e3:.1f} ms; "
+                    f"lifetime {st.get('steps', 0)} steps, mean batch occupancy "
+                    f"{st.get('mean_occupancy', 0.0):.2f}"
                 )
             )
         for v in state.tenants:

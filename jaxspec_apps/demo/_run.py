@@ -1,8 +1,14 @@
 """Running the demo: edge tenants as asyncio tasks against a verifier service.
 
-    load the W4A16 draft ─┬─ compile it on a stand-in verifier ─┐
-    verifier starting  ───┴──────────── wait for "serving" ─────┴─ N tenants ── stop
-                                                                 stats poller
+    [--verifier: Stats] ─ load the W4A16 draft ─┬─ compile it on a stand-in ─┐
+    verifier starting  ─────────────────────────┴─── wait for "serving" ─────┴─ Stats ─
+                                                        N tenants + stats poller ── stop
+
+A verifier named with `--verifier` is asked for its Stats before anything loads: one call
+proves it is reachable and takes the token, so a wrong address or token fails in a second,
+not after the draft has compiled. Stats is asked again just before the tenants start (waiting
+while the verifier warms up): its figures are the baseline the screen's "since start" counts
+are taken from.
 
 Every tenant is one `edge.session.run_session` over its own gRPC channel (one device each),
 behind a `DelayedEndpoint` that adds the simulated WAN round trip. One `Drafter` serves them
@@ -19,7 +25,7 @@ import dataclasses
 import os
 from collections.abc import Awaitable, Callable
 
-from edge.client import GrpcEndpoint
+from edge.client import GrpcEndpoint, check_verifier
 from edge.drafter import Drafter, load_drafter
 from edge.session import DelayedEndpoint, run_session
 from jaxspec.flags import draft_spec_from_args
@@ -38,6 +44,8 @@ DEFAULT_PROMPTS = (
     "async def fetch(session, url):\n",
 )
 STATS_EVERY_S = 0.25
+CHECK_TIMEOUT_S = 10.0  # the first Stats call to a --verifier (an address that drops packets)
+WAIT_SERVING_S = 300.0  # how long the tenants wait for a verifier that warms up
 
 
 @dataclasses.dataclass
@@ -173,6 +181,11 @@ async def run_demo(
         if on_phase is not None:
             on_phase(detail or word)
 
+    token = args.token or os.environ.get("JAXSPEC_TOKEN")
+    if not s.spawned:  # the verifier first (a second), then the draft (tens of seconds)
+        phase("starting", f"checking the verifier {args.verifier}…")
+        async with GrpcEndpoint(args.verifier, token=token, timeout_s=CHECK_TIMEOUT_S) as ep:
+            await check_verifier(ep, serving=False)  # warming up is fine: waited for below
     address_fut = asyncio.ensure_future(wait_address())
     try:
         busy = "; the verifier is loading" if s.spawned and not address_fut.done() else ""
@@ -193,9 +206,21 @@ async def run_demo(
     with state.lock:
         s.verifier = address
 
-    token = args.token or os.environ.get("JAXSPEC_TOKEN")
     endpoints = [GrpcEndpoint(address, token=token) for _ in state.tenants]
     monitor = GrpcEndpoint(address, token=token)
+    try:  # the figures this demo's own are counted from, once the verifier serves
+        state.set_baseline(
+            await check_verifier(
+                monitor,
+                retry_s=WAIT_SERVING_S,
+                on_retry=lambda notice: phase("starting", f"{notice}…"),
+            )
+        )
+    except BaseException:
+        for ep in (*endpoints, monitor):
+            with contextlib.suppress(Exception):
+                await ep.aclose()
+        raise
     one_way, jitter = args.rtt_ms / 2e3, args.jitter_ms / 2e3
 
     stopping = False  # set when the run ends: no tenant starts another sample

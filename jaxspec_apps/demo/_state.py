@@ -223,7 +223,8 @@ class DemoState:
     phase: str = "starting"  # one word for the header: starting, running, done, ...
     detail: str = ""  # what it is waiting for, shown until the verifier's figures arrive
     started_t: float = dataclasses.field(default_factory=time.perf_counter)
-    stats: dict = dataclasses.field(default_factory=dict)
+    stats: dict = dataclasses.field(default_factory=dict)  # the verifier's, verifier-wide
+    baseline: dict = dataclasses.field(default_factory=dict)  # its Stats as the tenants began
     stats_error: str = ""
     throughput: deque = dataclasses.field(default_factory=lambda: deque(maxlen=240))
     rows_per_step: float | None = None  # our verified blocks per verifier step, lately
@@ -233,7 +234,26 @@ class DemoState:
     _history: deque = dataclasses.field(default_factory=deque)  # (t, tokens, rounds, steps)
 
     def total_tokens(self) -> int:
+        """Tokens this demo's tenants committed (its own figure, whoever else shares the
+        verifier)."""
         return sum(t.tokens for t in self.tenants)
+
+    def total_rounds(self) -> int:
+        """Blocks this demo's tenants had verified."""
+        return sum(t.rounds for t in self.tenants)
+
+    def set_baseline(self, stats: dict) -> None:
+        """The verifier's figures just before the tenants start: its lifetime counters (steps,
+        tokens committed) are shown as differences from these."""
+        with self.lock:
+            self.baseline = dict(stats)
+            self.set_stats(stats)
+
+    def since_start(self, key: str) -> int:
+        """A verifier-wide counter (`steps`, `tokens_committed`) since the tenants started
+        (other clients of a shared verifier count too)."""
+        with self.lock:
+            return int(self.stats.get(key, 0)) - int(self.baseline.get(key, 0))
 
     def sample_throughput(self, now: float | None = None, window_s: float = 2.0) -> None:
         """Append the all-tenant tokens/s since the previous sample (the sparkline) and
