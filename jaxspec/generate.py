@@ -31,18 +31,24 @@ PromptIds = Sequence[int] | Sequence[Sequence[int]] | np.ndarray
 
 @dataclasses.dataclass(frozen=True)
 class GenerateStats:
-    """What a `generate` call did. `tokens_per_s` counts new tokens over wall time;
-    `compiled` says whether that wall time included a compilation; `spec` holds the
-    speculative-decoding counters when a draft was used (None for plain decoding)."""
+    """What a `generate` call did, with compilation and generation timed apart.
+
+    `wall_s` is the time spent decoding (compilation excluded) and `tokens_per_s` the new
+    tokens over it: the speed a second call with the same shapes gets. `compile_s` is the time
+    spent tracing and compiling shapes met for the first time (0.0 when every shape was
+    compiled already); `compiled` says whether any was. `spec` holds the speculative-decoding
+    counters when a draft was used (None for plain decoding)."""
 
     num_rows: int
     new_tokens: int
     wall_s: float
     compiled: bool
     spec: SpecStats | None = None
+    compile_s: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
+        """New tokens per second of decoding (compilation excluded)."""
         return self.new_tokens / self.wall_s if self.wall_s > 0 else float("inf")
 
     @property
@@ -153,21 +159,24 @@ def generate(
     fn = _decode if draft is None else speculative_decode
     out = np.full((n, max_new_tokens), -1, np.int32)
     compiled = False
+    compile_s = 0.0
     spec_stats: SpecStats | None = None
     start = time.perf_counter()
     for lo in range(0, n, max_batch):
         hi = min(n, lo + max_batch)
         before = fn._cache_size()
-        chunk, counters = _run_chunk(
+        chunk, counters, lowering_s = _run_chunk(
             model, draft, rows[lo:hi], params, keys, lo, hi, stop_arr, max_new_tokens,
             spec=spec, mode=mode, mutant=_mutant,
         )  # fmt: skip
         out[lo:hi] = chunk
-        compiled |= fn._cache_size() > before
+        if fn._cache_size() > before:  # a new shape: its lowering was a compilation
+            compiled = True
+            compile_s += lowering_s
         if counters is not None:
             chunk_stats = counters.to_stats()
             spec_stats = chunk_stats if spec_stats is None else spec_stats + chunk_stats
-    wall = time.perf_counter() - start
+    wall = time.perf_counter() - start - compile_s
 
     lists = [r[r >= 0].tolist() for r in out]
     stats = GenerateStats(
@@ -176,6 +185,7 @@ def generate(
         wall_s=wall,
         compiled=compiled,
         spec=spec_stats,
+        compile_s=compile_s,
     )
     return GenerateOutput(tokens=lists[0] if single else lists, padded=out, stats=stats)
 
@@ -211,9 +221,14 @@ def _run_chunk(
     spec: DraftSpec | None,
     mode: str,
     mutant: str | None,
-) -> tuple[np.ndarray, SpecCounters | None]:
-    """Pad one chunk to its bucket and run the jitted decoder: `[hi - lo, max_new]` tokens
-    and, for speculative decoding (`spec` given), its counters."""
+) -> tuple[np.ndarray, SpecCounters | None, float]:
+    """Pad one chunk to its bucket and run the jitted decoder: `[hi - lo, max_new]` tokens,
+    for speculative decoding (`spec` given) its counters, and the seconds spent lowering and
+    compiling ahead of the run (a cache lookup when the shape is compiled already).
+
+    The decoder is compiled with `.lower(...).compile()` before it is called, so its run is
+    timed without the compilation: the jitted call then finds the executable in JAX's
+    in-memory compilation cache."""
     b = hi - lo
     B = bucket(b)
     T = bucket(max(len(r) for r in rows), 8)
@@ -233,15 +248,18 @@ def _run_chunk(
         num_live=jnp.int32(b),
     )
     if draft is None:
-        out = _decode(model.module, model.params, batch, N)
-        counters = None
+        fn, call_args, kw = _decode, (model.module, model.params, batch, N), {}
     else:
         sync = jnp.full((B,), mode == "sync")
-        out, counters = speculative_decode(
-            model.module, draft.module, model.params, draft.params, batch, sync,
-            spec=spec, buffer=N, mutant=mutant,
-        )  # fmt: skip
-    return np.asarray(out)[:b, :max_new], counters
+        fn = speculative_decode
+        call_args = (model.module, draft.module, model.params, draft.params, batch, sync)
+        kw = {"spec": spec, "buffer": N, "mutant": mutant}
+    t0 = time.perf_counter()
+    fn.lower(*call_args, **kw).compile()
+    lowering_s = time.perf_counter() - t0
+    result = fn(*call_args, **kw)
+    out, counters = (result, None) if draft is None else result
+    return np.asarray(out)[:b, :max_new], counters, lowering_s
 
 
 @flax.struct.dataclass(kw_only=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -30,7 +31,17 @@ def test_generate_prints_prompt_and_completion(tiny_dir):
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("def f(x):")
-    assert "tok/s" in r.stderr
+    # Compilation and generation are reported apart; tok/s is the generation's alone.
+    m = re.search(
+        r"\[compiled in ([\d.]+) s; (\d+) tokens in ([\d.]+) s, ([\d.]+|inf) tok/s\]", r.stderr
+    )
+    assert m, r.stderr
+    compile_s, tokens, gen_s, rate = float(m[1]), int(m[2]), float(m[3]), float(m[4])
+    assert compile_s > 0  # a fresh process compiles its decoder
+    assert tokens == 8
+    if gen_s >= 0.1:  # printed to 2 decimals: the rate must be the tokens over that time
+        assert abs(rate - tokens / gen_s) <= 0.1 * rate
+    assert "compilation included" not in r.stderr
 
 
 def test_generate_is_reproducible_with_a_seed(tiny_dir):

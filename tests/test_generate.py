@@ -79,7 +79,9 @@ def test_single_prompt_gives_a_flat_list(gqa):
 def test_new_sampling_values_do_not_recompile(gqa):
     model, _ = gqa
     prompts = [[1, 2, 3], [4, 5]]
-    jaxspec.generate(model, prompts, 8, temperature=0.0)
+    first = jaxspec.generate(model, prompts, 8, temperature=0.0)
+    # Compilation is timed apart from generation: compile_s > 0 exactly when it compiled.
+    assert first.stats.compiled == (first.stats.compile_s > 0)
     before = _decode._cache_size()
     for kw in [
         {"temperature": 0.7, "top_k": 5, "seed": 1},
@@ -87,7 +89,8 @@ def test_new_sampling_values_do_not_recompile(gqa):
         {"temperature": 1.0, "top_k": [0, 3]},
     ]:
         out = jaxspec.generate(model, prompts, 8, **kw)
-        assert not out.stats.compiled
+        assert not out.stats.compiled and out.stats.compile_s == 0.0
+        assert out.stats.wall_s > 0
     assert _decode._cache_size() == before
 
 
