@@ -4,9 +4,12 @@ equal to `proofs.latency`. No speed is asserted: speeds are ratios of one run.""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
+import pathlib
+import tempfile
 from fractions import Fraction
 
 import jax
@@ -18,7 +21,10 @@ from jaxspec_apps import bench, cli
 from jaxspec_apps.bench import analytic, peer
 from jaxspec_apps.bench.capacity import capacity_at
 from jaxspec_apps.bench.common import GreedyMismatch, check_same_tokens
+from jaxspec_apps.bench.suite import _command
 from proofs import latency as proofs_latency
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 REQUIRED = (
     "colocated_speedup",
@@ -74,11 +80,32 @@ def _number(x) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def test_the_tiny_suite_writes_the_report_results_and_plots(checkpoints, tmp_path):
-    argv = ["--profile", "tiny", "--out", str(tmp_path)]
+def _committed_report() -> dict[str, str]:
+    """Digests of the repository's committed report files (BENCHMARKS.md, bench/*)."""
+    files = [REPO / "BENCHMARKS.md", *sorted((REPO / "bench").glob("*"))]
+    return {
+        str(f.relative_to(REPO)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in files
+        if f.is_file()
+    }
+
+
+def test_the_tiny_suite_writes_the_report_results_and_plots(checkpoints, tmp_path, monkeypatch):
+    """Without --out, the report goes to a new temporary directory (here under tmp_path):
+    the repository's committed BENCHMARKS.md, bench/results.json and plots stay as they are."""
+    before = _committed_report()
+    assert "BENCHMARKS.md" in before and "bench/results.json" in before
+    cwd = tmp_path / "cwd"  # stands for the repository a user runs it in: the old default
+    cwd.mkdir()  # (--out .) wrote there
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    argv = ["--profile", "tiny"]
     argv += ["--target", checkpoints["target"], "--draft", checkpoints["draft"]]
     assert _bench(argv) == 0
-    res = json.loads((tmp_path / "bench" / "results.json").read_text())
+    assert list(cwd.iterdir()) == [] and _committed_report() == before
+    (out,) = tmp_path.glob("jaxspec-bench-*")
+    res = json.loads((out / "bench" / "results.json").read_text())
+    assert "--out" not in res["command"]
     assert res["failures"] == {} and res["skipped"] == {}
     for key in REQUIRED:
         assert _number(res[key]) and res[key] > 0, key
@@ -108,7 +135,7 @@ def test_the_tiny_suite_writes_the_report_results_and_plots(checkpoints, tmp_pat
     assert res["w4a16_bytes_ratio"] < 0.35
     assert s["peer"]["new_tokens"] > 0
 
-    md = (tmp_path / "BENCHMARKS.md").read_text()
+    md = (out / "BENCHMARKS.md").read_text()
     assert res["command"] in md and f"{m['cores']} CPU cores" in md
     for heading in (
         "## Headline numbers",
@@ -123,7 +150,7 @@ def test_the_tiny_suite_writes_the_report_results_and_plots(checkpoints, tmp_pat
         assert heading in md, heading
     assert "identical tokens on every prompt (asserted)" in md
     for name in ("colocated", "peer", "capacity", "rtt", "batch", "wire"):
-        png = tmp_path / "bench" / f"{name}.png"
+        png = out / "bench" / f"{name}.png"
         assert png.stat().st_size > 1000 and f"(bench/{name}.png)" in md
 
 
@@ -192,6 +219,11 @@ def test_capacity_interpolates_between_measured_client_counts():
 
 
 def test_the_cli_parses_bench_options():
-    """`jaxspec bench` is registered on the CLI with the defaults the report relies on."""
+    """`jaxspec bench` is registered on the CLI with the defaults the report relies on: no
+    --out (a temporary directory), so only an explicit `--out .` rewrites the committed
+    report, and the report's command line says so."""
     args = cli.build_parser().parse_args(["bench", "--quick"])
-    assert args.quick and args.out == "." and args.target == "default"
+    assert args.quick and args.out is None and args.target == "default"
+    assert _command(args) == "jaxspec bench --quick"
+    args = cli.build_parser().parse_args(["bench", "--out", "."])
+    assert _command(args) == "jaxspec bench --out ."

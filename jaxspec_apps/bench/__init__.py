@@ -1,7 +1,9 @@
 """`jaxspec bench`: the benchmark suite, one command for the whole report.
 
     jaxspec bench                 # the full profile (~10 min on 2 cores): BENCHMARKS.md,
-                                  # bench/results.json and bench/*.png under --out (default .)
+                                  # bench/results.json and bench/*.png in a new temporary
+                                  # directory (printed), never over the committed report
+    jaxspec bench --out .         # into the current directory: rewrites the committed report
     jaxspec bench --quick         # tiny sizes, under two minutes: keeps the code from rotting
 
 Sections (each module of this package measures one; `suite` runs them in order):
@@ -16,9 +18,6 @@ Sections (each module of this package measures one; `suite` runs them in order):
   quality    the W4A16 draft against the unquantized one: bytes, perplexity, alpha
 
 Only numbers measured in the run are reported; speed is compared as ratios within the run.
-The installed package imports `verify` and `edge` only inside the functions that drive them
-(like `jaxspec_apps/cli.py`), and this module imports only the standard library (the CLI
-registers `jaxspec bench` without loading JAX).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from jaxspec_apps.bench.suite import run_suite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `jaxspec bench` options (stdlib only: called while the CLI parses)."""
+    """The `jaxspec bench` options (the CLI calls this while building its parser)."""
     parser.add_argument(
         "--quick", action="store_true", help="tiny sizes, under two minutes (no speed claims)"
     )
@@ -41,7 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sizes: full (default), quick (= --quick), tiny (seconds, for tests with tiny "
         "checkpoints)",
     )
-    parser.add_argument("--out", default=".", help="writes BENCHMARKS.md and bench/ here")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="directory for BENCHMARKS.md and bench/ (default: a new temporary directory, "
+        "printed; `--out .` in the repository rewrites the committed report)",
+    )
     parser.add_argument("--target", default="default", help="target checkpoint (dir or name)")
     parser.add_argument("--draft", default="default-draft", help="draft checkpoint")
     parser.add_argument(

@@ -15,6 +15,7 @@ import os
 import pathlib
 import shlex
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -54,7 +55,7 @@ def _command(args: argparse.Namespace) -> str:
         words += ["--profile", args.profile]
     elif args.quick:
         words.append("--quick")
-    for flag, default in (("target", "default"), ("draft", "default-draft"), ("out", ".")):
+    for flag, default in (("target", "default"), ("draft", "default-draft"), ("out", None)):
         if getattr(args, flag) != default:
             words += [f"--{flag}", str(getattr(args, flag))]
     if args.sections:
@@ -107,8 +108,17 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def output_dir(out: str | None) -> pathlib.Path:
+    """Where the report goes: `out` when given (`.` rewrites a committed report on purpose),
+    else a new temporary directory, so a trial run never overwrites the repository's files."""
+    if out is not None:
+        return pathlib.Path(out)
+    return pathlib.Path(tempfile.mkdtemp(prefix="jaxspec-bench-"))
+
+
 def run_suite(args: argparse.Namespace) -> int:
-    """Run the sections `args` selects; write BENCHMARKS.md, bench/results.json and plots."""
+    """Run the sections `args` selects; write BENCHMARKS.md, bench/results.json and plots
+    into `--out` (default: a new temporary directory, `output_dir`)."""
     t_start = time.time()
     load_start = os.getloadavg()[0]
     name = args.profile or ("quick" if args.quick else "full")
@@ -120,6 +130,9 @@ def run_suite(args: argparse.Namespace) -> int:
 
     def log(msg: str) -> None:
         print(f"[{time.time() - t_start:6.1f}s] {msg}", flush=True)
+
+    out = output_dir(args.out)
+    log(f"the report goes to {out.resolve()}" + ("" if args.out else " (--out to choose)"))
 
     target, draft = jaxspec.load(args.target), jaxspec.load(args.draft)
     stream = heldout_stream(target)
@@ -255,7 +268,7 @@ def run_suite(args: argparse.Namespace) -> int:
     results["machine"] = machine() | {"load_average_1min_start": load_start}
     results |= headline(results)
     results["wall_time_s"] = time.time() - t_start
-    write_outputs(results, pathlib.Path(args.out), log)
+    write_outputs(results, out, log)
     return 1 if results["failures"] else 0
 
 
