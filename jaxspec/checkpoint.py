@@ -9,6 +9,7 @@ and `[in, out]` by Flax; the mapping below is the only place that knows both.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 from typing import Any
@@ -28,6 +29,20 @@ BUILTIN_DIR = pathlib.Path(__file__).parent / "models"
 BUILTIN_NAMES = {"default": "target", "default-draft": "draft"}
 
 _IGNORED_HF_KEYS = ("rotary_emb.inv_freq",)
+
+
+class _NoTorchNotice(logging.Filter):
+    """Drops the one notice `import transformers` prints without torch ("PyTorch was not
+    found. Models won't be available…"): jaxspec uses transformers for tokenizers only, which
+    need no torch, so every command printed a warning about nothing. Every other message of
+    transformers' logger passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("PyTorch was not found")
+
+
+# Installed when jaxspec is imported, i.e. before any of its code imports transformers.
+logging.getLogger("transformers").addFilter(_NoTorchNotice())
 
 
 def _hf_name(flax_path: tuple[str, ...]) -> tuple[str, bool]:

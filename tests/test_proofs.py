@@ -123,7 +123,7 @@ def test_pipelined_is_lossless(case: Case) -> None:
     assert_lossless(case)
 
 
-@pytest.mark.parametrize(("gamma", "depth"), itertools.product([1, 2, 3, 4], [1, 2, 3]))
+@pytest.mark.parametrize(("gamma", "depth"), list(itertools.product([1, 2, 3, 4], [1, 2, 3])))
 @settings(max_examples=6, deadline=None)
 @given(data=st.data())
 def test_pipelined_deep_is_lossless(gamma: int, depth: int, data: st.DataObject) -> None:
@@ -464,10 +464,24 @@ def test_latency_properties(gamma, t_d, t_n, t_v, depth, alpha) -> None:
 # -- the command line ----------------------------------------------------------------
 
 
-def test_cli_fast_profile_passes() -> None:
+def test_proofs_is_an_installed_package() -> None:
+    """`python -m proofs` runs from anywhere once the project is installed: the package
+    list in pyproject.toml includes it (it still imports nothing of the others:
+    tests/test_layering.py)."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = find_packages(str(ROOT), include=find["packages"]["find"]["include"])
+    assert "proofs" in found
+
+
+def test_cli_fast_profile_passes(tmp_path: Path) -> None:
+    """From a directory outside the repository (the installed package, not the checkout)."""
     out = subprocess.run(
         [sys.executable, "-m", "proofs", "--profile", "fast", "--seed", "1"],
-        cwd=ROOT,
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
