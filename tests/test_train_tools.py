@@ -11,7 +11,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -40,11 +39,9 @@ def tiny_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tiny")
     cmd = [sys.executable, str(SCRIPT), "--tiny", "--seed", "0", "--out", str(tmp / "out")]
     cmd += ["--state-dir", str(tmp / "state"), "--no-progress"]
-    t0 = time.time()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    elapsed = time.time() - t0
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return tmp / "out", elapsed, proc.stdout
+    return tmp / "out", proc.stdout
 
 
 def _report(out: pathlib.Path) -> dict:
@@ -94,8 +91,13 @@ def _finite_numbers(obj, path=""):
 
 
 def test_tiny_preset_runs_end_to_end_quickly(tiny_run):
-    out, elapsed, log = tiny_run
-    assert elapsed < 60, f"--tiny took {elapsed:.0f} s"
+    out, log = tiny_run
+    # "Quickly" by construction, not by the clock (a timed assert fails on a busy machine:
+    # 86 s once under load, 21 s quiet): a few steps of models of ~0.1M parameters.
+    r = _report(out)
+    for member in ("target", "draft", "draft_data_only"):
+        assert r[member]["steps"] == r[member]["planned_steps"] <= 10, (member, r[member]["steps"])
+    assert r["target"]["num_params"] < 200_000 and r["draft"]["num_params"] < 50_000
     assert {p.name for p in out.iterdir()} == {"target", "draft", "train_report.json"}
     assert "eval: ppl target" in log
 
