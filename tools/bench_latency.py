@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     add_sampling_flags(p, temperature=0.0, top_k=None, top_p=None, seed=None)
     p.add_argument("--rtts", default=",".join(map(str, RTTS_MS)))
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default="bench/latency")
+    p.add_argument("--out", required=True, help="writes <out>.md, <out>.json, <out>.png")
     a = p.parse_args(argv)
     if a.tiny:
         from jaxspec.testing import tiny_config
