@@ -89,9 +89,10 @@ def free_port() -> int:
 
 
 def server_env(cache_dir: pathlib.Path, devices: int | None = None) -> dict[str, str]:
-    """Restarted servers reuse compiled steps through JAX's persistent cache."""
+    """Restarted servers reuse compiled steps through JAX's persistent cache: the test run's
+    (tests/conftest.py), shared with every other module, else `cache_dir`."""
     env = {
-        "JAX_COMPILATION_CACHE_DIR": str(cache_dir),
+        "JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(cache_dir),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         "JAX_PLATFORMS": "cpu",
     }

@@ -107,6 +107,13 @@ def test_session_over_tls_equals_in_process(world, mode, encoding, temperature):
     assert over_grpc.tokens == h.run(h.local_session(world["target"], world["draft"], cfg)).tokens
 
 
+def test_the_port_is_bound_and_said_so_before_serving(world):
+    log = world["server"].log
+    listening = log.index(f"jaxspec verifier listening on 127.0.0.1:{world['server'].port} (TLS)")
+    assert listening < log.index("jaxspec verifier serving")
+    assert "warming up: 0 shapes (--no-warmup)" in log
+
+
 def test_health_is_serving_and_reflection_is_off(world):
     ch = h.channel(world["address"], world["ca"])
     health = health_pb2_grpc.HealthStub(ch)
@@ -312,13 +319,15 @@ def test_fuzzed_messages_get_only_documented_statuses(world, bob_reference):
             seen[outcome] = seen.get(outcome, 0) + 1
         finally:
             # An error status leaves the session open; a stream that ends normally closes
-            # it (by the time its status reached us).
-            try:
-                s.CloseSession(pb.CloseSessionRequest(session_id=sid), metadata=md, timeout=20)
-                closed_by_stream = False
-            except grpc.RpcError as e:
-                assert e.code() == grpc.StatusCode.NOT_FOUND
-                closed_by_stream = True
+            # it (by the time its status reached us). An empty block tells which: NOT_FOUND
+            # for a closed session, INVALID_ARGUMENT (and still open) for a live one.
+            probe = pb.DraftBlock(session_id=sid)
+            with pytest.raises(grpc.RpcError) as e:
+                list(s.Verify(iter([probe]), metadata=md, timeout=20))
+            assert e.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
+            closed_by_stream = e.value.code() == grpc.StatusCode.NOT_FOUND
+            # Closing answers OK either way: a session its tenant already ended is closed.
+            s.CloseSession(pb.CloseSessionRequest(session_id=sid), metadata=md, timeout=20)
         assert closed_by_stream == (outcome in ("OK", "stale")), outcome
 
     fuzz_blocks()
@@ -378,18 +387,38 @@ def sample(values: dict, name: str, **labels: str) -> float:
     return values.get((name, frozenset(labels.items())), 0.0)
 
 
+def rejected(values: dict, method: str) -> dict[str, float]:
+    """{status: count} of the refusals of `method` in a scrape."""
+    return {
+        dict(labels)["status"]: v
+        for (name, labels), v in values.items()
+        if name == "jaxspec_rejected_requests_total" and dict(labels)["method"] == method
+    }
+
+
 def test_prometheus_metrics(world):
-    """One session and one refused call move the counters by exactly what they did."""
+    """One session and one refused call move the counters by exactly what they did; normal
+    session ends — CloseSession while the stream is open (the edge client), or after the
+    stream ended and closed the session (a client that half-closes first) — refuse nothing."""
     host, port = h.metrics_address(world["server"])
     assert host == "127.0.0.1"
     before = scrape(host, port)
     with pytest.raises(grpc.RpcError):
         stub(world).Stats(pb.StatsRequest(), metadata=h.auth(None), timeout=10)
     trace = h.run(client(world, "bob", BOB_CFG))
+    s, md = stub(world), h.auth("alice")
+    sid = s.OpenSession(
+        wire.config_to_proto(h.config(encoding="onehot")), metadata=md, timeout=10
+    ).session_id
+    block = pb.DraftBlock(session_id=sid, start=4, tokens=[1])
+    assert len(list(s.Verify(iter([block]), metadata=md, timeout=20))) == 1  # half-closed
+    s.CloseSession(pb.CloseSessionRequest(session_id=sid), metadata=md, timeout=10)
     after = scrape(host, port)
 
     def delta(name, **labels):
         return sample(after, name, **labels) - sample(before, name, **labels)
+
+    assert rejected(after, "CloseSession") == rejected(before, "CloseSession")
 
     bob = dict(tenant="bob")
     assert delta("jaxspec_drafted_tokens_total", **bob) == trace.drafted > 0
@@ -426,11 +455,17 @@ def test_metrics_listen_on_loopback_unless_told_otherwise(world):
     too, yet reaches only sockets bound to it or to the wildcard address."""
     common = ["--checkpoint", str(world["target"]), *h.SERVER_FLAGS, "--metrics-port", "0"]
     env = h.server_env(world["root"] / "jax-cache")
-    wide = VerifierProcess([*common, "--host", "0.0.0.0"], env=env)
-    moved = VerifierProcess([*common, "--metrics-host", "127.0.0.2"], env=env)
+    wide = VerifierProcess([*common, "--host", "0.0.0.0", "--allow-insecure-public"], env=env)
+    # This one runs with JAX's cache variable unset: its compiled steps go to the per-user
+    # default, $XDG_CACHE_HOME/jaxspec/xla.
+    xdg = world["root"] / "xdg"
+    moved_env = dict(env, JAX_COMPILATION_CACHE_DIR="", XDG_CACHE_HOME=str(xdg))
+    moved = VerifierProcess([*common, "--metrics-host", "127.0.0.2"], env=moved_env)
     with wide, moved:  # both start at once
         wide.wait_ready(180)
         moved.wait_ready(180)
+        assert f"compilation cache: {xdg / 'jaxspec' / 'xla'}" in moved.log
+        assert any((xdg / "jaxspec" / "xla").glob("*-cache")), moved.log
         assert reachable("127.0.0.2", wide.port)  # the probe sees a wildcard bind
         host, port = h.metrics_address(wide)
         assert host == "127.0.0.1"

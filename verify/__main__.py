@@ -4,11 +4,17 @@
     python -m verify serve --checkpoint ckpt --host 0.0.0.0 --port 443 \\
         --tenants tenants.toml --tls-cert cert.pem --tls-key key.pem --mesh data=4,model=2
 
-It prints one line `jaxspec verifier serving <checkpoint> on <host>:<port>` once every step
-shape is compiled and it takes requests (with `--metrics-port`, the line goes on
-`, metrics on http://<metrics host>:<port>/metrics`; the metrics bind to loopback unless
-`--metrics-host` says otherwise, whatever `--host` is). SIGTERM (or Ctrl-C) drains: health
-NOT_SERVING, new sessions UNAVAILABLE, blocks already received answered, then exit 0.
+Start-up, in this order: flags are checked (a non-loopback `--host` without both `--tenants`
+and TLS is refused unless `--allow-insecure-public`), the port is bound (a busy one fails at
+once, exit 2) and `jaxspec verifier listening on <host>:<port>, warming up: N shapes` printed;
+health says NOT_SERVING while the target loads and every step shape compiles (each logged,
+with the time so far; compiled executables go to JAX's persistent cache, see
+`--compilation-cache`, so the next start loads them); then one line
+`jaxspec verifier serving <checkpoint> on <host>:<port>` once it takes requests (with
+`--metrics-port`, the line goes on `, metrics on http://<metrics host>:<port>/metrics`; the
+metrics bind to loopback unless `--metrics-host` says otherwise, whatever `--host` is).
+SIGTERM (or Ctrl-C) drains: health NOT_SERVING, new sessions UNAVAILABLE, blocks already
+received answered, then exit 0 (during the warm-up: stop after the shape being compiled).
 """
 
 from __future__ import annotations
@@ -18,14 +24,24 @@ import asyncio
 import logging
 import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 
 import jax.numpy as jnp
 
 import jaxspec
+from jaxspec.model import Model
 from verify.local import LocalVerifier
-from verify.scheduler import SchedulerConfig, row_buckets_for
-from verify.serve import start
+from verify.scheduler import SchedulerConfig, WarmupCancelled, row_buckets_for, warmup_shapes
+from verify.serve import (
+    Server,
+    bind,
+    checkpoint_vocab,
+    compilation_cache_dir,
+    configure_compilation_cache,
+    insecure_public_reason,
+)
 from verify.step import make_mesh
 from verify.tenants import ANONYMOUS, Tenants
 
@@ -49,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve jaxspec.v1.Verifier over gRPC")
     s.add_argument("--checkpoint", default="default", help="HF checkpoint dir or built-in name")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    s.add_argument(
+        "--allow-insecure-public",
+        action="store_true",
+        help="serve a non-loopback --host without --tenants or without TLS (refused otherwise)",
+    )
     s.add_argument("--port", type=int, default=50051, help="0 picks a free port")
     s.add_argument("--tenants", default=None, help="TOML tenants file; without it: no auth")
     s.add_argument("--tls-cert", default=None, help="PEM certificate chain (enables TLS)")
@@ -68,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
     s.add_argument("--no-warmup", action="store_true", help="compile lazily (tests, demos)")
+    s.add_argument(
+        "--compilation-cache",
+        default=None,
+        metavar="DIR",
+        help="keep compiled steps in DIR ('none': off; default: $JAX_COMPILATION_CACHE_DIR, "
+        "else $XDG_CACHE_HOME/jaxspec/xla or ~/.cache/jaxspec/xla)",
+    )
     return p
 
 
@@ -85,13 +113,26 @@ def scheduler_config_from_args(args: argparse.Namespace) -> SchedulerConfig:
     )
 
 
-def make_verifier(args: argparse.Namespace) -> LocalVerifier:
-    """Load the target and build the verifier the flags describe."""
+def load_target(args: argparse.Namespace) -> Model:
+    """The target the flags name (no tokenizer: the verifier works on token ids)."""
+    return jaxspec.load(args.checkpoint, dtype=getattr(jnp, args.dtype), tokenizer=False)
+
+
+def make_verifier(args: argparse.Namespace, model: Model | None = None) -> LocalVerifier:
+    """Build the verifier the flags describe over `model` (loaded from the flags if None)."""
     config = scheduler_config_from_args(args)  # before loading: bad flags fail fast
     data, model_par = args.mesh
     mesh = make_mesh(data, model_par) if data * model_par > 1 else None
-    model = jaxspec.load(args.checkpoint, dtype=getattr(jnp, args.dtype))
-    return LocalVerifier(model, config, mesh=mesh)
+    return LocalVerifier(model or load_target(args), config, mesh=mesh)
+
+
+def refuse_insecure_public(args: argparse.Namespace) -> str | None:
+    """Why the flags would open the verifier to the network unprotected (None: they do not,
+    or --allow-insecure-public says the operator means it)."""
+    if args.allow_insecure_public:
+        return None
+    tls = args.tls_cert is not None or args.tls_key is not None
+    return insecure_public_reason(args.host, tenants=args.tenants is not None, tls=tls)
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -106,11 +147,17 @@ async def _serve(args: argparse.Namespace) -> int:
     else:
         tenants = Tenants(None)
         log.warning("no --tenants file: every caller is accepted as tenant %r", ANONYMOUS)
-    verifier = make_verifier(args)
-    if not args.no_warmup:
-        await asyncio.get_running_loop().run_in_executor(None, verifier.scheduler.warmup)
-    server = await start(
-        verifier,
+    config = scheduler_config_from_args(args)  # bad flags fail before anything is bound
+    cache = configure_compilation_cache(compilation_cache_dir(args.compilation_cache))
+    log.info("compilation cache: %s", cache or "off")
+    model = None
+    vocab = checkpoint_vocab(args.checkpoint)
+    if vocab is None:  # no config.json to read cheaply: loading says what is wrong
+        model = load_target(args)
+        vocab = model.config.vocab_size
+    server = await bind(
+        config,
+        vocab,
         host=args.host,
         port=args.port,
         tenants=tenants,
@@ -119,10 +166,57 @@ async def _serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )
+    try:
+        return await _warm_up_and_serve(args, server, model, vocab, tls is not None)
+    finally:
+        await server.stop(grace=1.0)
+
+
+async def _warm_up_and_serve(
+    args: argparse.Namespace, server: Server, model: Model | None, vocab: int, tls: bool
+) -> int:
+    config = scheduler_config_from_args(args)
+    shapes = 0 if args.no_warmup else len(warmup_shapes(config))
+    print(
+        f"jaxspec verifier listening on {args.host}:{server.port}{' (TLS)' if tls else ''}, "
+        f"warming up: {shapes} shapes{' (--no-warmup)' if args.no_warmup else ''}",
+        flush=True,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    cancel = threading.Event()
+    t0 = time.monotonic()
+
+    def progress(done: int, total: int, shape: str) -> None:
+        log.info("warm-up: %d/%d shapes compiled (%s), %.1f s", done, total, shape,
+                 time.monotonic() - t0)  # fmt: skip
+        if cancel.is_set():
+            raise WarmupCancelled
+
+    def prepare() -> LocalVerifier:  # in a worker thread: the health service keeps answering
+        target = model or load_target(args)
+        if target.config.vocab_size != vocab:
+            raise ValueError(f"{args.checkpoint}: config.json and the loaded target disagree")
+        log.info("loaded %s in %.1f s", args.checkpoint, time.monotonic() - t0)
+        verifier = make_verifier(args, target)
+        if not args.no_warmup:
+            verifier.scheduler.warmup(progress)
+        return verifier
+
+    prepared = loop.run_in_executor(None, prepare)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({prepared, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not prepared.done():  # SIGTERM while warming up: nothing to drain
+        log.warning("stopping: interrupted while warming up")
+        cancel.set()
+        await asyncio.gather(prepared, return_exceptions=True)
+        return 0
+    stopped.cancel()
+    await server.ready(prepared.result())
+    if shapes:
+        log.info("warmed up: %d shapes in %.1f s", shapes, time.monotonic() - t0)
     m = server.metrics
     extra = f", metrics on http://{m.host}:{m.port}/metrics" if m is not None else ""
     print(
@@ -138,6 +232,10 @@ async def _serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    refused = refuse_insecure_public(args)
+    if refused is not None:  # before anything loads or binds
+        print(f"python -m verify serve: error: {refused}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
     logging.getLogger("verify").setLevel(logging.INFO)
     try:

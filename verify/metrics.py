@@ -14,7 +14,7 @@ run several services in one process). What the registry exposes:
              jaxspec_verify_step_seconds               one batched verify step
              jaxspec_batch_rows                        live rows per step (le = row buckets)
   gauges     jaxspec_sessions, jaxspec_queued_blocks, jaxspec_batch_occupancy (mean live /
-             padded rows), jaxspec_serving (1 unless draining)
+             padded rows), jaxspec_serving (1 once warmed up, unless draining)
 
 The gauges and the step counter are read from the service's `stats()` at scrape time, in the
 HTTP server's thread. The endpoint is prometheus_client's own (`start_wsgi_server`) and
@@ -50,7 +50,9 @@ class _StatsCollector(Collector):
         yield GaugeMetricFamily(
             PREFIX + "batch_occupancy", "mean live/padded rows per step", s["mean_occupancy"]
         )
-        yield GaugeMetricFamily(PREFIX + "serving", "1 unless draining", int(s["serving"]))
+        yield GaugeMetricFamily(
+            PREFIX + "serving", "1 once warmed up, unless draining", int(s["serving"])
+        )
 
 
 class ServiceMetrics:

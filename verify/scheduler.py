@@ -105,6 +105,14 @@ class Metrics:
         return self.occupancy_sum / self.steps if self.steps else 0.0
 
 
+# How many closed session ids the scheduler remembers (see `Scheduler.closed_recently`).
+CLOSED_MEMORY = 4096
+
+
+class WarmupCancelled(Exception):
+    """Raised out of `Scheduler.warmup` when its progress callback asks it to stop."""
+
+
 def _bucket(n: int, buckets: tuple[int, ...]) -> int:
     for b in buckets:
         if b >= n:
@@ -173,6 +181,14 @@ class SchedulerConfig:
             raise ValueError(f"token_budget must hold one full block ({width} positions)")
 
 
+def warmup_shapes(config: SchedulerConfig) -> list[tuple[str, int, int]]:
+    """What `Scheduler.warmup` compiles, in order: ("step", rows, width) for every row and
+    width bucket, then ("prefill", rows, prefill_chunk) for every row bucket (its progress
+    names them "step RxW", "prefill RxC")."""
+    step = [("step", R, W) for R in config.row_buckets for W in config.width_buckets]
+    return step + [("prefill", R, config.prefill_chunk) for R in config.row_buckets]
+
+
 class Scheduler:
     """Sessions, queues and the batch former over one target model and one slot pool.
 
@@ -207,6 +223,9 @@ class Scheduler:
         self.tenant_tokens: collections.Counter[str] = collections.Counter()
         self.metrics = Metrics()
         self._ticket = 0
+        # The last CLOSED_MEMORY sessions closed (by close, idle eviction): id -> tenant. The
+        # service answers a second close of one of them OK for its own tenant (a normal end).
+        self.closed: collections.OrderedDict[str, str] = collections.OrderedDict()
 
     # ---- sessions ------------------------------------------------------------------------
 
@@ -286,9 +305,17 @@ class Scheduler:
         s = self.get(session_id, tenant)
         return self._drop(s)
 
+    def closed_recently(self, session_id: str, tenant: str = "default") -> bool:
+        """Whether `tenant` had this session and it was closed (one of the last
+        CLOSED_MEMORY closes): closing it again is a normal end, not an error."""
+        return self.closed.get(session_id) == tenant
+
     def _drop(self, s: Session) -> list[tuple[int, VerifyResult]]:
         del self.sessions[s.id]
         self.free_slots.append(s.slot)
+        self.closed[s.id] = s.tenant
+        while len(self.closed) > CLOSED_MEMORY:
+            self.closed.popitem(last=False)
         out = [(t, self._stale(s, b)) for t, b in s.queue]
         s.queue.clear()
         return out
@@ -539,19 +566,26 @@ class Scheduler:
         )  # fmt: skip
         self.metrics.prefill_steps += 1
 
-    def warmup(self) -> None:
+    def warmup(self, progress: Callable[[int, int, str], None] | None = None) -> None:
         """Compile every (rows, width) bucket of the step and every prefill bucket now, so
-        no request ever waits for a compilation (filler rows change nothing)."""
-        for R in self.config.row_buckets:
-            for W in self.config.width_buckets:
+        no request ever waits for a compilation (filler rows change nothing).
+
+        `progress(done, total, shape)` is called after each shape is compiled and run, e.g.
+        to log it; it may raise (e.g. `WarmupCancelled`) to stop the warm-up there."""
+        shapes = warmup_shapes(self.config)
+        for done, (kind, R, W) in enumerate(shapes, 1):
+            if kind == "step":
                 batch = self._build_batch([], [], R, W)
                 self.cache, _ = self._step(self.params, self.cache, batch)
-            C = self.config.prefill_chunk
-            z = jnp.zeros((R, C), jnp.int32)
-            self.cache = self._prefill(
-                self.params, self.cache, z, z, jnp.zeros((R, C), bool), jnp.zeros(R, jnp.int32)
-            )
-        jax.block_until_ready(self.cache)
+            else:
+                z = jnp.zeros((R, W), jnp.int32)
+                self.cache = self._prefill(
+                    self.params, self.cache, z, z, jnp.zeros((R, W), bool),
+                    jnp.zeros(R, jnp.int32),
+                )  # fmt: skip
+            jax.block_until_ready(self.cache)
+            if progress is not None:
+                progress(done, len(shapes), f"{kind} {R}x{W}")
 
     def session_stats(self) -> dict[str, dict[str, float]]:
         """Per tenant: alpha (accepted / drafted) and tokens per round."""

@@ -1,6 +1,14 @@
-"""Start-up and shutdown of the verifier service: `start()` puts a `LocalVerifier` behind a
-gRPC server (message limits, TLS, health, optional reflection, the Prometheus endpoint, idle
-eviction) and returns a `Server`, whose `drain()` ends it gracefully (docs/design.md §4).
+"""Start-up and shutdown of the verifier service (docs/design.md §4).
+
+`bind()` listens first — a busy port fails at once, not after minutes of compiling — and
+answers grpc.health.v1 NOT_SERVING (every RPC but Stats: UNAVAILABLE "warming up") while the
+target loads and its step shapes compile; `Server.ready(verifier)` then puts the
+`LocalVerifier` behind it and says SERVING. `start()` does both at once. The server carries
+message limits, TLS, health, optional reflection, the Prometheus endpoint and idle eviction;
+`Server.drain()` ends it gracefully.
+
+`configure_compilation_cache()` keeps compiled executables in JAX's persistent cache (a
+per-user directory unless told otherwise), so a second start loads what the first compiled.
 
 `python -m verify serve` (verify/__main__.py) is the command line over this module; the RPCs
 are `verify.servicer`'s, the tenants `verify.tenants`', the metrics `verify.metrics`'.
@@ -10,18 +18,28 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
+import ipaddress
+import json
 import logging
+import os
+import pathlib
+import socket
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
+import jax
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection as grpc_reflection
 
+from jaxspec.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from verify.local import LocalVerifier
 from verify.metrics import MetricsServer, serve_metrics
+from verify.scheduler import SchedulerConfig
 from verify.servicer import VerifierService
 from verify.tenants import Tenants
 
@@ -36,17 +54,134 @@ def message_limit(vocab: int, max_gamma: int, prompt_len: int) -> int:
     return 2 * max(block, prompt_len * 10 + 256)
 
 
+# ---- before anything loads -------------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` reaches this machine only: "localhost" or a loopback IP.
+    Any other name or address (0.0.0.0, ::, a hostname) counts as reachable from outside."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def insecure_public_reason(host: str, *, tenants: bool, tls: bool) -> str | None:
+    """Why serving on `host` would be open to the network, or None when it is not: a
+    non-loopback address needs both a tenants file (else anyone who reaches the port uses the
+    accelerator) and TLS (else bearer tokens and token ids cross the network in the clear)."""
+    if is_loopback(host):
+        return None
+    problems = []
+    if not tenants:
+        problems.append("without a --tenants file anyone who can reach the port can use it")
+    if not tls:
+        problems.append(
+            "without TLS (--tls-cert/--tls-key) tokens and token ids cross the network in the clear"
+        )
+    if not problems:
+        return None
+    return (
+        f"--host {host} is not a loopback address: {'; '.join(problems)}. Add them, serve on "
+        "--host 127.0.0.1, or pass --allow-insecure-public if that is what you mean"
+    )
+
+
+def compilation_cache_dir(flag: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """Where compiled executables are kept: `flag` (`--compilation-cache DIR`, or "none":
+    nowhere), else $JAX_COMPILATION_CACHE_DIR, else the per-user $XDG_CACHE_HOME/jaxspec/xla
+    (~/.cache/jaxspec/xla)."""
+    if flag is not None:
+        return None if flag.strip().lower() == "none" else flag
+    if environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return environ["JAX_COMPILATION_CACHE_DIR"]
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    base = pathlib.Path(xdg) if os.path.isabs(xdg) else pathlib.Path.home() / ".cache"
+    return str(base / "jaxspec" / "xla")
+
+
+def configure_compilation_cache(path: str | None) -> str | None:
+    """Point JAX's persistent compilation cache at `path` (None: off); call it before
+    anything compiles. Every step shape is cached, however fast it compiled (unless
+    $JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise). Returns the directory in
+    use, or None — also when it cannot be created (a warning says so; the server then
+    compiles without it)."""
+    if path is not None:
+        try:
+            path = str(pathlib.Path(path).expanduser())
+            pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+        except (OSError, RuntimeError) as e:
+            log.warning("compilation cache %s is unusable (%s): compiling without it", path, e)
+            path = None
+    jax.config.update("jax_enable_compilation_cache", path is not None)
+    if path is not None:
+        jax.config.update("jax_compilation_cache_dir", path)
+        if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    return path
+
+
+def checkpoint_vocab(checkpoint: str) -> int | None:
+    """The vocabulary size in a checkpoint's config.json (a directory or a built-in name),
+    read without loading any weights: the message limit is set when the port is bound,
+    before the target loads. None when it cannot be read so cheaply (then loading the
+    checkpoint says what is wrong with it)."""
+    d = pathlib.Path(checkpoint)
+    if not d.is_dir() and checkpoint in BUILTIN_NAMES:
+        d = BUILTIN_DIR / BUILTIN_NAMES[checkpoint]
+    try:
+        return int(json.loads((d / "config.json").read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _why_not_bound(host: str, port: int) -> str:
+    """The operating system's reason a port cannot be bound (gRPC's error does not say)."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+            s.bind(addr)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return f"{e.strerror}: another process holds port {port} (choose one with --port)"
+        return e.strerror or str(e)
+    return "gRPC could not bind it (GRPC_VERBOSITY=debug says why)"
+
+
+# ---- the running server ----------------------------------------------------------------------
+
+
 @dataclasses.dataclass
 class Server:
     """A running service: the grpc server, its servicer, health, the bound port and the
-    metrics endpoint (None unless asked for)."""
+    metrics endpoint (None unless asked for). NOT_SERVING until `ready()`."""
 
     grpc_server: Any
     service: VerifierService
     health: Any
     port: int
     metrics: MetricsServer | None = None
+    evict_every_s: float = 5.0
     _tasks: list[asyncio.Task] = dataclasses.field(default_factory=list)
+    _stopped: bool = False
+
+    async def ready(self, verifier: LocalVerifier) -> None:
+        """Serve with `verifier` (loaded and warmed up): health SERVING, idle eviction on."""
+        self.service.attach(verifier)
+
+        async def evict() -> None:
+            while True:
+                await asyncio.sleep(self.evict_every_s)
+                await verifier.evict_idle()
+
+        self._tasks.append(asyncio.ensure_future(evict()))
+        for name in ("", SERVICE):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def drain(self, timeout_s: float = 30.0, min_s: float = 0.0) -> None:
         """Stop taking work, answer what was taken, end every stream with UNAVAILABLE.
@@ -67,17 +202,22 @@ class Server:
         )  # fmt: skip
 
     async def stop(self, grace: float | None = None) -> None:
-        """Stop at once (after `grace` seconds for calls in flight): no drain."""
+        """Stop at once (after `grace` seconds for calls in flight): no drain. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
         for t in self._tasks:
             t.cancel()
         if self.metrics is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.metrics.close)
         await self.grpc_server.stop(grace)
-        await self.service.verifier.aclose()
+        if self.service.verifier is not None:
+            await self.service.verifier.aclose()
 
 
-async def start(
-    verifier: LocalVerifier,
+async def bind(
+    config: SchedulerConfig,
+    vocab: int,
     *,
     host: str = "127.0.0.1",
     port: int = 0,
@@ -88,14 +228,15 @@ async def start(
     metrics_host: str = "127.0.0.1",
     evict_every_s: float = 5.0,
 ) -> Server:
-    """Serve `verifier` on host:port (0 picks a free port) and return the `Server`.
+    """Listen on host:port (0 picks a free port) for a verifier of `config` over a target of
+    `vocab` tokens (the message limit), warming up: health NOT_SERVING and every RPC but
+    Stats UNAVAILABLE until `Server.ready()`. A port that cannot be bound raises `OSError`
+    saying why.
 
     `tls` is (private key, certificate chain) in PEM; `metrics_port` (0: a free one) turns on
     the Prometheus endpoint on `metrics_host`, loopback unless said otherwise, whatever
     `host` is."""
-    tenants = tenants or Tenants(None)
-    cfg = verifier.scheduler.config
-    limit = message_limit(verifier.scheduler.vocab, cfg.max_gamma, cfg.max_len)
+    limit = message_limit(vocab, config.max_gamma, config.max_len)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limit),
@@ -103,34 +244,39 @@ async def start(
             ("grpc.so_reuseport", 0),
         ]
     )
-    service = VerifierService(verifier, tenants)
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    try:
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            key, cert = tls
+            bound = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
+    except RuntimeError:
+        raise OSError(f"cannot listen on {address}: {_why_not_bound(host, port)}") from None
+    service = VerifierService(tenants or Tenants(None), config.row_buckets)
     pb_grpc.add_VerifierServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     if reflection:
         names = (pb.DESCRIPTOR.services_by_name["Verifier"].full_name, health.SERVICE_NAME)
         grpc_reflection.enable_server_reflection((*names, grpc_reflection.SERVICE_NAME), server)
-    address = f"{host}:{port}"
-    if tls is None:
-        bound = server.add_insecure_port(address)
-    else:
-        key, cert = tls
-        bound = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
     await server.start()
-    out = Server(server, service, health_servicer, bound)
+    out = Server(server, service, health_servicer, bound, evict_every_s=evict_every_s)
     if metrics_port is not None:
         try:
             out.metrics = serve_metrics(service.metrics.registry, metrics_host, metrics_port)
-        except OSError:
+        except OSError as e:
             await out.stop()
-            raise
-
-    async def evict() -> None:
-        while True:
-            await asyncio.sleep(evict_every_s)
-            await verifier.evict_idle()
-
-    out._tasks.append(asyncio.ensure_future(evict()))
+            raise OSError(f"cannot serve metrics on {metrics_host}:{metrics_port}: {e}") from None
     return out
+
+
+async def start(verifier: LocalVerifier, **kw: Any) -> Server:
+    """`bind()` for `verifier`'s scheduler, then `ready()` at once: serve a verifier that is
+    already loaded (and warmed up, if that matters). Keywords as `bind()`'s."""
+    sch = verifier.scheduler
+    server = await bind(sch.config, sch.vocab, **kw)
+    await server.ready(verifier)
+    return server

@@ -11,14 +11,17 @@ carries one session: blocks are answered in order; a client that goes away (canc
 disconnect, deadline) frees its session's slot. Setting `draining` stops taking sessions and
 blocks; what was taken is answered, then every stream ends with UNAVAILABLE so clients resume
 elsewhere — with exactly the tokens they would have had, because draws are keyed by position.
-Start-up, health and the drain's timing are `verify.serve`'s.
+Until a verifier is attached (`attach`, once the target is loaded and warmed up) every RPC but
+Stats answers UNAVAILABLE "warming up". Closing a session that its tenant had and that is
+closed already (its stream ended, it was evicted, or closed before) answers OK: a normal end,
+not a refusal. Start-up, health and the drain's timing are `verify.serve`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -37,21 +40,34 @@ from verify.local import LocalVerifier
 from verify.metrics import ServiceMetrics
 from verify.tenants import RateLimits, Tenant, Tenants
 
+WARMING_UP = (
+    "the verifier is warming up (loading the target, compiling its batch shapes): "
+    "retry when grpc.health.v1 says SERVING"
+)
+
 
 class VerifierService(pb_grpc.VerifierServicer):
-    """The `jaxspec.v1.Verifier` servicer; `verifier` does the work, `tenants` the auth,
-    `metrics` (its own Prometheus registry) counts what happens."""
+    """The `jaxspec.v1.Verifier` servicer; `tenants` does the auth, `metrics` (its own
+    Prometheus registry, its rows histogram over `row_buckets`) counts what happens, and the
+    verifier given to `attach` does the work (None until then: warming up)."""
 
-    def __init__(self, verifier: LocalVerifier, tenants: Tenants):
-        self.verifier = verifier
+    def __init__(self, tenants: Tenants, row_buckets: Sequence[int]):
+        self.verifier: LocalVerifier | None = None
         self.tenants = tenants
         self.rate_limits = RateLimits()
-        self.metrics = ServiceMetrics(self.stats, verifier.scheduler.config.row_buckets)
-        verifier.step_observers.append(self.metrics.observe_step)
+        self.row_buckets = tuple(row_buckets)
+        self.metrics = ServiceMetrics(self.stats, self.row_buckets)
         self.draining = asyncio.Event()
         self.streams = 0
         self.answered_draining = 0  # blocks answered while draining
         self.unanswered_draining = 0  # taken, then the stream ended in the drain: must stay 0
+
+    def attach(self, verifier: LocalVerifier) -> None:
+        """Start answering with `verifier` (loaded and warmed up): the end of warming up."""
+        if tuple(verifier.scheduler.config.row_buckets) != self.row_buckets:
+            raise ValueError("the verifier's row buckets are not the metrics' row buckets")
+        verifier.step_observers.append(self.metrics.observe_step)
+        self.verifier = verifier
 
     # ---- helpers -------------------------------------------------------------------------
 
@@ -65,8 +81,15 @@ class VerifierService(pb_grpc.VerifierServicer):
             await self._fail(context, method, "UNAUTHENTICATED", "missing or invalid token")
         return tenant
 
-    def _live_sessions(self, tenant: str) -> int:
-        return sum(s.tenant == tenant for s in list(self.verifier.scheduler.sessions.values()))
+    async def _ready(self, context: Any, method: str) -> LocalVerifier:
+        """The verifier, or UNAVAILABLE while warming up."""
+        if self.verifier is None:
+            await self._fail(context, method, "UNAVAILABLE", WARMING_UP)
+        return self.verifier
+
+    @staticmethod
+    def _live_sessions(verifier: LocalVerifier, tenant: str) -> int:
+        return sum(s.tenant == tenant for s in list(verifier.scheduler.sessions.values()))
 
     # ---- RPCs ----------------------------------------------------------------------------
 
@@ -76,11 +99,12 @@ class VerifierService(pb_grpc.VerifierServicer):
         tenant = await self._auth(context, "OpenSession")
         if self.draining.is_set():
             await self._fail(context, "OpenSession", "UNAVAILABLE", "the verifier is draining")
+        verifier = await self._ready(context, "OpenSession")
         try:
-            if self._live_sessions(tenant.name) >= tenant.max_sessions:
+            if self._live_sessions(verifier, tenant.name) >= tenant.max_sessions:
                 raise ResourceExhausted(f"tenant limit of {tenant.max_sessions} live sessions")
             config = wire.config_from_proto(request)
-            info = await self.verifier.for_tenant(tenant.name).open_session(config)
+            info = await verifier.for_tenant(tenant.name).open_session(config)
         except VerifierError as e:
             await self._fail(context, "OpenSession", e.code, str(e))
         self.metrics.sessions_opened.labels(tenant.name).inc()
@@ -90,8 +114,15 @@ class VerifierService(pb_grpc.VerifierServicer):
         self, request: pb.CloseSessionRequest, context: Any
     ) -> pb.CloseSessionResponse:
         tenant = await self._auth(context, "CloseSession")
+        verifier = await self._ready(context, "CloseSession")
         try:
-            await self.verifier.for_tenant(tenant.name).close_session(request.session_id)
+            await verifier.for_tenant(tenant.name).close_session(request.session_id)
+        except NotFound as e:
+            # Closed already — its stream ended, it was evicted, or a second close: the
+            # session is closed as asked, so OK (and no refusal counted). An unknown id, or
+            # another tenant's, is NOT_FOUND, alike.
+            if not verifier.scheduler.closed_recently(request.session_id, tenant.name):
+                await self._fail(context, "CloseSession", e.code, str(e))
         except VerifierError as e:
             await self._fail(context, "CloseSession", e.code, str(e))
         return pb.CloseSessionResponse()
@@ -102,7 +133,13 @@ class VerifierService(pb_grpc.VerifierServicer):
 
     def stats(self) -> dict[str, Any]:
         """The scheduler's figures (the Stats RPC, and the metrics' gauges at scrape time,
-        from another thread: the session table is copied before it is read)."""
+        from another thread: the session table is copied before it is read); all zero, not
+        serving, while warming up."""
+        if self.verifier is None:
+            return dict(
+                sessions=0, queued_blocks=0, steps=0, last_step_s=0.0, last_rows=0,
+                last_bucket_rows=0, mean_occupancy=0.0, tokens_committed=0, serving=False,
+            )  # fmt: skip
         sch = self.verifier.scheduler
         m = sch.metrics
         sessions = list(sch.sessions.values())
@@ -125,7 +162,7 @@ class VerifierService(pb_grpc.VerifierServicer):
         status after every earlier block's result (the session stays for a new stream);
         the end of the stream — half-close, cancel, a vanished client — closes the session."""
         tenant = await self._auth(context, "Verify")
-        endpoint = self.verifier.for_tenant(tenant.name)
+        endpoint = (await self._ready(context, "Verify")).for_tenant(tenant.name)
         # (block, received at, future of its result), or an error, or None (the end)
         items: asyncio.Queue[Any] = asyncio.Queue()
         session: list[str] = []  # the stream's session id, once known

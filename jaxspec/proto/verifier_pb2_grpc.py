@@ -75,7 +75,10 @@ class VerifierServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CloseSession(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Frees the session's slot. Closing a session of the caller's tenant that is closed
+        already (its stream ended, it was evicted idle, or it was closed before) answers OK: a
+        normal end, not an error. An unknown id, or another tenant's, answers NOT_FOUND.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
