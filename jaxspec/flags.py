@@ -19,7 +19,7 @@ import argparse
 from collections.abc import Mapping
 
 from jaxspec.protocol import ENCODINGS, MODES, DraftSpec
-from jaxspec.sampling import check_sampling
+from jaxspec.sampling import check_sampling, check_seed
 
 SAMPLING_HELP = {
     "temperature": "sampling temperature; 0 = greedy (default %(default)s)",
@@ -106,9 +106,6 @@ def draft_spec_from_args(args: argparse.Namespace) -> DraftSpec:
     return DraftSpec(**given)
 
 
-SEED_LIMIT = 1 << 32  # a seed keys jax.random.PRNGKey: larger ones would collide
-
-
 def check_args(args: argparse.Namespace) -> DraftSpec:
     """Validate every shared flag `args` has, before anything loads: the sampling values
     (`check_sampling`, the library's own validator), the seed, the draft flags (`DraftSpec`)
@@ -117,9 +114,7 @@ def check_args(args: argparse.Namespace) -> DraftSpec:
     """
     sampling = {f: getattr(args, f) for f in ("temperature", "top_k", "top_p") if hasattr(args, f)}
     check_sampling(1, **sampling)
-    seed = getattr(args, "seed", 0)
-    if not 0 <= seed < SEED_LIMIT:
-        raise ValueError(f"--seed must be in [0, 2**32), got {seed}")
+    check_seed(getattr(args, "seed", 0), "--seed")
     mode = getattr(args, "mode", MODES[0])
     if mode not in MODES:  # argparse's choices already refuse it; kept for Namespaces built by hand
         raise ValueError(f"--mode must be one of {MODES}, got {mode!r}")

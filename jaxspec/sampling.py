@@ -36,8 +36,20 @@ class Purpose(enum.IntEnum):
     TARGET = 4
 
 
+# `PRNGKey` keeps 32 bits of a seed unless x64 is on: larger seeds would collide with smaller
+# ones (2**32 + 5 == 5) and draw differently on an x64 verifier. One limit, checked everywhere.
+SEED_LIMIT = 1 << 32
+
+
+def check_seed(seed: int, name: str = "seed") -> None:
+    """Raise `ValueError` unless `seed` is in [0, 2**32)."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"{name} must be in [0, 2**32), got {seed}")
+
+
 def session_key(seed: int, row: int = 0) -> UInt32[Array, "2"]:
     """Row `row`'s session key for an integer seed: `fold_in(PRNGKey(seed), row)`."""
+    check_seed(int(seed))
     return jax.random.fold_in(jax.random.PRNGKey(seed), row)
 
 
@@ -45,10 +57,13 @@ def session_keys(seeds: Sequence[int] | int, rows: int) -> UInt32[Array, "B 2"]:
     """Session keys `[B, 2]`: one seed -> row i gets `fold_in(PRNGKey(seed), i)`; a list of
     seeds -> row i gets `fold_in(PRNGKey(seeds[i]), 0)`."""
     if isinstance(seeds, int | np.integer):
+        check_seed(int(seeds))
         base = jax.random.PRNGKey(int(seeds))
         return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.arange(rows))
     if len(seeds) != rows:
         raise ValueError(f"got {len(seeds)} seeds for {rows} rows")
+    for s in seeds:
+        check_seed(int(s))
     return jax.vmap(lambda s: jax.random.fold_in(jax.random.PRNGKey(s), 0))(
         jnp.asarray(seeds, jnp.uint32)
     )

@@ -11,6 +11,7 @@ from scipy import stats
 from jaxspec.sampling import (
     Purpose,
     SamplingParams,
+    check_seed,
     position_key,
     sample,
     session_key,
@@ -116,3 +117,18 @@ def test_position_keys_are_pure_functions_of_seed_position_purpose():
 def test_bad_sampling_params_are_rejected(kw, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams.make(3, **kw)
+
+
+def test_seeds_are_limited_to_the_32_bits_a_key_keeps():
+    """Without x64, PRNGKey keeps 32 bits of a seed: 2**32 + 5 would draw exactly as 5. The one
+    limit refuses such seeds in the API, the flags and the verifier alike."""
+    assert np.array_equal(jax.random.PRNGKey(2**32 + 5), jax.random.PRNGKey(5))
+    check_seed(0)
+    check_seed(2**32 - 1)
+    for bad in (-1, 2**32, 2**63):
+        with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*32\)"):
+            check_seed(bad)
+    with pytest.raises(ValueError, match="seed must be"):
+        session_keys(2**32 + 5, 2)
+    with pytest.raises(ValueError, match="seed must be"):
+        session_keys([1, 2**32], 2)

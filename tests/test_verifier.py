@@ -290,6 +290,7 @@ def test_errors_are_precise_and_harmless():
         dict(encoding="x"),
         dict(temperature=-1.0),
         dict(max_new_tokens=100),
+        dict(seed=2**32),
     ]
     for kw in bad_cfgs:
         with pytest.raises(InvalidArgument):

@@ -39,7 +39,7 @@ from jaxspec.protocol import (
     SessionInfo,
     VerifyResult,
 )
-from jaxspec.sampling import SamplingParams, session_key
+from jaxspec.sampling import SamplingParams, check_seed, session_key
 from jaxspec.verification import DraftQ, check_draft_q
 from verify.step import (
     VerifyBatch,
@@ -275,8 +275,10 @@ class Scheduler:
         )
         if c.max_new_tokens < 1:
             raise InvalidArgument("max_new_tokens must be >= 1")
-        if not 0 <= c.seed < 2**63:
-            raise InvalidArgument("seed must be in [0, 2**63)")
+        try:
+            check_seed(c.seed)
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
         if c.committed:
             if any(not 0 <= t < self.vocab for t in c.committed):
                 raise InvalidArgument(f"committed token ids must be in [0, {self.vocab})")
