@@ -6,12 +6,17 @@ verify and edge never import each other; proofs imports nothing of the package.
 
 from __future__ import annotations
 
-import ast
+import collections
+import importlib.util
 import pathlib
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("import_graph", ROOT / "tools/import_graph.py")
+import_graph = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(import_graph)
+imports = import_graph.imports  # the one import reader (tools/import_graph.py draws with it)
 PROJECT = ("jaxspec", "verify", "edge", "jaxspec_apps", "proofs")
 # What each package must never import (at any depth in a module).
 FORBIDDEN = {
@@ -21,19 +26,6 @@ FORBIDDEN = {
     "proofs": {"jaxspec", "verify", "edge", "jaxspec_apps"},
     "jaxspec_apps": {"proofs"},
 }
-
-
-def imports(source: str) -> list[tuple[str, bool]]:
-    """(module imported, at module top?) for every import statement in `source`."""
-    tree = ast.parse(source)
-    top = {id(n) for n in tree.body}
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out += [(a.name, id(node) in top) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.append((node.module, id(node) in top))
-    return out
 
 
 def violations(package: str, source: str) -> list[str]:
@@ -86,3 +78,13 @@ def test_tools_do_not_import_script_modules():
 def test_the_checker_catches_an_upward_import(package, source):
     """Mutants: each planted import breaks one rule and must be reported."""
     assert violations(package, source)
+
+
+def test_the_package_graph_has_no_edge_running_up_or_sideways():
+    """The picture of docs/design.md §1 (`python tools/import_graph.py`), from the source."""
+    found = import_graph.edges(ROOT)
+    assert import_graph.violations(found) == []
+    assert {a for a, _ in found} == {"jaxspec_apps", "verify", "edge"}  # jaxspec: no arrow out
+    planted = collections.Counter({**found, ("jaxspec", "verify"): 1, ("edge", "verify"): 1})
+    assert import_graph.violations(planted) == [("edge", "verify"), ("jaxspec", "verify")]
+    assert "NOT ALLOWED" in import_graph.picture(planted)
