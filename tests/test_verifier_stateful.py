@@ -136,7 +136,7 @@ class VerifierMachine(RuleBasedStateMachine):
         try:
             ticket = self.s.submit(block, c.tenant)
         except ResourceExhausted:
-            assert len(self.s.sessions[c.sid].queue) == self.s.max_queue_per_session
+            assert len(self.s.sessions[c.sid].queue) == self.s.config.max_queue_per_session
             return
         self.by_ticket[ticket] = c
         self.blocks[ticket] = block
