@@ -24,7 +24,13 @@ from collections.abc import Sequence
 from edge.client import GrpcEndpoint, check_verifier, retry_notice
 from edge.drafter import load_drafter
 from edge.session import run_session
-from jaxspec.flags import add_draft_flags, add_sampling_flags, check_args
+from jaxspec.flags import (
+    add_cache_flag,
+    add_draft_flags,
+    add_sampling_flags,
+    check_args,
+    use_compilation_cache,
+)
 from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
 from jaxspec.text import decode_text, encode_prompt
 
@@ -43,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=64)
     add_sampling_flags(g)
     add_draft_flags(g, mode="pipelined")
+    add_cache_flag(g)
     g.add_argument("--depth", type=int, default=2, help="blocks in flight (pipelined)")
     g.add_argument(
         "--resume-timeout-s",
@@ -118,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = _check(args)
     except ValueError as e:  # a bad flag is a usage error (exit 2), not the verifier's refusal
         parser.error(str(e))
+    use_compilation_cache(args)  # the draft's compiled steps, for the next run
     try:
         return asyncio.run(_generate(args, spec))
     except VerifierError as e:

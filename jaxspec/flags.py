@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 from jaxspec.protocol import ENCODINGS, MODES, DraftSpec
 from jaxspec.sampling import check_sampling, check_seed
+from jaxspec.xla_cache import compilation_cache_dir, configure_compilation_cache
 
 SAMPLING_HELP = {
     "temperature": "sampling temperature; 0 = greedy (default %(default)s)",
@@ -123,3 +124,20 @@ def check_args(args: argparse.Namespace) -> DraftSpec:
         if value < 1:
             raise ValueError(f"--{dest.replace('_', '-')} must be >= 1, got {value}")
     return draft_spec_from_args(args)
+
+
+def add_cache_flag(parser: argparse.ArgumentParser) -> None:
+    """Add `--compilation-cache DIR` (see `jaxspec.xla_cache`)."""
+    parser.add_argument(
+        "--compilation-cache",
+        default=None,
+        metavar="DIR",
+        help="keep compiled executables in DIR for the next run ('none': off; default: "
+        "$JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/jaxspec/xla or ~/.cache/jaxspec/xla)",
+    )
+
+
+def use_compilation_cache(args: argparse.Namespace) -> str | None:
+    """Turn on the persistent compilation cache `--compilation-cache` names (call it before
+    anything compiles); the directory in use, or None."""
+    return configure_compilation_cache(compilation_cache_dir(args.compilation_cache))

@@ -18,7 +18,13 @@ import sys
 from collections.abc import Sequence
 
 import jaxspec
-from jaxspec.flags import add_draft_flags, add_sampling_flags, check_args
+from jaxspec.flags import (
+    add_cache_flag,
+    add_draft_flags,
+    add_sampling_flags,
+    check_args,
+    use_compilation_cache,
+)
 from jaxspec.testing import write_random_checkpoint
 from jaxspec.text import decode_text, encode_prompt
 from jaxspec_apps import bench, demo
@@ -26,6 +32,7 @@ from jaxspec_apps import bench, demo
 
 def _generate(args: argparse.Namespace) -> int:
     check_args(args)  # every flag, before the checkpoints load (tens of seconds)
+    use_compilation_cache(args)
     model = jaxspec.load(args.checkpoint)
     draft = jaxspec.load(args.draft) if args.draft else None
     ids = encode_prompt(model, args.prompt)
@@ -80,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_flags(g)
     g.add_argument("--draft", default=None, help="draft checkpoint: speculative decoding")
     add_draft_flags(g, mode="sync")
+    add_cache_flag(g)
     g.set_defaults(func=_generate)
 
     r = sub.add_parser("init-random", help="write a random-weight tiny checkpoint")

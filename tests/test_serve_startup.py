@@ -22,12 +22,13 @@ from jaxspec.model import Model, init_params
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.testing import tiny_config
+from jaxspec.xla_cache import compilation_cache_dir
 from tests import grpc_helpers as h
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 from verify.__main__ import build_parser, refuse_insecure_public
 from verify.process import VerifierProcess
 from verify.scheduler import WarmupCancelled, warmup_shapes
-from verify.serve import bind, compilation_cache_dir, insecure_public_reason, is_loopback
+from verify.serve import bind, insecure_public_reason, is_loopback
 from verify.tenants import Tenant, Tenants, token_sha256
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

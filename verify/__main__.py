@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 
 import jaxspec
+from jaxspec.flags import add_cache_flag, use_compilation_cache
 from jaxspec.model import Model
 from verify.local import LocalVerifier
 from verify.scheduler import SchedulerConfig, WarmupCancelled, row_buckets_for, warmup_shapes
@@ -38,8 +39,6 @@ from verify.serve import (
     Server,
     bind,
     checkpoint_vocab,
-    compilation_cache_dir,
-    configure_compilation_cache,
     insecure_public_reason,
 )
 from verify.step import make_mesh
@@ -89,13 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
     s.add_argument("--no-warmup", action="store_true", help="compile lazily (tests, demos)")
-    s.add_argument(
-        "--compilation-cache",
-        default=None,
-        metavar="DIR",
-        help="keep compiled steps in DIR ('none': off; default: $JAX_COMPILATION_CACHE_DIR, "
-        "else $XDG_CACHE_HOME/jaxspec/xla or ~/.cache/jaxspec/xla)",
-    )
+    add_cache_flag(s)
     return p
 
 
@@ -148,7 +141,7 @@ async def _serve(args: argparse.Namespace) -> int:
         tenants = Tenants(None)
         log.warning("no --tenants file: every caller is accepted as tenant %r", ANONYMOUS)
     config = scheduler_config_from_args(args)  # bad flags fail before anything is bound
-    cache = configure_compilation_cache(compilation_cache_dir(args.compilation_cache))
+    cache = use_compilation_cache(args)
     log.info("compilation cache: %s", cache or "off")
     model = None
     vocab = checkpoint_vocab(args.checkpoint)

@@ -7,9 +7,6 @@ target loads and its step shapes compile; `Server.ready(verifier)` then puts the
 message limits, TLS, health, optional reflection, the Prometheus endpoint and idle eviction;
 `Server.drain()` ends it gracefully.
 
-`configure_compilation_cache()` keeps compiled executables in JAX's persistent cache (a
-per-user directory unless told otherwise), so a second start loads what the first compiled.
-
 `python -m verify serve` (verify/__main__.py) is the command line over this module; the RPCs
 are `verify.servicer`'s, the tenants `verify.tenants`', the metrics `verify.metrics`'.
 """
@@ -22,15 +19,12 @@ import errno
 import ipaddress
 import json
 import logging
-import os
 import pathlib
 import socket
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import grpc
-import jax
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection as grpc_reflection
 
@@ -87,40 +81,6 @@ def insecure_public_reason(host: str, *, tenants: bool, tls: bool) -> str | None
         f"--host {host} is not a loopback address: {'; '.join(problems)}. Add them, serve on "
         "--host 127.0.0.1, or pass --allow-insecure-public if that is what you mean"
     )
-
-
-def compilation_cache_dir(flag: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
-    """Where compiled executables are kept: `flag` (`--compilation-cache DIR`, or "none":
-    nowhere), else $JAX_COMPILATION_CACHE_DIR, else the per-user $XDG_CACHE_HOME/jaxspec/xla
-    (~/.cache/jaxspec/xla)."""
-    if flag is not None:
-        return None if flag.strip().lower() == "none" else flag
-    if environ.get("JAX_COMPILATION_CACHE_DIR"):
-        return environ["JAX_COMPILATION_CACHE_DIR"]
-    xdg = environ.get("XDG_CACHE_HOME", "")
-    base = pathlib.Path(xdg) if os.path.isabs(xdg) else pathlib.Path.home() / ".cache"
-    return str(base / "jaxspec" / "xla")
-
-
-def configure_compilation_cache(path: str | None) -> str | None:
-    """Point JAX's persistent compilation cache at `path` (None: off); call it before
-    anything compiles. Every step shape is cached, however fast it compiled (unless
-    $JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise). Returns the directory in
-    use, or None — also when it cannot be created (a warning says so; the server then
-    compiles without it)."""
-    if path is not None:
-        try:
-            path = str(pathlib.Path(path).expanduser())
-            pathlib.Path(path).mkdir(parents=True, exist_ok=True)
-        except (OSError, RuntimeError) as e:
-            log.warning("compilation cache %s is unusable (%s): compiling without it", path, e)
-            path = None
-    jax.config.update("jax_enable_compilation_cache", path is not None)
-    if path is not None:
-        jax.config.update("jax_compilation_cache_dir", path)
-        if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
-            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    return path
 
 
 def checkpoint_vocab(checkpoint: str) -> int | None:

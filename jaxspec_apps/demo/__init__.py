@@ -30,7 +30,13 @@ import sys
 from rich.console import Console
 from rich.live import Live
 
-from jaxspec.flags import add_draft_flags, add_sampling_flags, check_args
+from jaxspec.flags import (
+    add_cache_flag,
+    add_draft_flags,
+    add_sampling_flags,
+    check_args,
+    use_compilation_cache,
+)
 from jaxspec.protocol import VerifierError
 from jaxspec.shapes import bucket
 from jaxspec_apps.demo._render import Dashboard, save_capture, summary
@@ -46,6 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = "Live view of edge tenants drafting against a verifier service."
     p.add_argument("--tenants", type=int, default=3, help="edge tenants (default 3)")
     add_draft_flags(p, mode="pipelined", encoding=None, sparse_k=None)  # full q on the wire
+    add_cache_flag(p)
     p.add_argument("--depth", type=int, default=2, help="blocks in flight when pipelined")
     p.add_argument("--rtt-ms", type=float, default=50.0, help="simulated round trip (ms)")
     p.add_argument("--jitter-ms", type=float, default=5.0, help="± on the round trip (ms)")
@@ -115,13 +122,15 @@ def _check(args: argparse.Namespace) -> None:
 
 def serve_args(args: argparse.Namespace) -> list[str]:
     """The spawned verifier's flags: one KV slot per tenant, the demo's gamma, enough length
-    for the longest prompt (bytes bound its tokens) plus --tokens."""
-
+    for the longest prompt (bytes bound its tokens) plus --tokens, the demo's compilation
+    cache when one is named."""
     prompts = args.prompt or DEFAULT_PROMPTS
     need = max(len(p.encode()) for p in prompts) + args.tokens + 16
     max_len = bucket(need, 512)
     out = ["--checkpoint", args.checkpoint, "--max-sessions", str(args.tenants)]
     out += ["--max-gamma", str(args.gamma), "--max-len", str(max_len), "--drain-timeout-s", "2"]
+    if args.compilation_cache is not None:
+        out += ["--compilation-cache", args.compilation_cache]
     return out if args.warmup else [*out, "--no-warmup"]
 
 
@@ -229,6 +238,7 @@ def main(args: argparse.Namespace) -> int:
     verifier unusable or not starting, a tenant's error); a bad option is 2 (the CLI)."""
 
     _check(args)  # a bad option is a ValueError: the CLI's exit status 2, before anything runs
+    use_compilation_cache(args)  # the draft's compiled steps, for the next start
     console = Console()
     live = console.is_terminal and not args.plain
     try:
