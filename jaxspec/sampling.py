@@ -96,7 +96,10 @@ def check_sampling(
     a command checks its flags before it loads (or compiles) anything."""
 
     def col(x, dtype, name):
-        a = np.asarray(x, dtype)
+        try:
+            a = np.asarray(x, dtype)
+        except OverflowError:  # e.g. a top_k of 2**31 or more: not an int32
+            raise ValueError(f"{name} is out of range, got {x}") from None
         if a.shape not in ((), (1,), (rows,)):
             raise ValueError(f"{name} has {a.shape} values for {rows} rows")
         return np.broadcast_to(a, (rows,)).copy()

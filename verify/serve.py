@@ -30,11 +30,10 @@ from grpc_reflection.v1alpha import reflection as grpc_reflection
 
 from jaxspec.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
 from jaxspec.proto import verifier_pb2 as pb
-from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from verify.local import LocalVerifier
 from verify.metrics import MetricsServer, serve_metrics
 from verify.scheduler import SchedulerConfig
-from verify.servicer import VerifierService
+from verify.servicer import VerifierService, add_to_server
 from verify.tenants import Tenants
 
 log = logging.getLogger("verify.serve")
@@ -214,7 +213,7 @@ async def bind(
     except RuntimeError:
         raise OSError(f"cannot listen on {address}: {_why_not_bound(host, port)}") from None
     service = VerifierService(tenants or Tenants(None), config.row_buckets)
-    pb_grpc.add_VerifierServicer_to_server(service, server)
+    add_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE):

@@ -46,6 +46,56 @@ WARMING_UP = (
 )
 
 
+class Undecodable:
+    """The stand-in for a request whose bytes are not a `message` (what `add_to_server`'s
+    deserializers give instead of raising): the handler answers INVALID_ARGUMENT after
+    authentication, where a raising deserializer would answer UNKNOWN with a traceback."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+def _tolerant(message_type: Any) -> Any:
+    def decode(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except Exception:  # DecodeError, or anything else protobuf raises on bad bytes
+            return Undecodable(message_type.DESCRIPTOR.name)
+
+    return decode
+
+
+def add_to_server(service: VerifierService, server: Any) -> None:
+    """Register `service` as `jaxspec.v1.Verifier` on `server`, like the generated
+    `add_VerifierServicer_to_server` but with deserializers that never raise (`Undecodable`)."""
+    handlers = {
+        "OpenSession": grpc.unary_unary_rpc_method_handler(
+            service.OpenSession,
+            request_deserializer=_tolerant(pb.OpenSessionRequest),
+            response_serializer=pb.OpenSessionResponse.SerializeToString,
+        ),
+        "Verify": grpc.stream_stream_rpc_method_handler(
+            service.Verify,
+            request_deserializer=_tolerant(pb.DraftBlock),
+            response_serializer=pb.VerifyResult.SerializeToString,
+        ),
+        "CloseSession": grpc.unary_unary_rpc_method_handler(
+            service.CloseSession,
+            request_deserializer=_tolerant(pb.CloseSessionRequest),
+            response_serializer=pb.CloseSessionResponse.SerializeToString,
+        ),
+        "Stats": grpc.unary_unary_rpc_method_handler(
+            service.Stats,
+            request_deserializer=_tolerant(pb.StatsRequest),
+            response_serializer=pb.StatsResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("jaxspec.v1.Verifier", handlers),)
+    )
+    server.add_registered_method_handlers("jaxspec.v1.Verifier", handlers)
+
+
 class VerifierService(pb_grpc.VerifierServicer):
     """The `jaxspec.v1.Verifier` servicer; `tenants` does the auth, `metrics` (its own
     Prometheus registry, its rows histogram over `row_buckets`) counts what happens, and the
@@ -81,6 +131,13 @@ class VerifierService(pb_grpc.VerifierServicer):
             await self._fail(context, method, "UNAUTHENTICATED", "missing or invalid token")
         return tenant
 
+    async def _decoded(self, request: Any, context: Any, method: str) -> None:
+        """INVALID_ARGUMENT for a request whose bytes did not decode (after `_auth`)."""
+        if isinstance(request, Undecodable):
+            await self._fail(
+                context, method, "INVALID_ARGUMENT", f"the request is not a {request.message}"
+            )
+
     async def _ready(self, context: Any, method: str) -> LocalVerifier:
         """The verifier, or UNAVAILABLE while warming up."""
         if self.verifier is None:
@@ -97,6 +154,7 @@ class VerifierService(pb_grpc.VerifierServicer):
         self, request: pb.OpenSessionRequest, context: Any
     ) -> pb.OpenSessionResponse:
         tenant = await self._auth(context, "OpenSession")
+        await self._decoded(request, context, "OpenSession")
         if self.draining.is_set():
             await self._fail(context, "OpenSession", "UNAVAILABLE", "the verifier is draining")
         verifier = await self._ready(context, "OpenSession")
@@ -114,6 +172,7 @@ class VerifierService(pb_grpc.VerifierServicer):
         self, request: pb.CloseSessionRequest, context: Any
     ) -> pb.CloseSessionResponse:
         tenant = await self._auth(context, "CloseSession")
+        await self._decoded(request, context, "CloseSession")
         verifier = await self._ready(context, "CloseSession")
         try:
             await verifier.for_tenant(tenant.name).close_session(request.session_id)
@@ -129,6 +188,7 @@ class VerifierService(pb_grpc.VerifierServicer):
 
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
         await self._auth(context, "Stats")
+        await self._decoded(request, context, "Stats")
         return pb.StatsResponse(**self.stats())
 
     def stats(self) -> dict[str, Any]:

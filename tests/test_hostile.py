@@ -1,0 +1,107 @@
+"""Hostile input against a real verifier (a `python -m verify serve` subprocess, TLS, the
+tenants of tests/grpc_helpers.py): every failure ends with a documented status, never UNKNOWN,
+never a traceback in the server's log, never a hung stream, and a well-behaved tenant's
+session running meanwhile keeps exactly its tokens (docs/service.md, "Bad input")."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+
+from jaxspec import wire
+from jaxspec.proto import verifier_pb2_grpc as pb_grpc
+from tests import grpc_helpers as h
+
+BOB_CFG = h.config(prompt=(5, 6, 7), max_new_tokens=48, mode="sync", gamma=2, seed=11)
+ALICE_CFG = h.config(prompt=(1, 2, 3), max_new_tokens=32, mode="sync", gamma=2, seed=3)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    target, draft = h.write_models(root)
+    cert, key = h.self_signed(root)
+    tenants = h.write_tenants(root / "tenants.toml")
+    server = h.spawn(
+        target,
+        "--tenants", str(tenants), "--tls-cert", str(cert), "--tls-key", str(key),
+        "--metrics-port", "0", "--idle-timeout-s", "60",
+        env=h.server_env(root / "jax-cache"),
+    )  # fmt: skip
+    world = dict(target=target, draft=draft, ca=cert, server=server)
+    world["address"] = f"localhost:{server.port}"
+    world["bob"] = bob_tokens(world)  # the well-behaved tenant's reference
+    try:
+        yield world
+    finally:
+        log = server.log
+        assert server.stop() == 0, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+
+
+def bob_tokens(world) -> tuple[int, ...]:
+    cfg = BOB_CFG
+    return h.run(
+        h.session(world["address"], world["draft"], cfg, h.TOKENS["bob"], world["ca"])
+    ).tokens
+
+
+class Bob:
+    """Bob's session in a thread while the hostile calls run; `check` joins it and asserts
+    its tokens are the reference's."""
+
+    def __init__(self, world):
+        self.world, self.tokens = world, None
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self):
+        self.tokens = bob_tokens(self.world)
+
+    def check(self):
+        self.thread.join(120)
+        assert self.tokens == self.world["bob"]
+
+
+def channel(world) -> grpc.Channel:
+    return h.channel(world["address"], world["ca"])
+
+
+def code_of(call) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as e:
+        call()
+    assert e.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED, e.value.details()
+    return e.value.code(), e.value.details()
+
+
+def open_session(world, tenant="alice", cfg=ALICE_CFG) -> str:
+    stub = pb_grpc.VerifierStub(channel(world))
+    return stub.OpenSession(wire.config_to_proto(cfg), metadata=h.auth(tenant)).session_id
+
+
+@pytest.mark.parametrize("method", ["OpenSession", "CloseSession", "Stats"])
+def test_undecodable_unary_requests_are_invalid_argument(world, method):
+    bob = Bob(world)
+    raw = channel(world).unary_unary(
+        f"/jaxspec.v1.Verifier/{method}", request_serializer=None, response_deserializer=None
+    )
+    code, details = code_of(lambda: raw(b"\xff\xff\xff", metadata=h.auth("alice"), timeout=20))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    # an unknown caller learns nothing more than UNAUTHENTICATED
+    code, _ = code_of(lambda: raw(b"\xff\xff\xff", timeout=20))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    bob.check()
+
+
+@pytest.mark.parametrize("top_k", [2**31, 2**32 - 1])
+def test_a_top_k_past_int32_is_invalid_argument(world, top_k):
+    bob = Bob(world)
+    req = wire.config_to_proto(ALICE_CFG)
+    req.top_k = top_k
+    stub = pb_grpc.VerifierStub(channel(world))
+    code, details = code_of(lambda: stub.OpenSession(req, metadata=h.auth("alice"), timeout=20))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert "top_k" in details
+    bob.check()
