@@ -11,7 +11,9 @@ import grpc
 import pytest
 
 from jaxspec import wire
+from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
+from jaxspec.protocol import DraftBlock
 from tests import grpc_helpers as h
 
 BOB_CFG = h.config(prompt=(5, 6, 7), max_new_tokens=48, mode="sync", gamma=2, seed=11)
@@ -104,4 +106,55 @@ def test_a_top_k_past_int32_is_invalid_argument(world, top_k):
     code, details = code_of(lambda: stub.OpenSession(req, metadata=h.auth("alice"), timeout=20))
     assert code == grpc.StatusCode.INVALID_ARGUMENT, details
     assert "top_k" in details
+    bob.check()
+
+
+ONEHOT_CFG = h.config(
+    prompt=(1, 2, 3), max_new_tokens=32, mode="pipelined", gamma=2, encoding="onehot", seed=3
+)
+
+
+def open_onehot(world) -> str:
+    return open_session(world, cfg=ONEHOT_CFG)
+
+
+def block(sid: str, epoch: int, start: int, tokens=(10, 20)) -> bytes:
+    b = wire.block_to_proto(DraftBlock(session_id=sid, epoch=epoch, start=start, tokens=tokens))
+    return b.SerializeToString()
+
+
+def raw_verify(world, messages, timeout=20):
+    """A raw Verify stream of `messages` (bytes): (the results, the status code, details)."""
+    call = channel(world).stream_stream(
+        "/jaxspec.v1.Verifier/Verify", request_serializer=None, response_deserializer=None
+    )
+    results = []
+    try:
+        for r in call(iter(messages), metadata=h.auth("alice"), timeout=timeout):
+            results.append(wire.result_from_proto(pb.VerifyResult.FromString(r)))
+    except grpc.RpcError as e:
+        assert e.code() != grpc.StatusCode.DEADLINE_EXCEEDED, e.details()
+        return results, e.code(), e.details()
+    return results, grpc.StatusCode.OK, ""
+
+
+def next_block(sid: str, r) -> bytes:
+    epoch = r.new_epoch or r.epoch
+    return block(sid, epoch, r.start + len(r.tokens))
+
+
+def test_an_undecodable_verify_message_ends_the_stream_and_frees_the_session(world):
+    bob = Bob(world)
+    sid = open_onehot(world)
+    start = len(ONEHOT_CFG.prompt)
+    results, code, details = raw_verify(world, [block(sid, 0, start), b"\xff\xff\xff"])
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert len(results) == 1 and not results[0].stale
+    # the session is not bound to a hung stream: a new stream goes on with it
+    more, code, details = raw_verify(world, [next_block(sid, results[0])])
+    assert code == grpc.StatusCode.OK, details
+    assert len(more) == 1 and not more[0].stale
+    # undecodable from the first message on
+    _, code, details = raw_verify(world, [b"\xff\xff\xff"])
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
     bob.check()

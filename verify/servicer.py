@@ -20,6 +20,7 @@ not a refusal. Start-up, health and the drain's timing are `verify.serve`'s.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -39,6 +40,8 @@ from jaxspec.protocol import (
 from verify.local import LocalVerifier
 from verify.metrics import ServiceMetrics
 from verify.tenants import RateLimits, Tenant, Tenants
+
+log = logging.getLogger(__name__)
 
 WARMING_UP = (
     "the verifier is warming up (loading the target, compiling its batch shapes): "
@@ -234,6 +237,8 @@ class VerifierService(pb_grpc.VerifierServicer):
                     if self.draining.is_set():
                         raise Unavailable("the verifier is draining: resume the session")
                     received = time.perf_counter()
+                    if isinstance(msg, Undecodable):
+                        raise InvalidArgument(f"a Verify message is not a {msg.message}")
                     block = wire.block_from_proto(msg)
                     if not session:
                         endpoint.scheduler.get(block.session_id, tenant.name)  # NotFound
@@ -249,6 +254,9 @@ class VerifierService(pb_grpc.VerifierServicer):
                 items.put_nowait(e)
             except grpc.RpcError:
                 items.put_nowait(None)  # the client went away: the writer sees the cancel
+            except Exception:  # a bug of ours: end the stream with INTERNAL, not a hang
+                log.exception("reading a Verify stream")
+                items.put_nowait(VerifierError("internal error reading the stream"))
 
         reader = asyncio.ensure_future(read())
         drain = asyncio.ensure_future(self.draining.wait())
