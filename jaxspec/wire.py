@@ -68,7 +68,7 @@ def config_from_proto(m: pb.OpenSessionRequest) -> SessionConfig:
         max_new_tokens=m.max_new_tokens,
         temperature=m.temperature,
         top_k=m.top_k,
-        top_p=m.top_p if m.top_p > 0 else 1.0,
+        top_p=1.0 if m.top_p == 0 else m.top_p,  # 0 is proto3's "unset": off, as 1 is
         seed=m.seed,
         mode=_enum(m.mode, _MODES, "mode"),
         draft=DraftSpec(

@@ -158,3 +158,68 @@ def test_an_undecodable_verify_message_ends_the_stream_and_frees_the_session(wor
     _, code, details = raw_verify(world, [b"\xff\xff\xff"])
     assert code == grpc.StatusCode.INVALID_ARGUMENT, details
     bob.check()
+
+
+VOCAB = 258  # the byte tokenizer of jaxspec.testing
+
+
+def open_code(world, **fields) -> tuple[grpc.StatusCode, str]:
+    """OpenSession with `fields` set on Alice's request: its status (closing what opened)."""
+    req = wire.config_to_proto(ALICE_CFG)
+    for name, value in fields.items():
+        if isinstance(value, list):
+            del getattr(req, name)[:]
+            getattr(req, name).extend(value)
+        else:
+            setattr(req, name, value)
+    stub = pb_grpc.VerifierStub(channel(world))
+    try:
+        sid = stub.OpenSession(req, metadata=h.auth("alice"), timeout=20).session_id
+    except grpc.RpcError as e:
+        return e.code(), e.details()
+    stub.CloseSession(pb.CloseSessionRequest(session_id=sid), metadata=h.auth("alice"))
+    return grpc.StatusCode.OK, ""
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(top_p=float("nan")),
+        dict(top_p=-0.5),
+        dict(top_p=1.5),
+        dict(top_p=float("inf")),
+        dict(stop_tokens=[VOCAB], default_stop_tokens=False),
+        dict(stop_tokens=[-1], default_stop_tokens=False),
+        dict(stop_tokens=list(range(100, 165)), default_stop_tokens=False),  # 65 > 64
+    ],
+    ids=[
+        "top_p-nan",
+        "top_p-negative",
+        "top_p-above-1",
+        "top_p-inf",
+        "stop-vocab",
+        "stop-neg",
+        "stop-65",
+    ],
+)
+def test_bad_sampling_and_stop_tokens_are_invalid_argument(world, fields):
+    bob = Bob(world)
+    code, details = open_code(world, **fields)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    bob.check()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(top_p=0.0),  # proto3's unset: off
+        dict(top_p=1.0),
+        dict(top_p=0.5),
+        dict(stop_tokens=list(range(100, 164)), default_stop_tokens=False),  # 64
+        dict(stop_tokens=[VOCAB - 1], default_stop_tokens=False),
+    ],
+    ids=["top_p-0-unset", "top_p-1", "top_p-half", "stop-64", "stop-last-id"],
+)
+def test_the_bounds_themselves_are_accepted(world, fields):
+    code, details = open_code(world, **fields)
+    assert code == grpc.StatusCode.OK, details

@@ -105,6 +105,10 @@ class Metrics:
         return self.occupancy_sum / self.steps if self.steps else 0.0
 
 
+# The most stop tokens a session may name (a bound on every list a request carries: the
+# prompt and the committed tokens are bounded by max_len already).
+MAX_STOP_TOKENS = 64
+
 # How many closed session ids the scheduler remembers (see `Scheduler.closed_recently`).
 CLOSED_MEMORY = 4096
 
@@ -268,6 +272,11 @@ class Scheduler:
             raise InvalidArgument(f"prompt token ids must be in [0, {self.vocab})")
         if c.mode not in MODES:
             raise InvalidArgument(f"mode must be one of {MODES}")
+        if c.stop_tokens is not None:
+            if len(c.stop_tokens) > MAX_STOP_TOKENS:
+                raise InvalidArgument(f"at most {MAX_STOP_TOKENS} stop tokens")
+            if any(not 0 <= t < self.vocab for t in c.stop_tokens):
+                raise InvalidArgument(f"stop token ids must be in [0, {self.vocab})")
         c.draft.check(
             vocab_size=self.vocab,
             max_gamma=self.config.max_gamma,
