@@ -223,3 +223,43 @@ def test_bad_sampling_and_stop_tokens_are_invalid_argument(world, fields):
 def test_the_bounds_themselves_are_accepted(world, fields):
     code, details = open_code(world, **fields)
     assert code == grpc.StatusCode.OK, details
+
+
+START = len(ONEHOT_CFG.prompt)
+
+
+def two_blocks(world, sid: str, between) -> list:
+    """A Verify stream of two blocks (the second after the first's result), calling `between`
+    in between while the stream is live: the results."""
+    got, first = [], threading.Event()
+
+    def messages():
+        yield block(sid, 0, START)
+        assert first.wait(20)
+        between()
+        yield next_block(sid, got[0])
+
+    call = channel(world).stream_stream(
+        "/jaxspec.v1.Verifier/Verify", request_serializer=None, response_deserializer=None
+    )
+    for r in call(messages(), metadata=h.auth("alice"), timeout=30):
+        got.append(wire.result_from_proto(pb.VerifyResult.FromString(r)))
+        first.set()
+    return got
+
+
+def test_a_second_stream_on_a_session_is_refused_and_the_first_goes_on(world):
+    bob = Bob(world)
+    reference = two_blocks(world, open_onehot(world), lambda: None)
+    sid = open_onehot(world)
+    second = []
+
+    def intrude():
+        _, code, details = raw_verify(world, [block(sid, 0, START)])
+        second.append((code, details))
+
+    got = two_blocks(world, sid, intrude)
+    assert second[0][0] == grpc.StatusCode.FAILED_PRECONDITION, second
+    assert "already has a stream" in second[0][1]
+    assert got == reference and len(got) == 2 and not any(r.stale for r in got)
+    bob.check()

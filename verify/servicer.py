@@ -7,10 +7,12 @@
 
 Every RPC authenticates first (no state is created for an unknown caller); every protocol
 error leaves as its own status (`jaxspec.protocol` names it), never UNKNOWN. A Verify stream
-carries one session: blocks are answered in order; a client that goes away (cancel,
-disconnect, deadline) frees its session's slot. Setting `draining` stops taking sessions and
-blocks; what was taken is answered, then every stream ends with UNAVAILABLE so clients resume
-elsewhere — with exactly the tokens they would have had, because draws are keyed by position.
+carries one session, and a session has one live stream at a time (a second one is
+FAILED_PRECONDITION, the first goes on): blocks are answered in order; a client that goes
+away (cancel, disconnect, deadline) frees its session's slot. Setting `draining` stops
+taking sessions and blocks; what was taken is answered, then every stream ends with
+UNAVAILABLE so clients resume elsewhere — with exactly the tokens they would have had,
+because draws are keyed by position.
 Until a verifier is attached (`attach`, once the target is loaded and warmed up) every RPC but
 Stats answers UNAVAILABLE "warming up". Closing a session that its tenant had and that is
 closed already (its stream ended, it was evicted, or closed before) answers OK: a normal end,
@@ -31,6 +33,7 @@ from jaxspec import wire
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import (
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
@@ -112,6 +115,7 @@ class VerifierService(pb_grpc.VerifierServicer):
         self.metrics = ServiceMetrics(self.stats, self.row_buckets)
         self.draining = asyncio.Event()
         self.streams = 0
+        self.bound: set[str] = set()  # the sessions that have a live Verify stream (one each)
         self.answered_draining = 0  # blocks answered while draining
         self.unanswered_draining = 0  # taken, then the stream ended in the drain: must stay 0
 
@@ -242,6 +246,9 @@ class VerifierService(pb_grpc.VerifierServicer):
                     block = wire.block_from_proto(msg)
                     if not session:
                         endpoint.scheduler.get(block.session_id, tenant.name)  # NotFound
+                        if block.session_id in self.bound:
+                            raise FailedPrecondition("the session already has a stream")
+                        self.bound.add(block.session_id)
                         session.append(block.session_id)
                     elif block.session_id != session[0]:
                         raise InvalidArgument("a Verify stream carries one session")
@@ -252,8 +259,10 @@ class VerifierService(pb_grpc.VerifierServicer):
                 items.put_nowait(None)
             except VerifierError as e:
                 items.put_nowait(e)
-            except grpc.RpcError:
-                items.put_nowait(None)  # the client went away: the writer sees the cancel
+            except (grpc.RpcError, grpc.aio.BaseError):
+                # the client went away (the writer sees the cancel), or the call is over
+                # (aborted by the writer) while this task still read
+                items.put_nowait(None)
             except Exception:  # a bug of ours: end the stream with INTERNAL, not a hang
                 log.exception("reading a Verify stream")
                 items.put_nowait(VerifierError("internal error reading the stream"))
@@ -296,8 +305,10 @@ class VerifierService(pb_grpc.VerifierServicer):
                 counts[1] += 1
         except VerifierError as e:
             keep = True  # the session stays; the client may open another stream
+            self.bound.difference_update(session)  # ... at once, even before the status
             await self._fail(context, "Verify", e.code, str(e))
         finally:
+            self.bound.difference_update(session)
             self.streams -= 1
             drain.cancel()
             reader.cancel()
