@@ -263,3 +263,35 @@ def test_a_second_stream_on_a_session_is_refused_and_the_first_goes_on(world):
     assert "already has a stream" in second[0][1]
     assert got == reference and len(got) == 2 and not any(r.stale for r in got)
     bob.check()
+
+
+GREEDY_CFG = h.config(
+    prompt=(1, 2, 3), max_new_tokens=32, mode="pipelined", gamma=2, encoding="onehot",
+    temperature=0.0, seed=3,
+)  # fmt: skip
+
+
+def test_no_block_read_after_a_failing_one_is_committed(world):
+    bob = Bob(world)
+
+    def first(tokens) -> object:  # the result of one block at START on a fresh session
+        sid = open_session(world, cfg=GREEDY_CFG)
+        results, code, details = raw_verify(world, [block(sid, 0, START, tokens)])
+        assert code == grpc.StatusCode.OK, details
+        return results[0]
+
+    g1 = first((10, 20)).tokens[0]  # greedy: the target's own first two tokens
+    g2 = first((g1, 20)).tokens[1]
+    r1 = first((g1, g2))  # all accepted: a block after it, at epoch 0, is not stale
+    after = r1.start + len(r1.tokens)
+    for _ in range(5):  # one write burst: a valid block, a failing one, a valid one
+        sid = open_session(world, cfg=GREEDY_CFG)
+        burst = [block(sid, 0, START, (g1, g2)), block(sid, 0, START, (1, 2, 3))]
+        results, code, details = raw_verify(world, [*burst, block(sid, 0, after, (10,))])
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+        assert results == [r1]
+        # the client was told of r1 only: the session's committed length is r1's end
+        check, code, details = raw_verify(world, [block(sid, 0, after, (10,))])
+        assert code == grpc.StatusCode.OK, details
+        assert len(check) == 1 and not check[0].stale, check
+    bob.check()

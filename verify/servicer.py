@@ -235,6 +235,22 @@ class VerifierService(pb_grpc.VerifierServicer):
         session: list[str] = []  # the stream's session id, once known
         counts = [0, 0]  # this stream's blocks taken, answered
 
+        failed = [False]  # a block of this stream failed: no later one reaches the scheduler
+
+        async def verify(block: Any) -> Any:
+            """The block's result; None, never submitted, for a block read after one that
+            failed (the stream ends with that failure, so nothing the client is not told
+            about is committed). Blocks are submitted in the order they were read: tasks
+            start in the order they were made, and submitting is their first, synchronous
+            step."""
+            if failed[0]:
+                return None
+            try:
+                return await endpoint.verify(block)
+            except VerifierError:
+                failed[0] = True
+                raise
+
         async def read() -> None:
             try:
                 async for msg in request_iterator:
@@ -253,7 +269,7 @@ class VerifierService(pb_grpc.VerifierServicer):
                     elif block.session_id != session[0]:
                         raise InvalidArgument("a Verify stream carries one session")
                     await self.rate_limits.take(tenant, len(block.tokens) + 1)
-                    fut = asyncio.ensure_future(endpoint.verify(block))
+                    fut = asyncio.ensure_future(verify(block))
                     items.put_nowait((block, received, fut))
                     counts[0] += 1
                 items.put_nowait(None)
