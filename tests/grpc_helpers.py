@@ -103,6 +103,21 @@ def server_env(cache_dir: pathlib.Path, devices: int | None = None) -> dict[str,
     return env
 
 
+def spawn_tls_tenants(root: pathlib.Path):
+    """Tiny target and draft under `root`, and a server over TLS with the three tenants of
+    `write_tenants`, metrics on a free port: (target dir, draft dir, CA cert, server)."""
+    target, draft = write_models(root)
+    cert, key = self_signed(root)
+    tenants = write_tenants(root / "tenants.toml")
+    server = spawn(
+        target,
+        "--tenants", str(tenants), "--tls-cert", str(cert), "--tls-key", str(key),
+        "--metrics-port", "0", "--idle-timeout-s", "60",
+        env=server_env(root / "jax-cache"),
+    )  # fmt: skip
+    return target, draft, cert, server
+
+
 def metrics_address(server: VerifierProcess) -> tuple[str, int]:
     """(host, port) of the metrics endpoint, from the server's "serving" line."""
     m = re.search(r"metrics on http://([^\s/]+):(\d+)/metrics", server.log)
@@ -129,6 +144,10 @@ def config(prompt=(1, 2, 3, 4), **kw) -> SessionConfig:
     spec.update({k: kw.pop(k) for k in ("gamma", "encoding", "sparse_k") if k in kw})
     base.update(kw)
     return SessionConfig(**base, draft=DraftSpec(**spec))
+
+
+# The well-behaved tenant's session, whose tokens must not change whatever others do.
+BOB_CFG = config(prompt=(5, 6, 7), max_new_tokens=48, mode="sync", gamma=2, seed=11)
 
 
 def endpoint(address: str, token: str | None = None, ca: pathlib.Path | None = None):

@@ -44,15 +44,7 @@ ALLOWED_VERIFY = {
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("grpc")
-    target, draft = h.write_models(root)
-    cert, key = h.self_signed(root)
-    tenants = h.write_tenants(root / "tenants.toml")
-    server = h.spawn(
-        target,
-        "--tenants", str(tenants), "--tls-cert", str(cert), "--tls-key", str(key),
-        "--metrics-port", "0", "--idle-timeout-s", "60",
-        env=h.server_env(root / "jax-cache"),
-    )  # fmt: skip
+    target, draft, cert, server = h.spawn_tls_tenants(root)
     try:
         yield dict(
             root=root, target=target, draft=draft, ca=cert, server=server,
@@ -74,7 +66,7 @@ def live_sessions(world) -> int:
     return stub(world).Stats(pb.StatsRequest(), metadata=h.auth("alice")).sessions
 
 
-BOB_CFG = h.config(prompt=(5, 6, 7), max_new_tokens=48, mode="sync", gamma=2, seed=11)
+BOB_CFG = h.BOB_CFG
 
 
 @pytest.fixture(scope="module")

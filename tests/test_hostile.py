@@ -16,22 +16,14 @@ from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import DraftBlock
 from tests import grpc_helpers as h
 
-BOB_CFG = h.config(prompt=(5, 6, 7), max_new_tokens=48, mode="sync", gamma=2, seed=11)
+BOB_CFG = h.BOB_CFG
 ALICE_CFG = h.config(prompt=(1, 2, 3), max_new_tokens=32, mode="sync", gamma=2, seed=3)
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
-    target, draft = h.write_models(root)
-    cert, key = h.self_signed(root)
-    tenants = h.write_tenants(root / "tenants.toml")
-    server = h.spawn(
-        target,
-        "--tenants", str(tenants), "--tls-cert", str(cert), "--tls-key", str(key),
-        "--metrics-port", "0", "--idle-timeout-s", "60",
-        env=h.server_env(root / "jax-cache"),
-    )  # fmt: skip
+    target, draft, cert, server = h.spawn_tls_tenants(root)
     world = dict(target=target, draft=draft, ca=cert, server=server)
     world["address"] = f"localhost:{server.port}"
     world["bob"] = bob_tokens(world)  # the well-behaved tenant's reference
