@@ -1,12 +1,13 @@
 """jaxspec: multi-tenant edge-cloud speculative decoding in JAX (core, pure functions)."""
 
-from jaxspec.checkpoint import load, save
+from jaxspec.checkpoint import load, load_gguf, save
 from jaxspec.config import CheckpointError, LlamaConfig, RopeScaling
 from jaxspec.generate import GenerateOutput, GenerateStats, generate
 from jaxspec.model import KVCache, Llama, Model, forward, init_cache, init_params
 from jaxspec.protocol import DraftSpec
 from jaxspec.quantize import quantize
 from jaxspec.sampling import Purpose, SamplingParams, position_key, session_key, warp
+from jaxspec.text import chat_prompt, decode_text, encode_prompt
 
 __all__ = [
     "CheckpointError",
@@ -20,11 +21,15 @@ __all__ = [
     "Purpose",
     "RopeScaling",
     "SamplingParams",
+    "chat_prompt",
+    "decode_text",
+    "encode_prompt",
     "forward",
     "generate",
     "init_cache",
     "init_params",
     "load",
+    "load_gguf",
     "position_key",
     "quantize",
     "save",

@@ -19,7 +19,9 @@ import jax.numpy as jnp
 from safetensors import safe_open
 from safetensors.flax import save_file
 
+from jaxspec import hub
 from jaxspec.config import CheckpointError, LlamaConfig
+from jaxspec.gguf_import import find_gguf, gguf_tokenizer, has_tokenizer, read_gguf
 from jaxspec.model import Model, init_params
 
 PathLike = str | os.PathLike[str]
@@ -61,7 +63,11 @@ def _hf_name(flax_path: tuple[str, ...]) -> tuple[str, bool]:
 
 
 def _resolve(path: PathLike) -> pathlib.Path:
+    """The checkpoint directory or GGUF file `path` names (a fetchable model is pulled)."""
     p = pathlib.Path(path)
+    gguf = find_gguf(p)
+    if gguf is not None:
+        return gguf
     if p.is_dir():
         return p
     if str(path) in BUILTIN_NAMES:
@@ -72,10 +78,15 @@ def _resolve(path: PathLike) -> pathlib.Path:
                 "train it with tools/train_default_models.py"
             )
         return builtin
+    if hub.remote_model(str(path)) is not None:
+        return hub.ensure(str(path))
     if p.exists():
-        raise CheckpointError(f"{p} is a file; jaxspec.load wants a checkpoint directory")
+        raise CheckpointError(
+            f"{p} is a file; jaxspec.load wants a checkpoint directory or a .gguf file"
+        )
     raise CheckpointError(
-        f"no checkpoint directory at {str(path)!r} (built-in names: {sorted(BUILTIN_NAMES)})"
+        f"no checkpoint directory or GGUF file at {str(path)!r} (built-in names: "
+        f"{sorted(BUILTIN_NAMES)}; fetched on first use: {hub.remote_names()})"
     )
 
 
@@ -106,11 +117,14 @@ def _read_tensors(files: list[pathlib.Path]) -> dict[str, jax.Array]:
 
 
 def load(path: PathLike, *, dtype: Any = jnp.float32, tokenizer: bool = True) -> Model:
-    """Load a HF-format Llama-family checkpoint directory (or a built-in name), or a
-    quantized checkpoint written by `save` (packed weights, no re-quantization).
+    """Load a HF-format Llama-family checkpoint directory, a GGUF file (or a directory holding
+    one), a quantized checkpoint written by `save` (packed weights, no re-quantization), or a
+    model by name.
 
     Args:
-      path: checkpoint directory, or "default" / "default-draft" for the shipped pair.
+      path: checkpoint directory or `.gguf` file; "default" / "default-draft" for the shipped
+        pair; "smollm2" (alias of "smollm2-135m-instruct") for SmolLM2-135M-Instruct, fetched
+        and converted on first use (`jaxspec.hub`).
       dtype: parameter and activation dtype (float32 matches transformers' float32 logits).
       tokenizer: load the tokenizer with `transformers.AutoTokenizer` when one is present.
 
@@ -118,6 +132,8 @@ def load(path: PathLike, *, dtype: Any = jnp.float32, tokenizer: bool = True) ->
       CheckpointError: missing files, unsupported `model_type`, missing or mis-shaped tensors.
     """
     d = _resolve(path)
+    if d.suffix == ".gguf" and d.is_file():
+        return load_gguf(d, name=str(path), dtype=dtype, tokenizer=tokenizer)
     cfg_file = d / "config.json"
     if not cfg_file.is_file():
         raise CheckpointError(f"{d} has no config.json")
@@ -132,8 +148,16 @@ def load(path: PathLike, *, dtype: Any = jnp.float32, tokenizer: bool = True) ->
         tok = _load_tokenizer(d) if tokenizer else None
         return load_quantized(d, raw_cfg, dtype=dtype, tokenizer=tok, name=str(path))
     config = LlamaConfig.from_hf(raw_cfg)
-    tensors = _read_tensors(_weight_files(d))
+    params = params_from_hf(config, _read_tensors(_weight_files(d)), str(d), dtype)
+    tok = _load_tokenizer(d) if tokenizer else None
+    return Model(config=config, params=params, tokenizer=tok, dtype=dtype, name=str(path))
 
+
+def params_from_hf(
+    config: LlamaConfig, tensors: dict[str, Any], where: str, dtype: Any = jnp.float32
+) -> Any:
+    """The model's param pytree from HF-named tensors (`[out, in]` linear weights): every
+    tensor the config implies must be there with its shape, and nothing else."""
     expected = jax.eval_shape(lambda: init_params(config))
     used: set[str] = set()
 
@@ -141,13 +165,13 @@ def load(path: PathLike, *, dtype: Any = jnp.float32, tokenizer: bool = True) ->
         keys = tuple(p.key for p in path)
         name, transpose = _hf_name(keys)
         if name not in tensors:
-            raise CheckpointError(f"{d}: tensor {name!r} is missing")
+            raise CheckpointError(f"{where}: tensor {name!r} is missing")
         hf_shape = tuple(leaf.shape)[::-1] if transpose else tuple(leaf.shape)
         arr = tensors[name]
         used.add(name)
         if tuple(arr.shape) != hf_shape:
             raise CheckpointError(
-                f"{d}: tensor {name!r} has shape {tuple(arr.shape)}, config implies {hf_shape}"
+                f"{where}: tensor {name!r} has shape {tuple(arr.shape)}, config implies {hf_shape}"
             )
         return jnp.asarray(arr.T if transpose else arr, dtype)
 
@@ -161,11 +185,27 @@ def load(path: PathLike, *, dtype: Any = jnp.float32, tokenizer: bool = True) ->
     ]
     if extra:
         raise CheckpointError(
-            f"{d}: tensors not in the config's architecture: {sorted(extra)[:5]}"
+            f"{where}: tensors not in the config's architecture: {sorted(extra)[:5]}"
             f"{' …' if len(extra) > 5 else ''}"
         )
-    tok = _load_tokenizer(d) if tokenizer else None
-    return Model(config=config, params=params, tokenizer=tok, dtype=dtype, name=str(path))
+    return params
+
+
+def load_gguf(
+    path: PathLike,
+    *,
+    name: str = "",
+    dtype: Any = jnp.float32,
+    tokenizer: bool = True,
+    progress: Any = None,
+) -> Model:
+    """A model from a GGUF file (see `jaxspec.gguf_import`), every tensor dequantized."""
+    path = pathlib.Path(path)
+    config, tensors, reader = read_gguf(path, progress)
+    params = params_from_hf(config, tensors, str(path), dtype)
+    del tensors
+    tok = gguf_tokenizer(path) if tokenizer and has_tokenizer(reader) else None
+    return Model(config=config, params=params, tokenizer=tok, dtype=dtype, name=name or str(path))
 
 
 def _load_tokenizer(d: pathlib.Path) -> Any:

@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
+from jaxspec.model import Model
 from jaxspec.protocol import ENCODINGS, MODES, DraftSpec
 from jaxspec.sampling import check_sampling, check_seed
+from jaxspec.text import chat_prompt, encode_prompt
 from jaxspec.xla_cache import compilation_cache_dir, configure_compilation_cache
 
 SAMPLING_HELP = {
@@ -141,3 +143,20 @@ def use_compilation_cache(args: argparse.Namespace) -> str | None:
     """Turn on the persistent compilation cache `--compilation-cache` names (call it before
     anything compiles); the directory in use, or None."""
     return configure_compilation_cache(compilation_cache_dir(args.compilation_cache))
+
+
+def add_prompt_flags(parser: argparse.ArgumentParser) -> None:
+    """`--prompt TEXT` (plain continuation) or `--chat TEXT` (one user message through the
+    model's chat template; the answer ends at the template's end token). One is required."""
+    g = parser.add_mutually_exclusive_group(required=True)
+    g.add_argument("--prompt", help="text to continue")
+    g.add_argument("--chat", help="a user message, sent through the model's chat template")
+
+
+def prompt_from_args(model: Model, args: argparse.Namespace) -> tuple[tuple[int, ...], str]:
+    """`(token ids, text to print before the output)` for `--prompt` or `--chat`: a plain
+    prompt is echoed before its continuation (with a tokenizer), a chat prints the answer."""
+    if getattr(args, "chat", None) is not None:
+        return chat_prompt(model, args.chat), ""
+    echo = "" if model.tokenizer is None else args.prompt
+    return encode_prompt(model, args.prompt), echo

@@ -129,3 +129,85 @@ def to_dtype(model: Model, dtype: Any) -> Model:
 
     params = jax.tree.map(lambda a: jnp.asarray(a, dtype), model.params)
     return model.with_params(params, dtype=dtype)
+
+
+def permute_for_gguf(w: Any, n_head: int) -> Any:
+    """llama.cpp's converter `permute` of Q/K rows `[n_head * d, in]` (halves -> pairs): what
+    a GGUF stores, and what `jaxspec.gguf_import` must undo."""
+    import numpy as np
+
+    w = np.asarray(w)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def write_gguf(path: str | os.PathLike[str], model: Model, qtype: str = "F32") -> pathlib.Path:
+    """Write `model` as a llama.cpp GGUF file the way llama.cpp's converter does (names, Q/K
+    row permutation, metadata), 2-D weights stored as `qtype` (norms stay F32). No tokenizer.
+    The independent check is transformers, which reads the file with its own code."""
+    import gguf
+    import jax
+    import numpy as np
+
+    from jaxspec.checkpoint import _hf_name
+
+    c = model.config
+    kind = gguf.GGMLQuantizationType[qtype]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    w.add_rope_dimension_count(c.head_dim)
+    if c.head_dim != c.hidden_size // c.num_attention_heads:
+        w.add_key_length(c.head_dim)
+        w.add_value_length(c.head_dim)
+    hf_to_gguf = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "lm_head.weight": "output.weight",
+        "model.norm.weight": "output_norm.weight",
+    }
+    layer = {
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+    }
+    for path_, leaf in jax.tree_util.tree_leaves_with_path(model.params):
+        name, transpose = _hf_name(tuple(p.key for p in path_))
+        arr = np.asarray(leaf, np.float32)
+        arr = arr.T if transpose else arr
+        if name in hf_to_gguf:
+            gname = hf_to_gguf[name]
+        else:
+            _, _, idx, *mod, _ = name.split(".")
+            gname = f"blk.{idx}.{layer['.'.join(mod)]}.weight"
+        if gname.endswith("attn_q.weight"):
+            arr = permute_for_gguf(arr, c.num_attention_heads)
+        elif gname.endswith("attn_k.weight"):
+            arr = permute_for_gguf(arr, c.num_key_value_heads)
+        if arr.ndim == 2 and kind != gguf.GGMLQuantizationType.F32:
+            if kind == gguf.GGMLQuantizationType.F16:
+                w.add_tensor(gname, arr.astype(np.float16))
+            else:
+                w.add_tensor(gname, gguf.quants.quantize(arr, kind), raw_dtype=kind)
+        else:
+            w.add_tensor(gname, np.ascontiguousarray(arr))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return pathlib.Path(path)

@@ -1,8 +1,9 @@
-"""Text <-> token ids for a loaded model: the one prompt encoder every entry point uses."""
+"""Text <-> token ids for a loaded model: the one prompt encoder every entry point uses, and
+chat prompts through the model's own chat template."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from jaxspec.model import Model
 
@@ -28,3 +29,31 @@ def decode_text(model: Model, ids: Sequence[int]) -> str:
     if tok is None:
         return " ".join(map(str, ids))
     return tok.decode(list(ids), skip_special_tokens=True)
+
+
+Messages = str | Sequence[Mapping[str, str]]
+
+
+def chat_prompt(model: Model, messages: Messages) -> tuple[int, ...]:
+    """Token ids of a chat through the model's chat template, ending with the assistant's
+    turn opened (what the model answers). `messages` is one user message as a string, or
+    `[{"role": "system" | "user" | "assistant", "content": ...}, ...]`.
+
+    Raises:
+      ValueError: the model has no tokenizer or no chat template, or a message is malformed.
+    """
+    tok = model.tokenizer
+    if tok is None or not getattr(tok, "chat_template", None):
+        raise ValueError(
+            f"{model.name or 'this model'} has no chat template; use a plain prompt instead"
+        )
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    msgs = list(messages)
+    for i, m in enumerate(msgs):
+        if not isinstance(m, Mapping) or not {"role", "content"} <= m.keys():
+            raise ValueError(f"message {i} must be a mapping with 'role' and 'content': {m!r}")
+    ids = tok.apply_chat_template(
+        msgs, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return tuple(int(t) for t in ids)

