@@ -2,6 +2,8 @@
 
     python -m verify serve --port 50051 &
     python -m edge generate --verifier localhost:50051 --prompt "def fib(n):"
+    python -m edge generate --verifier localhost:50051 --checkpoint smollm2 --draft smollm2 \\
+        --chat "Explain what a Python list comprehension is."
 
 The draft model (default: the shipped draft, quantized W4A16 as on a device) proposes
 `--gamma` tokens per block; the verifier's answers are the output, distributed exactly as
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -24,15 +27,18 @@ from collections.abc import Sequence
 from edge.client import GrpcEndpoint, check_verifier, retry_notice
 from edge.drafter import load_drafter
 from edge.session import run_session
+from jaxspec.checkpoint import load_tokenizer
 from jaxspec.flags import (
     add_cache_flag,
     add_draft_flags,
+    add_prompt_flags,
     add_sampling_flags,
     check_args,
+    prompt_from_args,
     use_compilation_cache,
 )
 from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
-from jaxspec.text import decode_text, encode_prompt
+from jaxspec.text import decode_text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,8 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate against a verifier service")
     g.add_argument("--verifier", required=True, help="host:port of `python -m verify serve`")
-    g.add_argument("--prompt", required=True)
+    add_prompt_flags(g)
     g.add_argument("--draft", default="default-draft", help="draft checkpoint or built-in name")
+    g.add_argument(
+        "--checkpoint",
+        default=None,
+        help="the target the verifier serves: only its tokenizer and chat template are "
+        "loaded, to encode the prompt and decode the answer (default: the draft's)",
+    )
     g.add_argument("--quantize", default="w4a16", choices=["w4a16", "w8a16", "none"])
     g.add_argument("--token", default=None, help="tenant bearer token (or $JAXSPEC_TOKEN)")
     g.add_argument("--tls-ca", default=None, help="PEM CA to trust: enables TLS")
@@ -85,8 +97,13 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
         # The verifier first (seconds), then the draft model (tens of seconds).
         await check_verifier(ep, retry_s=args.resume_timeout_s, on_retry=_say)
         drafter = load_drafter(args.draft, args.quantize, spec)
+        text_model = drafter.model
+        if args.checkpoint is not None and args.checkpoint != args.draft:
+            tok = load_tokenizer(args.checkpoint)
+            text_model = dataclasses.replace(text_model, tokenizer=tok, name=args.checkpoint)
+        prompt, echo = prompt_from_args(text_model, args)
         config = SessionConfig(
-            prompt=encode_prompt(drafter.model, args.prompt),
+            prompt=prompt,
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
             top_k=args.top_k,
@@ -107,8 +124,7 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
             resume_timeout_s=args.resume_timeout_s,
             on_retry=on_retry,
         )
-    prefix = "" if drafter.model.tokenizer is None else args.prompt
-    print(prefix + decode_text(drafter.model, trace.tokens))
+    print(echo + decode_text(text_model, trace.tokens))
     print(
         f"[{len(trace.tokens)} tokens, {trace.tokens_per_s:.1f} tok/s, acceptance rate "
         f"{trace.acceptance_rate:.2f}, {trace.rounds} rounds, {trace.stale} stale, "

@@ -208,6 +208,16 @@ def load_gguf(
     return Model(config=config, params=params, tokenizer=tok, dtype=dtype, name=name or str(path))
 
 
+def load_tokenizer(path: PathLike) -> Any:
+    """Only the tokenizer (with its chat template) of what `load(path)` would load, or None
+    when the checkpoint has none: an edge device encodes prompts for a target it does not
+    hold."""
+    d = _resolve(path)
+    if d.suffix == ".gguf" and d.is_file():
+        return gguf_tokenizer(d)
+    return _load_tokenizer(d)
+
+
 def _load_tokenizer(d: pathlib.Path) -> Any:
     if not any((d / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         return None

@@ -16,6 +16,13 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# Models fetched by name (`jaxspec.load("smollm2")`) go to a fresh directory per run, so the
+# tests fetch and convert them as a user's first use does (once per run; workers and servers
+# inherit it). Set JAXSPEC_HOME to reuse a cache across runs.
+if "JAXSPEC_HOME" not in os.environ:
+    _home = tempfile.mkdtemp(prefix="jaxspec-tests-home-")
+    os.environ["JAXSPEC_HOME"] = _home
+    atexit.register(shutil.rmtree, _home, ignore_errors=True)
 
 import jax
 import pytest
@@ -59,6 +66,7 @@ def _free_compiled_code():
 # that with two xdist workers (`-n 2`, files kept whole) no long file starts last while the
 # other worker has nothing left to do. Within a file the order is unchanged.
 SLOW_FILES_FIRST = (
+    "test_smollm2.py",
     "test_speculative.py",
     "test_verifier.py",
     "test_grpc.py",

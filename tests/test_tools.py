@@ -65,3 +65,27 @@ def test_tiny_latency_benchmark_writes_table_json_and_plot(tmp_path):
     assert abs((p20 - p0) - 0.020 / e_a) < 1e-9
     assert out.with_suffix(".png").stat().st_size > 1000
     assert "| RTT ms |" in out.with_suffix(".md").read_text()
+
+
+def test_target_benchmark_compares_with_transformers_and_splices_its_section(tmp_path, monkeypatch):
+    bench_target = _tool("bench_target")
+    report = tmp_path / "BENCHMARKS.md"
+    report.write_text("# Benchmarks\n\nsuite text\n\n## Reproduce\n\njaxspec bench\n")
+    argv = ["--checkpoint", "default", "--new-tokens", "10", "--repeats", "1", "--prompts", "1"]
+    argv += ["--roofline-mib", "8", "--out", str(tmp_path)]
+    assert bench_target.main(argv) == 0
+    r = json.loads((tmp_path / "bench" / "target.json").read_text())
+    (row,) = r["rows"]
+    assert row["identical_greedy_tokens"] and not r["mismatches"] and not r["chat"]
+    assert r["jaxspec_f32_tok_per_s"] > 0 and r["transformers_f32_tok_per_s"] > 0
+    text = report.read_text()
+    assert (
+        text.index("suite text")
+        < text.index("## Real target: default")
+        < text.index("## Reproduce")
+    )
+    # A rerun replaces the section (one copy), and a greedy mismatch fails the tool.
+    monkeypatch.setattr(bench_target, "_theirs", lambda hf, ids, n: [0] * n)
+    assert bench_target.main(argv) == 1
+    text = report.read_text()
+    assert text.count("## Real target: default") == 1 and "**DIFFER**" in text

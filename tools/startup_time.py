@@ -1,9 +1,11 @@
 """Start-up time of `python -m verify serve`: cold (an empty compilation cache) then warm (a
 second start over the cache the first one filled), each from process start to the
-"listening" line (port bound) and to the "serving" line (every step shape compiled).
+"listening" line (port bound) and to the "serving" line (every step shape compiled), and the
+server's resident memory then.
 
     python tools/startup_time.py                        # the shipped target, default flags
     python tools/startup_time.py --json startup.json -- --max-sessions 16   # serve flags after --
+    python tools/startup_time.py -- --checkpoint smollm2                   # the real target
 
 Each run is `python -m verify serve --port P --compilation-cache DIR [flags]`, DIR a fresh
 temporary directory (kept with --cache-dir). Prints both times and the load average before
@@ -42,6 +44,7 @@ def time_start(serve_args: Sequence[str], timeout_s: float) -> dict[str, float |
                 raise RuntimeError(f"not serving after {timeout_s:.0f} s:\n{server.log_tail()}")
             time.sleep(0.02)
         serving = time.monotonic() - t0
+        rss_mib = _rss_mib(server.pid)
     if listening is None:
         listening = serving  # printed in the same poll
     shapes = SHAPES.search(server.log)
@@ -49,7 +52,18 @@ def time_start(serve_args: Sequence[str], timeout_s: float) -> dict[str, float |
         "listening_s": round(listening, 2),
         "serving_s": round(serving, 2),
         "shapes": int(shapes.group(1)) if shapes else -1,
+        "rss_mib_when_serving": rss_mib,
     }
+
+
+def _rss_mib(pid: int | None) -> float | None:
+    """Resident memory of the server process (Linux /proc), when it turned ready."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return round(kb / 1024, 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

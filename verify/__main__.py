@@ -62,7 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m verify", description="the jaxspec verifier")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve jaxspec.v1.Verifier over gRPC")
-    s.add_argument("--checkpoint", default="default", help="HF checkpoint dir or built-in name")
+    s.add_argument(
+        "--checkpoint",
+        default="default",
+        help="HF checkpoint dir, .gguf file, or a name: default, smollm2 (fetched on first use)",
+    )
     s.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     s.add_argument(
         "--allow-insecure-public",

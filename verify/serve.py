@@ -24,11 +24,14 @@ import socket
 import time
 from typing import Any
 
+import gguf
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection as grpc_reflection
 
+from jaxspec import hub
 from jaxspec.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
+from jaxspec.gguf_import import find_gguf, gguf_config
 from jaxspec.proto import verifier_pb2 as pb
 from verify.local import LocalVerifier
 from verify.metrics import MetricsServer, serve_metrics
@@ -88,11 +91,17 @@ def checkpoint_vocab(checkpoint: str) -> int | None:
     before the target loads. None when it cannot be read so cheaply (then loading the
     checkpoint says what is wrong with it)."""
     d = pathlib.Path(checkpoint)
-    if not d.is_dir() and checkpoint in BUILTIN_NAMES:
+    remote = hub.remote_model(checkpoint)
+    if not d.exists() and checkpoint in BUILTIN_NAMES:
         d = BUILTIN_DIR / BUILTIN_NAMES[checkpoint]
+    elif not d.exists() and remote is not None:
+        d = hub.model_dir(remote)  # not there yet: the load pulls it, then says
     try:
+        g = find_gguf(d)
+        if g is not None:
+            return gguf_config(gguf.GGUFReader(str(g)), str(g)).vocab_size
         return int(json.loads((d / "config.json").read_text())["vocab_size"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):  # CheckpointError is a ValueError
         return None
 
 

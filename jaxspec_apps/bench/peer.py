@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jaxspec
+from jaxspec import hub
 from jaxspec.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
 from jaxspec_apps.bench.common import check_same_tokens
 
@@ -25,10 +26,13 @@ DECODERS = ("hf_plain", "hf_assisted", "hf_assisted_const", "ours_plain", "ours_
 
 
 def checkpoint_dir(name: str) -> pathlib.Path:
-    """A checkpoint directory for a built-in name (`default`, `default-draft`) or a path."""
+    """A checkpoint directory for a built-in name (`default`, `default-draft`), a fetchable
+    name (`smollm2`: its converted cache, pulled if needed) or a path."""
 
     if name in BUILTIN_NAMES and not pathlib.Path(name).is_dir():
         return BUILTIN_DIR / BUILTIN_NAMES[name]
+    if hub.remote_model(name) is not None and not pathlib.Path(name).exists():
+        return hub.ensure(name)
     return pathlib.Path(name)
 
 

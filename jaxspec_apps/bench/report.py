@@ -320,8 +320,34 @@ def _headline_md(r: dict[str, Any]) -> list[str]:
     return lines
 
 
-def markdown(r: dict[str, Any], plots: dict[str, str]) -> str:
-    """The whole report."""
+# Sections that tools outside the suite write (one run of theirs each) and the report keeps:
+# `tools/bench_target.py` writes bench/target.md; `splice_section` puts it in BENCHMARKS.md and
+# `markdown` carries it over when the suite rewrites the report.
+SECTION_BEGIN = "<!-- begin: written by tools/bench_target.py, rerun it to update -->"
+SECTION_END = "<!-- end: tools/bench_target.py -->"
+
+
+def _block(md: str) -> str:
+    return f"{SECTION_BEGIN}\n{md.rstrip()}\n{SECTION_END}\n"
+
+
+def splice_section(path: pathlib.Path, md: str) -> None:
+    """Put (or replace) the tool-written section `md` in the report at `path`."""
+    text = path.read_text() if path.is_file() else "# Benchmarks\n"
+    if SECTION_BEGIN in text and SECTION_END in text:
+        head, rest = text.split(SECTION_BEGIN, 1)
+        tail = rest.split(SECTION_END, 1)[1].lstrip("\n")
+        text = head + _block(md) + ("\n" + tail if tail else "")
+    elif "\n## Reproduce" in text:
+        head, tail = text.split("\n## Reproduce", 1)
+        text = head.rstrip("\n") + "\n\n" + _block(md) + "\n## Reproduce" + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + _block(md)
+    path.write_text(text)
+
+
+def markdown(r: dict[str, Any], plots: dict[str, str], extra: str | None = None) -> str:
+    """The whole report (`extra`: a tool-written section to carry over, see `splice_section`)."""
     s, p = r["sections"], r["profile_settings"]
     mdl = r["models"]
 
@@ -479,6 +505,8 @@ def markdown(r: dict[str, Any], plots: dict[str, str]) -> str:
             "",
             *_quality_md(q),
         ]
+    if extra:
+        lines += ["", _block(extra).rstrip("\n")]
     lines += [
         "",
         "## Reproduce",

