@@ -16,9 +16,10 @@ import jax
 import pytest
 
 import jaxspec
+from jaxspec import analytic
 from jaxspec.testing import byte_tokenizer, tiny_config
 from jaxspec_apps import bench, cli
-from jaxspec_apps.bench import analytic, peer
+from jaxspec_apps.bench import peer
 from jaxspec_apps.bench.capacity import capacity_at
 from jaxspec_apps.bench.common import GreedyMismatch, check_same_tokens
 from jaxspec_apps.bench.suite import _command

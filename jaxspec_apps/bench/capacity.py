@@ -26,9 +26,9 @@ import numpy as np
 
 import jaxspec
 from edge.drafter import Drafter
+from jaxspec import analytic
 from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
 from jaxspec.sampling import SamplingParams, session_keys
-from jaxspec_apps.bench import analytic
 from jaxspec_apps.bench.common import best_time
 
 MODES = ("cloud_ar", "colocated", "edge_cloud")

@@ -22,9 +22,9 @@ import jax
 import jaxspec
 from edge.drafter import Drafter
 from edge.session import DelayedEndpoint, run_session
+from jaxspec import analytic
 from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
 from jaxspec.sampling import SamplingParams, session_key
-from jaxspec_apps.bench import analytic
 from jaxspec_apps.bench.common import best_time
 from jaxspec_apps.bench.verifier import make_scheduler
 from verify import LocalVerifier

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from jaxspec_apps.bench import analytic, latency
+from jaxspec import analytic
+from jaxspec_apps.bench import latency
 
 
 def _x(v: float) -> str:

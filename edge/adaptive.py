@@ -1,0 +1,121 @@
+"""Adaptive gamma: the edge picks each block's length from what it measures.
+
+Before drafting a block the session asks `AdaptiveGamma.next_gamma()`; the answer is the
+block length in 1..max_gamma with the least expected time per token under the papers' model
+(`jaxspec.analytic`, the same formulas the benchmarks evaluate and `proofs/latency.py`
+proves), fed with running measurements:
+
+    alpha[i]   acceptance of draft i of a block given drafts 0..i-1 were accepted, counted per
+               position from the verifier's answers (shrunk towards the pooled rate, so a
+               position seldom tested is not trusted on a few samples)
+    t_d        the edge's time per draft token (the first block of each length is not
+               counted: it includes that length's compilation)
+    latency    time from sending a block to its answer: the round trip plus the verifier's
+               queueing and step, i.e. the model's rtt + t_v
+
+All three are exponential moving averages, so the choice follows a link or a verifier that
+gets slower or faster, and acceptance that changes with the text.
+
+Why the output does not change: every draw is keyed by its absolute position (docs/design.md
+§2) and pipelined mode has no bonus token, so the token committed at each position is a
+function of the committed prefix and the seed alone, whatever the block boundaries are: the
+tokens of a pipelined session with adaptive gamma equal those of any fixed gamma (tested). In
+sync mode the bonus token after a fully accepted block is drawn from the target at the block's
+end, so block boundaries move which positions get a bonus draw: the output is still exactly
+distributed as the target's, but not token-for-token equal to a fixed gamma's.
+"""
+
+from __future__ import annotations
+
+from jaxspec import analytic
+
+
+class AdaptiveGamma:
+    """Running measurements of one session and the block length they call for.
+
+    Args:
+      max_gamma: the longest block (the session's `DraftSpec.gamma`).
+      mode: "sync" or "pipelined" (the session's mode; it selects the model's formula).
+      depth: blocks in flight (pipelined).
+      prior_alpha, prior_weight: the acceptance assumed before any answer, and how many
+        observations it counts as.
+      decay: weight of the newest timing sample in the moving averages.
+    """
+
+    def __init__(
+        self,
+        max_gamma: int,
+        mode: str,
+        depth: int = 1,
+        *,
+        prior_alpha: float = 0.6,
+        prior_weight: float = 4.0,
+        decay: float = 0.2,
+        start_gamma: int | None = None,
+    ) -> None:
+        if max_gamma < 1:
+            raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
+        if mode not in ("sync", "pipelined"):
+            raise ValueError(f"mode must be 'sync' or 'pipelined', got {mode!r}")
+        self.max_gamma = max_gamma
+        self.mode = mode
+        self.depth = 1 if mode == "sync" else max(1, depth)
+        self.prior_alpha = prior_alpha
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self.tested = [0] * max_gamma  # per position: answers that reached it
+        self.accepted = [0] * max_gamma  # per position: answers that accepted it
+        self.t_draft: float | None = None  # seconds per draft token
+        self.latency: float | None = None  # seconds from send to answer
+        self._seen_lengths: set[int] = set()
+        self.start_gamma = start_gamma or max(1, min(max_gamma, 4))
+        self.chosen: list[int] = []  # every block length chosen, in order
+
+    # --- measurements ---------------------------------------------------------------------
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.decay) * old + self.decay * new
+
+    def observe_draft(self, gamma: int, seconds: float) -> None:
+        """One block of `gamma` drafts took `seconds` on the edge (to drafts on the wire)."""
+        if gamma not in self._seen_lengths:  # its first call compiled that length
+            self._seen_lengths.add(gamma)
+            return
+        self.t_draft = self._ema(self.t_draft, seconds / gamma)
+
+    def observe_result(self, drafted: int, accepted: int, latency_s: float | None) -> None:
+        """A block of `drafted` drafts came back with `accepted` of them accepted, `latency_s`
+        after it was sent (None: not timed, e.g. a block answered stale)."""
+        for i in range(min(drafted, accepted + 1)):  # drafts the rule looked at
+            self.tested[i] += 1
+            self.accepted[i] += i < accepted
+        if latency_s is not None:
+            self.latency = self._ema(self.latency, latency_s)
+
+    # --- the choice -----------------------------------------------------------------------
+
+    def alphas(self) -> list[float]:
+        """Per-position acceptance estimates, each shrunk towards the pooled rate."""
+        n, a = sum(self.tested), sum(self.accepted)
+        w = self.prior_weight
+        pooled = (a + w * self.prior_alpha) / (n + w)
+        pairs = zip(self.accepted, self.tested, strict=True)
+        return [(acc + w * pooled) / (n_i + w) for acc, n_i in pairs]
+
+    def next_gamma(self) -> int:
+        """The length of the next block: `start_gamma` until both timings are measured, then
+        the model's best."""
+        if self.t_draft is None or self.latency is None:
+            g = self.start_gamma
+        else:
+            g = analytic.best_gamma(
+                self.mode,
+                self.alphas(),
+                self.t_draft,
+                self.latency,  # the round trip and the verifier's time, as measured
+                0.0,
+                depth=self.depth,
+                max_gamma=self.max_gamma,
+            )
+        self.chosen.append(g)
+        return g
