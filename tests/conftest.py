@@ -70,6 +70,7 @@ SLOW_FILES_FIRST = (
     "test_speculative.py",
     "test_verifier.py",
     "test_grpc.py",
+    "test_stop_tokens.py",
     "test_quantize.py",
     "test_edge_session.py",
     "test_drafter.py",
