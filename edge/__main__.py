@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tls", action="store_true", help="TLS with the system's CAs")
     g.add_argument("--max-new-tokens", type=int, default=64)
     add_sampling_flags(g)
-    add_draft_flags(g, mode="pipelined")
+    add_draft_flags(g, mode="pipelined", auto_gamma=True)
     add_cache_flag(g)
     g.add_argument("--depth", type=int, default=2, help="blocks in flight (pipelined)")
     g.add_argument(

@@ -223,14 +223,20 @@ class Drafter:
         sampling: SamplingParams,
         keys: jax.Array,
         live: jax.Array | None = None,
+        *,
+        gamma: int | None = None,
     ) -> tuple[DrafterState, DraftBatch]:
-        """Draft `spec.gamma` tokens for every live row (default: rows with a context)."""
+        """Draft `gamma` tokens (default `spec.gamma`) for every live row (default: rows with
+        a context). A `gamma` below `spec.gamma` is one block of an adaptive session (its
+        length compiles once, shared with a fixed spec of that gamma)."""
         if live is None:
             live = state.length > 0
+        n = self.spec.gamma if gamma is None else gamma
+        if not 1 <= n <= self.spec.gamma:
+            raise ValueError(f"a block drafts 1..{self.spec.gamma} tokens, got {n}")
+        spec = self.spec.with_gamma(n)  # equal to `spec` unless adaptive or shorter
         m = self.model
-        return draft(
-            m.module, m.params, state, sampling, keys, jnp.asarray(live, bool), spec=self.spec
-        )
+        return draft(m.module, m.params, state, sampling, keys, jnp.asarray(live, bool), spec=spec)
 
     def rollback(self, state: DrafterState, rows: Any, lengths: Any) -> DrafterState:
         return rollback(state, jnp.asarray(rows, jnp.int32), jnp.asarray(lengths, jnp.int32))

@@ -9,7 +9,9 @@
 Sync mode is depth 1 with a bonus token after a fully accepted block; pipelined mode keeps
 `depth` blocks in flight and gets no bonus. Every draw is keyed by its absolute position,
 so the committed tokens are a function of (seed, prompt, models, params, gamma, mode) only:
-not of depth, delays or how the transport interleaves messages.
+not of depth, delays or how the transport interleaves messages. Pipelined, not of gamma
+either (no bonus: the token at each position is the draft or correction drawn for it), so an
+adaptive session's block lengths (`block_len`) change its speed, never its output.
 
 The session runs against any `VerifierEndpoint` (in-process, gRPC, or `DelayedEndpoint`,
 which simulates a WAN with one-way delays and jitter while keeping each direction FIFO).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import operator
 import random
 import time
 from collections.abc import Callable
@@ -96,6 +99,7 @@ async def run_session(
     resume_timeout_s: float = 0.0,
     resume_backoff_s: float = 0.2,
     on_retry: Callable[[Unavailable, float], None] | None = None,
+    block_len: Callable[[], int] | None = None,
 ) -> SessionTrace:
     """Generate with `drafter` against `endpoint` until the verifier says finished.
 
@@ -107,11 +111,19 @@ async def run_session(
     the output is exactly that of an uninterrupted run (draws are keyed by position).
     `on_retry(error, resume_timeout_s)` hears once per outage that it is retrying (a command
     says so: the wait is not silent); giving up raises `Unavailable` saying how long it tried.
+
+    `block_len()` (adaptive sessions, `config.draft.adaptive`: `gamma="auto"`) is called
+    before each block is drafted and returns its length in [1, config.draft.gamma] (a
+    `ValueError` otherwise); without it every block has `config.draft.gamma` drafts. It may
+    read what `on_event` reported so far (accepts, rejects) to choose. In pipelined mode the
+    output does not depend on the lengths chosen (every draw is keyed by position).
     """
     if drafter.spec != config.draft:
         raise ValueError(
             f"the drafter's {drafter.spec} must match the session's draft {config.draft}"
         )
+    if block_len is not None and not config.draft.adaptive:
+        raise ValueError("block_len needs an adaptive draft spec (gamma='auto')")
     if config.mode == "sync":
         depth = 1
     if depth < 1:
@@ -141,7 +153,8 @@ async def run_session(
 
     sid = await open_session(config)
     prompt = list(config.prompt)
-    need = len(prompt) + config.max_new_tokens + (depth + 1) * config.draft.gamma + 2
+    gamma = config.draft.gamma  # the longest block
+    need = len(prompt) + config.max_new_tokens + (depth + 1) * gamma + 2
     max_len = bucket(need, 64)  # sessions share compilations
     state = drafter.prefill(drafter.init(1, max_len), [prompt])
     sampling = SamplingParams.make(1, config.temperature, config.top_k, config.top_p)
@@ -154,8 +167,11 @@ async def run_session(
     try:
         while not finished:
             # Keep `depth` blocks in flight, drafting along the optimistic path.
-            while len(inflight) < depth and int(state.length[0]) + config.draft.gamma <= max_len:
-                state, batch = drafter.draft(state, sampling, keys)
+            while len(inflight) < depth and int(state.length[0]) + gamma <= max_len:
+                n = gamma if block_len is None else operator.index(block_len())
+                if not 1 <= n <= gamma:
+                    raise ValueError(f"block_len() must be in [1, {gamma}], got {n}")
+                state, batch = drafter.draft(state, sampling, keys, gamma=n)
                 block = _to_wire(batch, sid, epoch)
                 inflight.append((block, asyncio.ensure_future(endpoint.verify(block))))
                 trace.blocks_sent += 1

@@ -8,7 +8,8 @@
 
 Each command keeps its own defaults (passed here) and leaves out the flags it has no use
 for; the names, types, choices and help texts are the same everywhere. The destinations are
-`temperature`, `top_k`, `top_p`, `seed`, `gamma`, `mode`, `encoding`, `sparse_k`.
+`temperature`, `top_k`, `top_p`, `seed`, `gamma`, `mode`, `encoding`, `sparse_k` (and
+`max_gamma` where a command takes `--gamma auto`: `args.gamma` is then an int or "auto").
 `check_args` runs the same validators the library runs later (`check_sampling`, `DraftSpec`),
 so a bad flag fails in a fraction of a second instead of after a model has loaded.
 """
@@ -30,8 +31,13 @@ SAMPLING_HELP = {
     "top_p": "keep the smallest set of tokens with this much mass; 1 = off (default %(default)s)",
     "seed": "session seed: every draw is keyed by (seed, position) (default %(default)s)",
 }
+AUTO = "auto"  # --gamma auto: the edge picks each block's length (DraftSpec.adaptive)
+DEFAULT_MAX_GAMMA = 8  # the longest block of --gamma auto unless --max-gamma says
 DRAFT_HELP = {
     "gamma": "drafts per block (default %(default)s)",
+    "gamma_auto": "drafts per block, or 'auto': the edge picks each block's length in "
+    "[1, --max-gamma] as it goes (default %(default)s)",
+    "max_gamma": "with --gamma auto: the longest block (default %(default)s)",
     "mode": "sync: one block, then wait for its verdict (a bonus token after a fully accepted "
     "block); pipelined: draft on while blocks are in flight (default %(default)s)",
     "encoding": "how the draft q travels: full distribution, sparse top-k, or onehot "
@@ -82,6 +88,16 @@ def add_sampling_flags(
     _add(parser, flags, SAMPLING_HELP, helps)
 
 
+def gamma_or_auto(text: str) -> int | str:
+    """`--gamma`'s type where a command can choose block lengths: an int, or "auto"."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or {AUTO!r}, got {text!r}") from None
+
+
 def add_draft_flags(
     parser: argparse.ArgumentParser,
     *,
@@ -89,23 +105,38 @@ def add_draft_flags(
     mode: str | None = "sync",
     encoding: str | None = "full",
     sparse_k: int | None = 8,
+    auto_gamma: bool = False,
     helps: Mapping[str, str] | None = None,
 ) -> None:
     """Add `--gamma --mode --encoding --sparse-k` with these defaults (mode and encoding
-    limited to `MODES` and `ENCODINGS`); a flag whose default is None is left out."""
+    limited to `MODES` and `ENCODINGS`); a flag whose default is None is left out.
+
+    `auto_gamma`: the command can let the edge choose each block's length, so `--gamma`
+    also takes "auto" (`DraftSpec(gamma=--max-gamma, adaptive=True)`) and `--max-gamma` is
+    added. Commands that run a fixed block length (co-located decoding, benchmarks) leave it
+    off, and "auto" is a usage error there."""
     flags = {
-        "gamma": (gamma, int, None),
+        "gamma": (gamma, gamma_or_auto if auto_gamma else int, None),
         "mode": (mode, str, MODES),
         "encoding": (encoding, str, ENCODINGS),
         "sparse_k": (sparse_k, int, None),
     }
+    helps = dict(helps or {})
+    if auto_gamma and gamma is not None:
+        helps.setdefault("gamma", DRAFT_HELP["gamma_auto"])
+        flags["max_gamma"] = (DEFAULT_MAX_GAMMA, int, None)
     _add(parser, flags, DRAFT_HELP, helps)
 
 
 def draft_spec_from_args(args: argparse.Namespace) -> DraftSpec:
     """The `DraftSpec` of parsed draft flags (a flag a command left out takes DraftSpec's
-    default). Raises `InvalidArgument` (a `ValueError`) for values out of range."""
+    default); `--gamma auto` is `DraftSpec(gamma=--max-gamma (default 8), adaptive=True)`.
+    Raises `InvalidArgument` (a `ValueError`) for values out of range."""
     given = {f: getattr(args, f) for f in ("gamma", "encoding", "sparse_k") if hasattr(args, f)}
+    if given.get("gamma") == AUTO:
+        max_gamma = getattr(args, "max_gamma", None)
+        given["gamma"] = DEFAULT_MAX_GAMMA if max_gamma is None else max_gamma
+        given["adaptive"] = True
     return DraftSpec(**given)
 
 

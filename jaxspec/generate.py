@@ -138,6 +138,12 @@ def generate(
       max_batch: rows decoded per jitted call; larger batches run in chunks.
       _mutant: test hook, a deliberately wrong variant of the rule that tests must catch.
     """
+    if gamma == "auto":
+        raise ValueError(
+            "gamma='auto' (the edge picks each block's length from the verifier's answers) "
+            "is for edge sessions (edge.run_session, python -m edge generate --gamma auto); "
+            "co-located decoding drafts blocks of one fixed gamma"
+        )
     rows, single = normalize_prompts(prompt_ids, model.config.vocab_size)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")

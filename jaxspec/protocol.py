@@ -87,6 +87,11 @@ class DraftSpec:
     """How the edge drafts: `gamma` drafts per block, sent in one `encoding` (docs/design.md
     §3: `full` q over the vocabulary, `sparse` top-`sparse_k` q, `onehot` token ids only).
 
+    `adaptive` (`gamma="auto"` on the command line): `gamma` is the LONGEST block the edge may
+    send, and the edge picks each block's length in [1, gamma] as it goes (`edge.run_session`'s
+    `block_len`). The verifier takes any block of 1..gamma drafts either way; the flag tells
+    it (and its metrics) that the lengths are chosen, not fixed.
+
     Validated when made (an `InvalidArgument`, which is a `ValueError`), so a spec that exists
     is well formed; `check` adds the limits of one model or verifier.
     """
@@ -94,12 +99,20 @@ class DraftSpec:
     gamma: int = 4
     encoding: str = "full"
     sparse_k: int = 8  # used by `sparse` only
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         if self.encoding not in ENCODINGS:
             raise InvalidArgument(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
+        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int | np.integer):
+            raise InvalidArgument(
+                f"gamma must be an integer (the longest block, with adaptive=True for "
+                f"'auto'), got {self.gamma!r}"
+            )
         if not 1 <= self.gamma <= MAX_GAMMA:
             raise InvalidArgument(f"gamma must be in [1, {MAX_GAMMA}], got {self.gamma}")
+        if not isinstance(self.adaptive, bool):
+            raise InvalidArgument(f"adaptive must be a bool, got {self.adaptive!r}")
         if self.encoding == "sparse" and self.sparse_k < 1:
             raise InvalidArgument(f"sparse_k must be >= 1, got {self.sparse_k}")
 
@@ -107,6 +120,11 @@ class DraftSpec:
     def k(self) -> int:
         """Columns of sparse q per draft (0 unless `sparse`)."""
         return self.sparse_k if self.encoding == "sparse" else 0
+
+    def with_gamma(self, gamma: int) -> DraftSpec:
+        """This spec drafting blocks of exactly `gamma` (not adaptive): what one block of an
+        adaptive session is drafted with."""
+        return dataclasses.replace(self, gamma=gamma, adaptive=False)
 
     def check(
         self, *, vocab_size: int, max_gamma: int = MAX_GAMMA, max_sparse_k: int | None = None

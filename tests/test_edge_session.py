@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -48,15 +49,16 @@ def scheduler():
 
 
 def session(
-    mode, gamma, depth, temperature=1.0, encoding="full", delays=None, seed=3, on_rollback=None
-):
+    mode, gamma, depth, temperature=1.0, encoding="full", delays=None, seed=3, on_rollback=None,
+    adaptive=False, block_len=None,
+):  # fmt: skip
     cfg = SessionConfig(
         prompt=PROMPT,
         max_new_tokens=NEW,
         mode=mode,
         temperature=temperature,
         seed=seed,
-        draft=DraftSpec(gamma=gamma, encoding=encoding, sparse_k=4),
+        draft=DraftSpec(gamma=gamma, encoding=encoding, sparse_k=4, adaptive=adaptive),
     )
     drafter = Drafter(models()[1], cfg.draft)
 
@@ -64,7 +66,9 @@ def session(
         v = LocalVerifier(scheduler=scheduler())
         ep = v if delays is None else DelayedEndpoint(v, delays=delays, one_way_s=0.0)
         try:
-            return await run_session(ep, drafter, cfg, depth=depth, on_rollback=on_rollback)
+            return await run_session(
+                ep, drafter, cfg, depth=depth, on_rollback=on_rollback, block_len=block_len
+            )
         finally:
             await v.aclose()
 
@@ -143,6 +147,38 @@ def test_sync_mode_is_depth_one_with_bonus_tokens():
     assert trace.stale == 0
     kinds = {k for k, _ in trace.events}
     assert {"draft", "accept", "correct"} <= kinds
+
+
+@pytest.mark.parametrize("encoding", ["full", "sparse"])
+def test_adaptive_blocks_of_any_length_give_colocated_pipelined_tokens(encoding):
+    """gamma="auto": the edge picks each block's length in [1, gamma] (a fixed cycle here,
+    standing in for a controller). The verifier takes every length, and pipelined (no bonus)
+    the output is co-located decoding's, whatever the lengths: each position's token is the
+    draft or correction drawn for that position."""
+    t, d = models()
+    lengths = itertools.cycle([1, 4, 2, 3, 3, 1, 4])
+    asked = []
+
+    def block_len():
+        asked.append(next(lengths))
+        return asked[-1]
+
+    trace = session("pipelined", 4, 2, 1.0, encoding, adaptive=True, block_len=block_len)
+    kw = dict(mode="pipelined", encoding=encoding, sparse_k=4, seeds=[3])
+    ref = jaxspec.generate(t, list(PROMPT), NEW, draft=d, gamma=3, **kw)
+    assert trace.tokens == ref.tokens and len(trace.tokens) == NEW
+    sent = [len(toks) for kind, toks in trace.events if kind == "draft"]
+    assert sent == asked and set(sent) == {1, 2, 3, 4}
+    assert trace.rollbacks > 0  # rejections happened: the lengths met real rollbacks
+
+
+def test_block_len_is_checked():
+    """A length outside [1, gamma], or a hook on a spec that is not adaptive, is refused."""
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match="block_len"):
+            session("sync", 4, 1, adaptive=True, block_len=lambda bad=bad: bad)
+    with pytest.raises(ValueError, match="adaptive"):
+        session("sync", 4, 1, block_len=lambda: 2)
 
 
 def test_a_message_cancelled_in_flight_does_not_stall_the_link():

@@ -39,6 +39,44 @@ def test_values_reach_one_validated_draft_spec():
         parser().parse_args(["--encoding", "dense"])
 
 
+def test_gamma_auto_is_an_adaptive_spec_and_reaches_the_wire():
+    """--gamma auto (commands that opt in): DraftSpec(gamma=--max-gamma, adaptive=True), and
+    the flag survives the protocol's bytes; an old client's message (no field) is not
+    adaptive. Commands that did not opt in refuse "auto" as a usage error."""
+    from jaxspec import wire
+    from jaxspec.proto import verifier_pb2 as pb
+    from jaxspec.protocol import SessionConfig
+
+    auto = parser(auto_gamma=True)
+    assert draft_spec_from_args(auto.parse_args(["--gamma", "auto"])) == DraftSpec(
+        gamma=8, adaptive=True
+    )
+    spec = draft_spec_from_args(auto.parse_args(["--gamma", "AUTO", "--max-gamma", "3"]))
+    assert spec == DraftSpec(gamma=3, adaptive=True)
+    fixed = draft_spec_from_args(auto.parse_args(["--gamma", "5"]))
+    assert fixed == DraftSpec(gamma=5) and not fixed.adaptive
+    with pytest.raises(ValueError, match="gamma"):
+        draft_spec_from_args(auto.parse_args(["--gamma", "auto", "--max-gamma", "65"]))
+    with pytest.raises(SystemExit):
+        auto.parse_args(["--gamma", "fast"])
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--gamma", "auto"])
+    assert not hasattr(parser().parse_args([]), "max_gamma")
+
+    cfg = SessionConfig(prompt=(1, 2), draft=spec)
+    raw = wire.config_to_proto(cfg).SerializeToString()
+    assert wire.config_from_proto(pb.OpenSessionRequest.FromString(raw)) == cfg
+    old_client = pb.OpenSessionRequest(prompt=[1, 2], max_new_tokens=8, gamma=3)
+    d = wire.config_from_proto(old_client).draft
+    assert (d.gamma, d.adaptive) == (3, False)
+    with pytest.raises(ValueError, match="integer"):
+        DraftSpec(gamma="auto")
+    import jaxspec
+
+    with pytest.raises(ValueError, match="edge sessions"):  # co-located: no round trip
+        jaxspec.generate(None, [1], gamma="auto")
+
+
 def test_help_overrides_name_real_flags():
     p = argparse.ArgumentParser()
     add_sampling_flags(p, helps={"seed": "tenant i samples with seed + i"})

@@ -28,7 +28,7 @@ ENCODING_SPARSE: Encoding
 ENCODING_ONEHOT: Encoding
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "mode", "gamma", "encoding", "sparse_k", "stop_tokens", "default_stop_tokens", "committed")
+    __slots__ = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "mode", "gamma", "encoding", "sparse_k", "stop_tokens", "default_stop_tokens", "committed", "adaptive_gamma")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class OpenSessionRequest(_message.Message):
     STOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_STOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_GAMMA_FIELD_NUMBER: _ClassVar[int]
     prompt: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
     temperature: float
@@ -55,7 +56,8 @@ class OpenSessionRequest(_message.Message):
     stop_tokens: _containers.RepeatedScalarFieldContainer[int]
     default_stop_tokens: bool
     committed: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., mode: _Optional[_Union[Mode, str]] = ..., gamma: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse_k: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., default_stop_tokens: _Optional[bool] = ..., committed: _Optional[_Iterable[int]] = ...) -> None: ...
+    adaptive_gamma: bool
+    def __init__(self, prompt: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., mode: _Optional[_Union[Mode, str]] = ..., gamma: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse_k: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., default_stop_tokens: _Optional[bool] = ..., committed: _Optional[_Iterable[int]] = ..., adaptive_gamma: _Optional[bool] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
     __slots__ = ("session_id", "max_gamma", "max_sparse_k", "vocab_size", "max_new_tokens")
