@@ -24,6 +24,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from edge.adaptive import AdaptiveGamma
 from edge.client import GrpcEndpoint, check_verifier, retry_notice
 from edge.drafter import load_drafter
 from edge.session import run_session
@@ -84,6 +85,11 @@ def _check(args: argparse.Namespace) -> DraftSpec:
     return spec
 
 
+def _lengths(chosen: list[int]) -> str:
+    """`4x3, 8x12`: how many blocks of each length an adaptive session sent."""
+    return ", ".join(f"{g}x{chosen.count(g)}" for g in sorted(set(chosen)))
+
+
 def _say(text: str) -> None:
     print(f"python -m edge generate: {text}", file=sys.stderr, flush=True)
 
@@ -116,6 +122,8 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
         def on_retry(error: Unavailable, retry_s: float) -> None:
             _say(retry_notice(args.verifier, error, retry_s))
 
+        # --gamma auto: each block's length from what this session measures (edge.adaptive).
+        policy = AdaptiveGamma(spec.gamma, args.mode, args.depth) if spec.adaptive else None
         trace = await run_session(
             ep,
             drafter,
@@ -123,12 +131,15 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
             depth=args.depth,
             resume_timeout_s=args.resume_timeout_s,
             on_retry=on_retry,
+            block_len=policy,
         )
     print(echo + decode_text(text_model, trace.tokens))
     print(
         f"[{len(trace.tokens)} tokens, {trace.tokens_per_s:.1f} tok/s, acceptance rate "
         f"{trace.acceptance_rate:.2f}, {trace.rounds} rounds, {trace.stale} stale, "
-        f"{trace.resumes} resumes; {args.mode} gamma={args.gamma} {args.encoding}]",
+        f"{trace.resumes} resumes; {args.mode} gamma={args.gamma} {args.encoding}"
+        + (f", blocks of {_lengths(policy.chosen)}" if policy is not None else "")
+        + "]",
         file=sys.stderr,
     )
     return 0

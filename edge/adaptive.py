@@ -102,6 +102,10 @@ class AdaptiveGamma:
         pairs = zip(self.accepted, self.tested, strict=True)
         return [(acc + w * pooled) / (n_i + w) for acc, n_i in pairs]
 
+    def __call__(self) -> int:
+        """`run_session(..., block_len=controller)` calls it before each block."""
+        return self.next_gamma()
+
     def next_gamma(self) -> int:
         """The length of the next block: `start_gamma` until both timings are measured, then
         the model's best."""

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "bench").mkdir(parents=True, exist_ok=True)
         (out / "bench" / "target.json").write_text(json.dumps(r, indent=2) + "\n")
         (out / "bench" / "target.md").write_text(md)
-        splice_section(out / "BENCHMARKS.md", md)
+        splice_section(out / "BENCHMARKS.md", md, "target")
         print(f"wrote {out / 'bench' / 'target.json'}, target.md and BENCHMARKS.md's section")
     return 1 if r["mismatches"] else 0
 

@@ -322,33 +322,46 @@ def _headline_md(r: dict[str, Any]) -> list[str]:
 
 
 # Sections that tools outside the suite write (one run of theirs each) and the report keeps:
-# `tools/bench_target.py` writes bench/target.md; `splice_section` puts it in BENCHMARKS.md and
-# `markdown` carries it over when the suite rewrites the report.
-SECTION_BEGIN = "<!-- begin: written by tools/bench_target.py, rerun it to update -->"
-SECTION_END = "<!-- end: tools/bench_target.py -->"
+# each tool writes bench/<name>.md; `splice_section` puts it in BENCHMARKS.md between markers
+# naming the tool, and `markdown` carries those files over when the suite rewrites the report.
+TOOL_SECTIONS = {"target": "tools/bench_target.py", "adaptive": "tools/bench_adaptive.py"}
 
 
-def _block(md: str) -> str:
-    return f"{SECTION_BEGIN}\n{md.rstrip()}\n{SECTION_END}\n"
+def _markers(name: str) -> tuple[str, str]:
+    tool = TOOL_SECTIONS[name]
+    return f"<!-- begin: written by {tool}, rerun it to update -->", f"<!-- end: {tool} -->"
 
 
-def splice_section(path: pathlib.Path, md: str) -> None:
-    """Put (or replace) the tool-written section `md` in the report at `path`."""
+def _block(name: str, md: str) -> str:
+    begin, end = _markers(name)
+    return f"{begin}\n{md.rstrip()}\n{end}\n"
+
+
+def splice_section(path: pathlib.Path, md: str, name: str = "target") -> None:
+    """Put (or replace) tool section `name` (a key of `TOOL_SECTIONS`) in the report at
+    `path`: in place if it is there, else before "## Reproduce", else at the end."""
+    begin, end = _markers(name)
     text = path.read_text() if path.is_file() else "# Benchmarks\n"
-    if SECTION_BEGIN in text and SECTION_END in text:
-        head, rest = text.split(SECTION_BEGIN, 1)
-        tail = rest.split(SECTION_END, 1)[1].lstrip("\n")
-        text = head + _block(md) + ("\n" + tail if tail else "")
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
+        text = head + _block(name, md) + ("\n" + tail if tail else "")
     elif "\n## Reproduce" in text:
         head, tail = text.split("\n## Reproduce", 1)
-        text = head.rstrip("\n") + "\n\n" + _block(md) + "\n## Reproduce" + tail
+        text = head.rstrip("\n") + "\n\n" + _block(name, md) + "\n## Reproduce" + tail
     else:
-        text = text.rstrip("\n") + "\n\n" + _block(md)
+        text = text.rstrip("\n") + "\n\n" + _block(name, md)
     path.write_text(text)
 
 
-def markdown(r: dict[str, Any], plots: dict[str, str], extra: str | None = None) -> str:
-    """The whole report (`extra`: a tool-written section to carry over, see `splice_section`)."""
+def tool_sections(bench: pathlib.Path) -> dict[str, str]:
+    """The tool-written sections present in `bench/` (name -> markdown)."""
+    files = {n: bench / f"{n}.md" for n in TOOL_SECTIONS}
+    return {n: f.read_text() for n, f in files.items() if f.is_file()}
+
+
+def markdown(r: dict[str, Any], plots: dict[str, str], extra: dict[str, str] | None = None) -> str:
+    """The whole report (`extra`: tool-written sections to carry over, see `splice_section`)."""
     s, p = r["sections"], r["profile_settings"]
     mdl = r["models"]
 
@@ -506,8 +519,8 @@ def markdown(r: dict[str, Any], plots: dict[str, str], extra: str | None = None)
             "",
             *_quality_md(q),
         ]
-    if extra:
-        lines += ["", _block(extra).rstrip("\n")]
+    for name, md in (extra or {}).items():
+        lines += ["", _block(name, md).rstrip("\n")]
     lines += [
         "",
         "## Reproduce",

@@ -286,9 +286,8 @@ def write_outputs(results: dict[str, Any], out: pathlib.Path, log: Callable[[str
             raise
         plots = {}
         print("note: matplotlib is not installed; no plots (pip install -e .[test])")
-    extra = bench / "target.md"  # tools/bench_target.py's section, kept
-    text = extra.read_text() if extra.is_file() else None
-    (out / "BENCHMARKS.md").write_text(report.markdown(results, plots, text))
+    extra = report.tool_sections(bench)  # sections the tools wrote (bench/<name>.md), kept
+    (out / "BENCHMARKS.md").write_text(report.markdown(results, plots, extra))
     log(f"wrote {out / 'BENCHMARKS.md'}, {bench / 'results.json'} and {len(plots)} plots")
     if results["failures"]:
         print(f"FAILED: {results['failures']}", file=sys.stderr)
