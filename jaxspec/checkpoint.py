@@ -204,7 +204,7 @@ def load_gguf(
     config, tensors, reader = read_gguf(path, progress)
     params = params_from_hf(config, tensors, str(path), dtype)
     del tensors
-    tok = gguf_tokenizer(path) if tokenizer and has_tokenizer(reader) else None
+    tok = gguf_tokenizer(path, reader) if tokenizer and has_tokenizer(reader) else None
     return Model(config=config, params=params, tokenizer=tok, dtype=dtype, name=name or str(path))
 
 

@@ -188,13 +188,42 @@ def gguf_tensors(
     return out
 
 
-def gguf_tokenizer(path: pathlib.Path) -> Any:
+def gguf_tokenizer(path: pathlib.Path, reader: Any = None) -> Any:
     """The file's tokenizer (vocabulary, merges, special tokens, chat template) as a
-    transformers fast tokenizer, or None when the file carries none."""
-    from transformers import PreTrainedTokenizerFast
+    transformers fast tokenizer.
 
+    transformers' own `from_pretrained(..., gguf_file=)` reads the metadata with a reader that
+    imports torch; here the metadata comes from the `gguf` package and only transformers'
+    builder (`convert_gguf_tokenizer`, torch-free) runs, with the same inputs its
+    `get_gguf_tokenizer` would give it, so jaxspec needs no torch (a test holds the two
+    tokenizers equal)."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        GGUF_TOKENIZER_MAPPING,
+        convert_gguf_tokenizer,
+    )
+
+    reader = reader if reader is not None else _reader(path)
+    meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+    grouped = {
+        group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items()
+                if f"tokenizer.{key}" in meta}
+        for group, renames in GGUF_TOKENIZER_MAPPING.items()
+    }  # fmt: skip
+    tokenizer, config = grouped["tokenizer"], grouped["tokenizer_config"]
+    if tokenizer.get("tokenizer_type") == "llama":  # as transformers does for sentencepiece
+        config.setdefault("add_bos_token", True)
+    for name, key in (
+        ("bos_token", "bos_token_id"),
+        ("eos_token", "eos_token_id"),
+        ("unk_token", "unknown_token_id"),
+        ("pad_token", "padding_token_id"),
+    ):
+        token_id = meta.get(f"tokenizer.ggml.{key}")
+        config[name] = tokenizer["tokens"][token_id] if token_id is not None else None
     try:
-        return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
+        backend, extra = convert_gguf_tokenizer(_field(reader, "general.architecture"), tokenizer)
+        return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
     except Exception as e:  # transformers raises many types here
         raise CheckpointError(f"{path}: the GGUF tokenizer could not be built: {e}") from e
 

@@ -118,3 +118,22 @@ def test_cli_chat_prints_the_answer(capsys):
     assert cli.main([*argv, "--temperature", "0", "--max-new-tokens", "24"]) == 0
     out = capsys.readouterr().out
     assert "Paris" in out and "<|im_end|>" not in out and "<|im_start|>" not in out
+
+
+def test_tokenizer_equals_transformers_gguf_tokenizer(smol):
+    """jaxspec builds the GGUF's tokenizer without torch (transformers' own GGUF path
+    imports it); it must be the tokenizer transformers builds from the same file."""
+    from transformers import PreTrainedTokenizerFast
+
+    g = hub.gguf_path(hub.SMOLLM2)
+    ref = PreTrainedTokenizerFast.from_pretrained(str(g.parent), gguf_file=g.name)
+    ours = smol.tokenizer
+    for text in ["def f(x):\n    return x  # ünïcode ✓", "<|im_start|>user\nhi<|im_end|>",
+                 "  spaces\t\ttabs\n\nnewlines 12345 3.14", PLAIN[0]]:  # fmt: skip
+        assert ours.encode(text, add_special_tokens=False) == ref.encode(
+            text, add_special_tokens=False
+        )
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": CHATS[1]}]
+    kw = dict(add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert ours.apply_chat_template(chat, **kw) == ref.apply_chat_template(chat, **kw)
+    assert (ours.bos_token, ours.eos_token, len(ours)) == (ref.bos_token, ref.eos_token, len(ref))

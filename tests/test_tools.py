@@ -89,3 +89,34 @@ def test_target_benchmark_compares_with_transformers_and_splices_its_section(tmp
     assert bench_target.main(argv) == 1
     text = report.read_text()
     assert text.count("## Real target: default") == 1 and "**DIFFER**" in text
+
+
+def test_adaptive_gamma_sweep_checks_tokens_and_writes_its_section(tmp_path):
+    bench_adaptive = _tool("bench_adaptive")
+    (tmp_path / "BENCHMARKS.md").write_text("# Benchmarks\n\n## Reproduce\n")
+    argv = ["--tiny", "--rtts-ms", "0,20", "--max-gamma", "2", "--new-tokens", "8"]
+    assert bench_adaptive.main([*argv, "--prompts", "1", "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "bench" / "adaptive.json").read_text())
+    assert not r["failures"] and [row["rtt_ms"] for row in r["rows"]] == [0, 20]
+    for row in r["rows"]:
+        assert set(row["token_s"]) == {"1", "2", "auto"}
+        assert row["auto_over_best"] == row["token_s"]["auto"] / min(
+            row["token_s"][g] for g in ("1", "2")
+        )
+        assert sum(row["auto_gammas"].values()) > 0
+    assert r["summary"]["worst_point_ratio"] == max(x["auto_over_best"] for x in r["rows"])
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert text.index("## Adaptive gamma") < text.index("## Reproduce")
+    # A run whose tokens differ from the others' is a failure (exit status 1), not a number.
+    real = bench_adaptive.adaptive._session
+
+    async def wrong(*a, **kw):
+        toks, s, used = await real(*a, **kw)
+        return ([*toks[:-1], toks[-1] + 1] if a[3] == "auto" else toks), s, used
+
+    bench_adaptive.adaptive._session = wrong
+    try:
+        argv = ["--tiny", "--rtts-ms", "0", "--max-gamma", "2", "--new-tokens", "4"]
+        assert bench_adaptive.main(argv) == 1
+    finally:
+        bench_adaptive.adaptive._session = real
