@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from edge.adaptive import AdaptiveGamma
 from edge.client import GrpcEndpoint, check_verifier, retry_notice
 from edge.drafter import load_drafter
-from edge.session import run_session
-from jaxspec.checkpoint import load_tokenizer
+from edge.session import SessionTrace, run_session
+from jaxspec.checkpoint import load, load_tokenizer
 from jaxspec.flags import (
     add_cache_flag,
     add_draft_flags,
@@ -102,8 +102,11 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
     ) as ep:
         # The verifier first (seconds), then the draft model (tens of seconds).
         await check_verifier(ep, retry_s=args.resume_timeout_s, on_retry=_say)
-        drafter = load_drafter(args.draft, args.quantize, spec)
-        text_model = drafter.model
+        if spec.speculative:
+            drafter = load_drafter(args.draft, args.quantize, spec)
+            text_model = drafter.model
+        else:  # --gamma 0, speculation off: nothing drafts; the draft's tokenizer only
+            drafter, text_model = None, load(args.draft)
         if args.checkpoint is not None and args.checkpoint != args.draft:
             tok = load_tokenizer(args.checkpoint)
             text_model = dataclasses.replace(text_model, tokenizer=tok, name=args.checkpoint)
@@ -135,14 +138,24 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
         )
     print(echo + decode_text(text_model, trace.tokens))
     print(
-        f"[{len(trace.tokens)} tokens, {trace.tokens_per_s:.1f} tok/s, acceptance rate "
-        f"{trace.acceptance_rate:.2f}, {trace.rounds} rounds, {trace.stale} stale, "
+        f"[{len(trace.tokens)} tokens, {trace.tokens_per_s:.1f} tok/s, {_acceptance(trace)}, "
+        f"{trace.rounds} rounds, {trace.stale} stale, "
         f"{trace.resumes} resumes; {args.mode} gamma={args.gamma} {args.encoding}"
         + (f", blocks of {_lengths(policy.chosen)}" if policy is not None else "")
         + "]",
         file=sys.stderr,
     )
     return 0
+
+
+def _acceptance(trace: SessionTrace) -> str:
+    """The verifier's acceptance figures for the session, in words: the rate and, per draft
+    position, the fraction of blocks that got that far ("speculation off" for gamma 0)."""
+    f = trace.figures
+    if not f.num_drafts:
+        return "speculation off" if not f.accepted_per_position else "no drafts verified"
+    per_pos = " ".join(f"{n / f.num_drafts:.2f}" for n in f.accepted_per_position)
+    return f"acceptance rate {f.acceptance_rate:.2f} (per position {per_pos})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -35,7 +35,7 @@ import numpy as np
 
 from jaxspec.checkpoint import load
 from jaxspec.model import KVCache, Llama, Model, init_cache
-from jaxspec.protocol import DraftSpec
+from jaxspec.protocol import DraftSpec, InvalidArgument
 from jaxspec.quantize import quantize as quantize_model
 from jaxspec.sampling import SamplingParams
 from jaxspec.shapes import bucket
@@ -187,8 +187,11 @@ class Drafter:
 
     def __init__(self, model: Model, spec: DraftSpec) -> None:
         """Raises `InvalidArgument` (a `ValueError`) if `spec` does not fit the model's
-        vocabulary (sparse_k at most the vocabulary size)."""
+        vocabulary (sparse_k at most the vocabulary size), or drafts nothing (gamma 0: a
+        session that needs no drafter)."""
         spec.check(vocab_size=model.config.vocab_size)
+        if not spec.speculative:
+            raise InvalidArgument("a drafter needs gamma >= 1 (gamma 0 sessions draft nothing)")
         self.model = model
         self.spec = spec
 

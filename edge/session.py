@@ -31,6 +31,7 @@ import numpy as np
 
 from edge.drafter import DraftBatch, Drafter
 from jaxspec.protocol import (
+    AcceptanceFigures,
     DraftBlock,
     SessionConfig,
     Unavailable,
@@ -57,6 +58,9 @@ class SessionTrace:
     start_time: float = 0.0
     end_time: float = 0.0
     events: list[tuple[str, tuple[int, ...]]] = dataclasses.field(default_factory=list)
+    # The verifier's acceptance totals for this session (vLLM's figures, summed over the
+    # sessions a resume opened): what the last answered block carried.
+    figures: AcceptanceFigures = dataclasses.field(default_factory=AcceptanceFigures)
 
     @property
     def acceptance_rate(self) -> float:
@@ -90,7 +94,7 @@ def _to_wire(batch: DraftBatch, session_id: str, epoch: int) -> DraftBlock:
 
 async def run_session(
     endpoint: VerifierEndpoint,
-    drafter: Drafter,
+    drafter: Drafter | None,
     config: SessionConfig,
     *,
     depth: int = 1,
@@ -115,16 +119,23 @@ async def run_session(
     `block_len()` (adaptive sessions, `config.draft.adaptive`: `gamma="auto"`) is called
     before each block is drafted and returns its length in [1, config.draft.gamma] (a
     `ValueError` otherwise); without it every block has `config.draft.gamma` drafts. It may
-    read what `on_event` reported so far (accepts, rejects) to choose. In pipelined mode the
-    output does not depend on the lengths chosen (every draw is keyed by position).
+    read what `on_event` reported so far (accepts, rejects) to choose; one that has
+    `observe_draft(n, seconds)` / `observe_result(drafted, accepted, latency_s)` methods (an
+    `edge.adaptive.AdaptiveGamma`) is also told each block's draft time and answer. In
+    pipelined mode the output does not depend on the lengths chosen (every draw is keyed by
+    position).
+
+    `config.draft.gamma == 0` is speculation off: no drafter runs (`drafter` may be None),
+    each block is empty and the verifier answers it with one token it sampled (a "bonus"
+    event), one block at a time in either mode; the tokens are plain decoding's.
     """
-    if drafter.spec != config.draft:
-        raise ValueError(
-            f"the drafter's {drafter.spec} must match the session's draft {config.draft}"
-        )
+    speculative = config.draft.speculative
+    if speculative and (drafter is None or drafter.spec != config.draft):
+        have = None if drafter is None else drafter.spec
+        raise ValueError(f"the drafter's {have} must match the session's draft {config.draft}")
     if block_len is not None and not config.draft.adaptive:
         raise ValueError("block_len needs an adaptive draft spec (gamma='auto')")
-    if config.mode == "sync":
+    if config.mode == "sync" or not speculative:  # gamma 0: nothing to draft ahead
         depth = 1
     if depth < 1:
         raise ValueError("depth must be >= 1")
@@ -156,27 +167,54 @@ async def run_session(
     gamma = config.draft.gamma  # the longest block
     need = len(prompt) + config.max_new_tokens + (depth + 1) * gamma + 2
     max_len = bucket(need, 64)  # sessions share compilations
-    state = drafter.prefill(drafter.init(1, max_len), [prompt])
+    state = drafter.prefill(drafter.init(1, max_len), [prompt]) if speculative else None
+
+    def roll_back(length: int, token: int | None = None) -> None:
+        """Cut the drafter's context to `length` tokens (then append `token`)."""
+        nonlocal state
+        if not speculative:
+            return
+        state = drafter.rollback(state, [0], [length])
+        if token is not None:
+            state = drafter.append(state, [0], [[token]])
+        if on_rollback is not None:
+            on_rollback(state, committed)
+
     sampling = SamplingParams.make(1, config.temperature, config.top_k, config.top_p)
     keys = session_key(config.seed, 0)[None]
 
     committed = list(prompt)
     epoch = 0
+    before_resume = AcceptanceFigures()  # the figures of the sessions a resume closed
     inflight: list[tuple[DraftBlock, asyncio.Task[VerifyResult]]] = []
+    # A `block_len` that measures (`edge.adaptive.AdaptiveGamma`) hears each block's draft
+    # time and, when it is answered, how many drafts were accepted and how long it took.
+    observe_draft = getattr(block_len, "observe_draft", None)
+    observe_result = getattr(block_len, "observe_result", None)
+    sent_at: dict[int, float] = {}  # id(block) -> when it went out
     finished = False
     try:
         while not finished:
             # Keep `depth` blocks in flight, drafting along the optimistic path.
-            while len(inflight) < depth and int(state.length[0]) + gamma <= max_len:
+            while len(inflight) < depth and not speculative:
+                block = DraftBlock(session_id=sid, epoch=epoch, start=len(committed), tokens=())
+                inflight.append((block, asyncio.ensure_future(endpoint.verify(block))))
+                trace.blocks_sent += 1
+            while speculative and len(inflight) < depth and int(state.length[0]) + gamma <= max_len:
                 n = gamma if block_len is None else operator.index(block_len())
                 if not 1 <= n <= gamma:
                     raise ValueError(f"block_len() must be in [1, {gamma}], got {n}")
+                t_draft = time.perf_counter()
                 state, batch = drafter.draft(state, sampling, keys, gamma=n)
-                block = _to_wire(batch, sid, epoch)
+                block = _to_wire(batch, sid, epoch)  # waits for the drafts: timed whole
+                sent_at[id(block)] = time.perf_counter()
+                if observe_draft is not None:
+                    observe_draft(n, sent_at[id(block)] - t_draft)
                 inflight.append((block, asyncio.ensure_future(endpoint.verify(block))))
                 trace.blocks_sent += 1
                 emit("draft", block.tokens)
             block, task = inflight.pop(0)
+            sent = sent_at.pop(id(block), None)
             try:
                 r = await task
             except Unavailable:
@@ -187,14 +225,18 @@ async def run_session(
                 for _, t in inflight:
                     t.cancel()
                 inflight.clear()
+                sent_at.clear()
                 await endpoint.close_session(sid)
+                before_resume = trace.figures
                 done = tuple(committed[len(prompt) :])
                 sid = await open_session(dataclasses.replace(config, committed=done))
                 epoch = 0
-                state = drafter.rollback(state, [0], [len(committed)])
+                if speculative:
+                    state = drafter.rollback(state, [0], [len(committed)])
                 trace.resumes += 1
                 emit("resume", ())
                 continue
+            trace.figures = before_resume + r.figures
             if r.stale:
                 trace.stale += 1
                 emit("stale", block.tokens)
@@ -202,15 +244,15 @@ async def run_session(
                     raise RuntimeError("the verifier dropped a current block as stale")
                 if not inflight or r.epoch == epoch:
                     # Nothing valid is in flight: redraft from the committed prefix.
-                    state = drafter.rollback(state, [0], [len(committed)])
-                    if on_rollback is not None:
-                        on_rollback(state, committed)
+                    roll_back(len(committed))
                 finished = r.finished
                 continue
             trace.rounds += 1
             trace.drafted += len(block.tokens)
             trace.accepted += r.accepted
             now = time.perf_counter()
+            if observe_result is not None and sent is not None:
+                observe_result(len(block.tokens), r.accepted, now - sent)
             committed += r.tokens
             trace.tokens += r.tokens
             trace.token_times += [now] * len(r.tokens)
@@ -222,10 +264,7 @@ async def run_session(
                 emit("correct" if r.accepted < len(block.tokens) else "bonus", (r.next_token,))
                 # The drafter's context holds drafts past the accepted ones: cut them and
                 # append the verifier's token; every block still in flight is now stale.
-                state = drafter.rollback(state, [0], [block.start + r.accepted])
-                state = drafter.append(state, [0], [[r.next_token]])
-                if on_rollback is not None:
-                    on_rollback(state, committed)
+                roll_back(block.start + r.accepted, r.next_token)
                 trace.rollbacks += r.new_epoch != epoch
             epoch = r.new_epoch
     finally:

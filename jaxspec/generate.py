@@ -135,6 +135,8 @@ def generate(
         accepted block) or "pipelined" (no bonus), the draft q sent as `encoding` "full",
         "sparse" (top-`sparse_k`) or "onehot" (greedy drafts), validated as one
         `jaxspec.DraftSpec`. Lossless: the output is distributed exactly as plain decoding's.
+        `gamma=0` is speculation off: plain decoding, the draft unused (`stats.spec` None),
+        as an edge session of gamma 0 gets the same tokens from the verifier.
       max_batch: rows decoded per jitted call; larger batches run in chunks.
       _mutant: test hook, a deliberately wrong variant of the rule that tests must catch.
     """
@@ -156,6 +158,8 @@ def generate(
     spec = None
     if draft is not None:
         spec = _speculative_spec(model, draft, mode, gamma, encoding, sparse_k)
+        if not spec.speculative:  # gamma 0: speculation off, plain decoding (draft unused)
+            draft, spec = None, None
     n = len(rows)
     params = SamplingParams.make(n, temperature, top_k, top_p)
     keys = session_keys(seed if seeds is None else list(seeds), n)

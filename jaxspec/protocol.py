@@ -87,6 +87,11 @@ class DraftSpec:
     """How the edge drafts: `gamma` drafts per block, sent in one `encoding` (docs/design.md
     §3: `full` q over the vocabulary, `sparse` top-`sparse_k` q, `onehot` token ids only).
 
+    `gamma=0` turns speculation off for the request: its blocks carry no drafts and the
+    verifier samples each token itself, one per block, with the draw plain decoding uses
+    (U(TARGET, position)), so the tokens are `jaxspec.generate`'s without a draft. No drafter
+    runs; in either mode each block waits for the one before (nothing to draft ahead).
+
     `adaptive` (`gamma="auto"` on the command line): `gamma` is the LONGEST block the edge may
     send, and the edge picks each block's length in [1, gamma] as it goes (`edge.run_session`'s
     `block_len`). The verifier takes any block of 1..gamma drafts either way; the flag tells
@@ -109,12 +114,19 @@ class DraftSpec:
                 f"gamma must be an integer (the longest block, with adaptive=True for "
                 f"'auto'), got {self.gamma!r}"
             )
-        if not 1 <= self.gamma <= MAX_GAMMA:
-            raise InvalidArgument(f"gamma must be in [1, {MAX_GAMMA}], got {self.gamma}")
+        if not 0 <= self.gamma <= MAX_GAMMA:
+            raise InvalidArgument(f"gamma must be in [0, {MAX_GAMMA}], got {self.gamma}")
         if not isinstance(self.adaptive, bool):
             raise InvalidArgument(f"adaptive must be a bool, got {self.adaptive!r}")
+        if self.adaptive and self.gamma < 1:
+            raise InvalidArgument("an adaptive spec needs gamma >= 1 (its longest block)")
         if self.encoding == "sparse" and self.sparse_k < 1:
             raise InvalidArgument(f"sparse_k must be >= 1, got {self.sparse_k}")
+
+    @property
+    def speculative(self) -> bool:
+        """Whether blocks carry drafts (gamma >= 1); gamma 0 is speculation off."""
+        return self.gamma > 0
 
     @property
     def k(self) -> int:
@@ -131,7 +143,7 @@ class DraftSpec:
     ) -> None:
         """Raise `InvalidArgument` unless this spec fits a vocabulary and a verifier's limits."""
         if self.gamma > max_gamma:
-            raise InvalidArgument(f"gamma must be in [1, {max_gamma}], got {self.gamma}")
+            raise InvalidArgument(f"gamma must be in [0, {max_gamma}], got {self.gamma}")
         limit = vocab_size if max_sparse_k is None else min(vocab_size, max_sparse_k)
         if self.k > limit:
             raise InvalidArgument(f"sparse_k must be in [1, {limit}], got {self.sparse_k}")
@@ -181,6 +193,47 @@ class DraftBlock:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class AcceptanceFigures:
+    """A session's speculative-decoding totals, counted as vLLM counts them (its
+    `vllm:spec_decode_*` metrics), by the verifier over the blocks it verified (stale ones
+    count nothing; accepted drafts are those committed, cut at a stop token / max_new_tokens).
+
+    num_drafts: blocks verified with at least one draft (a gamma-0 block is none);
+    num_draft_tokens: drafts verified; num_accepted_tokens: drafts accepted;
+    accepted_per_position: `[gamma]`, entry i = blocks whose draft at position i was accepted.
+    """
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = ()
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts / drafts verified (alpha); 0.0 before any draft."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """vLLM's: 1 + accepted drafts per block with drafts (tokens a block yields, counting
+        the verifier's own); 0.0 before any."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    def __add__(self, other: AcceptanceFigures) -> AcceptanceFigures:
+        """The totals of two sessions (e.g. before and after a resume); per-position entries
+        add by position."""
+        a, b = self.accepted_per_position, other.accepted_per_position
+        n = max(len(a), len(b))
+        a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
+        return AcceptanceFigures(
+            num_drafts=self.num_drafts + other.num_drafts,
+            num_draft_tokens=self.num_draft_tokens + other.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens + other.num_accepted_tokens,
+            accepted_per_position=tuple(x + y for x, y in zip(a, b, strict=True)),
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class VerifyResult:
     """The verifier's answer to one block.
 
@@ -188,7 +241,8 @@ class VerifyResult:
     drafts, then the correction or bonus, cut at a stop token / max_new_tokens);
     next_token: the correction or bonus (None when none was emitted); new_epoch: the
     session's epoch after this block (epoch + 1 after a rejection); stale: the block was
-    dropped (old epoch or start != committed length) and changed nothing.
+    dropped (old epoch or start != committed length) and changed nothing; figures: the
+    session's acceptance totals after this block (`AcceptanceFigures`, every result alike).
     """
 
     epoch: int
@@ -199,6 +253,7 @@ class VerifyResult:
     new_epoch: int = 0
     stale: bool = False
     finished: bool = False
+    figures: AcceptanceFigures = AcceptanceFigures()
 
 
 @runtime_checkable

@@ -15,6 +15,7 @@ import numpy as np
 
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.protocol import (
+    AcceptanceFigures,
     DraftBlock,
     DraftSpec,
     InvalidArgument,
@@ -131,6 +132,7 @@ def result_to_proto(r: VerifyResult) -> pb.VerifyResult:
         new_epoch=r.new_epoch,
         stale=r.stale,
         finished=r.finished,
+        figures=pb.AcceptanceFigures(**dataclasses.asdict(r.figures)),  # the same fields
     )
 
 
@@ -144,4 +146,10 @@ def result_from_proto(m: pb.VerifyResult) -> VerifyResult:
         new_epoch=m.new_epoch,
         stale=m.stale,
         finished=m.finished,
+        figures=AcceptanceFigures(
+            num_drafts=m.figures.num_drafts,
+            num_draft_tokens=m.figures.num_draft_tokens,
+            num_accepted_tokens=m.figures.num_accepted_tokens,
+            accepted_per_position=tuple(m.figures.accepted_per_position),
+        ),
     )

@@ -155,8 +155,8 @@ def endpoint(address: str, token: str | None = None, ca: pathlib.Path | None = N
 
 
 async def session(address, draft_dir, cfg, token=None, ca=None, depth=2, **kw):
-    """One edge session over gRPC; returns its SessionTrace."""
-    d = drafter(str(draft_dir), cfg.draft.gamma, cfg.draft.encoding)
+    """One edge session over gRPC; returns its SessionTrace (gamma 0: no drafter)."""
+    d = drafter(str(draft_dir), cfg.draft.gamma, cfg.draft.encoding) if cfg.draft.gamma else None
     async with endpoint(address, token, ca) as ep:
         return await run_session(ep, d, cfg, depth=depth, **kw)
 

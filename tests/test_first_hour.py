@@ -71,7 +71,7 @@ def test_bad_flags_fail_with_status_2_before_any_model_loads():
             "--max-new-tokens must be >= 1, got 0",
         ),
         "generate --temperature -1": ([*gen, "--temperature", "-1"], "temperature must be"),
-        "generate --gamma 0": ([*gen, "--gamma", "0"], "gamma must be in [1, 64], got 0"),
+        "generate --gamma 65": ([*gen, "--gamma", "65"], "gamma must be in [0, 64], got 65"),
         "edge --temperature -1": ([*edge, "--temperature", "-1"], "temperature must be"),
         "edge --seed -1": ([*edge, "--seed", "-1"], "--seed must be in [0, 2**32)"),
         "edge --timeout-s 0": ([*edge, "--timeout-s", "0"], "--timeout-s must be > 0"),

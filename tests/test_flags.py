@@ -34,7 +34,8 @@ def test_values_reach_one_validated_draft_spec():
     b = parser(encoding=None, sparse_k=None).parse_args(["--gamma", "2", "--mode", "sync"])
     assert draft_spec_from_args(b) == DraftSpec(gamma=2)
     with pytest.raises(ValueError, match="gamma"):
-        draft_spec_from_args(parser().parse_args(["--gamma", "0"]))
+        draft_spec_from_args(parser().parse_args(["--gamma", "-1"]))
+    assert draft_spec_from_args(parser().parse_args(["--gamma", "0"])) == DraftSpec(gamma=0)
     with pytest.raises(SystemExit):  # choices come from protocol.MODES / ENCODINGS
         parser().parse_args(["--encoding", "dense"])
 

@@ -99,6 +99,23 @@ def test_session_over_tls_equals_in_process(world, mode, encoding, temperature):
     assert over_grpc.tokens == h.run(h.local_session(world["target"], world["draft"], cfg)).tokens
 
 
+def test_gamma0_over_tls_is_plain_decoding_beside_a_speculative_session(world, bob_reference):
+    """gamma 0 (speculation off) through the same service and stream kind, while another
+    tenant speculates: the tokens are plain decoding's (the verifier's own draws), the
+    figures count no draft, and the other session is unchanged."""
+    cfg = h.config(gamma=0, mode="pipelined", temperature=1.0, seed=9)
+
+    async def both():
+        return await asyncio.gather(client(world, "alice", cfg), client(world, "bob", BOB_CFG))
+
+    plain, bob = h.run(both())
+    target = jaxspec.load(world["target"])
+    want = jaxspec.generate(target, list(cfg.prompt), cfg.max_new_tokens, seeds=[9]).tokens
+    assert plain.tokens == want and plain.rounds == len(want)
+    assert plain.figures.num_draft_tokens == 0 and plain.figures.num_drafts == 0
+    assert bob.tokens == bob_reference and bob.figures.num_drafts == bob.rounds
+
+
 def test_the_port_is_bound_and_said_so_before_serving(world):
     log = world["server"].log
     listening = log.index(f"jaxspec verifier listening on 127.0.0.1:{world['server'].port} (TLS)")
@@ -403,7 +420,7 @@ def test_prometheus_metrics(world):
         wire.config_to_proto(h.config(encoding="onehot")), metadata=md, timeout=10
     ).session_id
     block = pb.DraftBlock(session_id=sid, start=4, tokens=[1])
-    assert len(list(s.Verify(iter([block]), metadata=md, timeout=20))) == 1  # half-closed
+    (answer,) = s.Verify(iter([block]), metadata=md, timeout=20)  # one answer, half-closed
     s.CloseSession(pb.CloseSessionRequest(session_id=sid), metadata=md, timeout=10)
     after = scrape(host, port)
 
@@ -412,9 +429,22 @@ def test_prometheus_metrics(world):
 
     assert rejected(after, "CloseSession") == rejected(before, "CloseSession")
 
+    # vLLM's counters, per tenant: each equals the figures its session's results carried.
+    for tenant, f in (("bob", trace.figures), ("alice", wire.result_from_proto(answer).figures)):
+        assert delta("vllm:spec_decode_num_drafts_total", tenant=tenant) == f.num_drafts > 0
+        assert delta("vllm:spec_decode_num_draft_tokens_total", tenant=tenant) == (
+            f.num_draft_tokens
+        )
+        assert delta("vllm:spec_decode_num_accepted_tokens_total", tenant=tenant) == (
+            f.num_accepted_tokens
+        )
+        for pos, n in enumerate(f.accepted_per_position):
+            name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+            assert delta(name, tenant=tenant, position=str(pos)) == n
     bob = dict(tenant="bob")
-    assert delta("jaxspec_drafted_tokens_total", **bob) == trace.drafted > 0
-    assert delta("jaxspec_accepted_tokens_total", **bob) == trace.accepted
+    assert trace.figures.num_draft_tokens == trace.drafted > 0
+    assert trace.figures.num_accepted_tokens == trace.accepted
+    assert wire.result_from_proto(answer).figures.num_draft_tokens == 1
     assert delta("jaxspec_committed_tokens_total", **bob) == len(trace.tokens) > 0
     assert delta("jaxspec_stale_blocks_total", **bob) >= trace.stale
     assert delta("jaxspec_sessions_opened_total", **bob) == 1

@@ -3,8 +3,11 @@
 Each service has its own `CollectorRegistry` (not the process-global one: tests and tools
 run several services in one process). What the registry exposes:
 
-  counters   jaxspec_drafted_tokens_total{tenant}      drafts verified
-             jaxspec_accepted_tokens_total{tenant}     drafts accepted
+  counters   vllm:spec_decode_num_drafts_total{tenant}           blocks verified with drafts
+             vllm:spec_decode_num_draft_tokens_total{tenant}     drafts verified
+             vllm:spec_decode_num_accepted_tokens_total{tenant}  drafts accepted (committed)
+             vllm:spec_decode_num_accepted_tokens_per_pos_total{tenant,position}
+                                                       blocks whose draft at position was accepted
              jaxspec_committed_tokens_total{tenant}    tokens committed
              jaxspec_stale_blocks_total{tenant}        blocks answered stale
              jaxspec_sessions_opened_total{tenant}     sessions opened
@@ -15,6 +18,11 @@ run several services in one process). What the registry exposes:
              jaxspec_batch_rows                        live rows per step (le = row buckets)
   gauges     jaxspec_sessions, jaxspec_queued_blocks, jaxspec_batch_occupancy (mean live /
              padded rows), jaxspec_serving (1 once warmed up, unless draining)
+
+The speculative-decoding counters carry vLLM's names (its v1 `vllm:spec_decode_*` metrics,
+with a `tenant` label here), so a dashboard made for vLLM reads them; they sum the figures
+every `VerifyResult` carries for its session (`jaxspec.protocol.AcceptanceFigures`). A
+gamma-0 block (speculation off) moves none of them. The rest are jaxspec's own.
 
 The gauges and the step counter are read from the service's `stats()` at scrape time, in the
 HTTP server's thread. The endpoint is prometheus_client's own (`start_wsgi_server`) and
@@ -34,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 PREFIX = "jaxspec_"
+VLLM = "vllm:spec_decode_"  # vLLM's names, where it has one
 
 
 class _StatsCollector(Collector):
@@ -65,8 +74,19 @@ class ServiceMetrics:
     def __init__(self, stats: Callable[[], dict[str, Any]], row_buckets: Sequence[int]):
         self.registry = CollectorRegistry()
         r, tenant = self.registry, ["tenant"]
-        self.drafted = Counter(PREFIX + "drafted_tokens", "drafts verified", tenant, registry=r)
-        self.accepted = Counter(PREFIX + "accepted_tokens", "drafts accepted", tenant, registry=r)
+        self.drafts = Counter(
+            VLLM + "num_drafts", "blocks verified with at least one draft", tenant, registry=r
+        )
+        self.drafted = Counter(VLLM + "num_draft_tokens", "drafts verified", tenant, registry=r)
+        self.accepted = Counter(
+            VLLM + "num_accepted_tokens", "drafts accepted (committed)", tenant, registry=r
+        )
+        self.accepted_per_pos = Counter(
+            VLLM + "num_accepted_tokens_per_pos",
+            "blocks whose draft at this position (0 = first) was accepted",
+            ["tenant", "position"],
+            registry=r,
+        )
         self.committed = Counter(
             PREFIX + "committed_tokens", "tokens committed", tenant, registry=r
         )
@@ -105,12 +125,18 @@ class ServiceMetrics:
     def count_block(
         self, tenant: str, *, stale: bool, drafted: int, accepted: int, committed: int
     ) -> None:
-        """One answered block of `tenant`: a stale one counts as stale only."""
+        """One answered block of `tenant` (`drafted` drafts, the first `accepted` of them
+        accepted): a stale one counts as stale only; acceptance is a prefix of the block, so
+        positions 0 .. accepted-1 each count one acceptance."""
         if stale:
             self.stale.labels(tenant).inc()
             return
-        self.drafted.labels(tenant).inc(drafted)
-        self.accepted.labels(tenant).inc(accepted)
+        if drafted:  # a gamma-0 block (no drafts) adds no series of vLLM's
+            self.drafts.labels(tenant).inc()
+            self.drafted.labels(tenant).inc(drafted)
+            self.accepted.labels(tenant).inc(accepted)
+            for position in range(accepted):
+                self.accepted_per_pos.labels(tenant, str(position)).inc()
         self.committed.labels(tenant).inc(committed)
 
 

@@ -30,6 +30,7 @@ from jaxspec.model import Model, init_cache
 from jaxspec.protocol import (
     MAX_GAMMA,
     MODES,
+    AcceptanceFigures,
     DraftBlock,
     FailedPrecondition,
     InvalidArgument,
@@ -66,9 +67,20 @@ class Session:
     last_active: float = 0.0
     queue: collections.deque = dataclasses.field(default_factory=collections.deque)
     rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
+    drafted: int = 0  # drafts verified (vLLM's num_draft_tokens)
+    accepted: int = 0  # drafts accepted and committed (num_accepted_tokens)
     emitted: int = 0
+    drafts: int = 0  # blocks verified with at least one draft (num_drafts)
+    per_position: list[int] = dataclasses.field(default_factory=list)  # [gamma], accepted at i
+
+    def figures(self) -> AcceptanceFigures:
+        """The session's acceptance totals so far (every `VerifyResult` carries them)."""
+        return AcceptanceFigures(
+            num_drafts=self.drafts,
+            num_draft_tokens=self.drafted,
+            num_accepted_tokens=self.accepted,
+            accepted_per_position=tuple(self.per_position),
+        )
 
     @property
     def committed(self) -> int:
@@ -251,6 +263,7 @@ class Scheduler:
             stops=self._stops(config),
             key=np.asarray(session_key(config.seed, 0)),
             last_active=self.clock(),
+            per_position=[0] * config.draft.gamma,
         )
         return SessionInfo(
             session_id=sid,
@@ -359,13 +372,19 @@ class Scheduler:
         return self._ticket
 
     def _validate_block(self, s: Session, b: DraftBlock) -> None:
-        n = len(b.tokens)
-        if not 1 <= n <= s.config.draft.gamma:
-            raise InvalidArgument(f"a block holds 1..{s.config.draft.gamma} drafts, got {n}")
+        n, gamma = len(b.tokens), s.config.draft.gamma
+        if gamma == 0 and n:
+            raise InvalidArgument(f"a gamma-0 session's blocks hold no drafts, got {n}")
+        if gamma and not 1 <= n <= gamma:
+            raise InvalidArgument(f"a block holds 1..{gamma} drafts, got {n}")
         if b.epoch > s.epoch:
             raise FailedPrecondition(f"unknown epoch {b.epoch} (current {s.epoch})")
         if b.start < s.prompt_len:
             raise InvalidArgument("a block cannot start inside the prompt")
+        if n == 0:  # speculation off: the verifier samples the block's one token
+            if b.q is not None or b.q_ids is not None:
+                raise InvalidArgument("a block without drafts carries no q")
+            return
         enc = s.config.draft.encoding
         tokens = np.asarray(b.tokens, np.int64)[None]
         try:
@@ -393,8 +412,9 @@ class Scheduler:
 
     def _stale(self, s: Session, b: DraftBlock) -> VerifyResult:
         return VerifyResult(
-            epoch=b.epoch, start=b.start, new_epoch=s.epoch, stale=True, finished=s.finished
-        )
+            epoch=b.epoch, start=b.start, new_epoch=s.epoch, stale=True, finished=s.finished,
+            figures=s.figures(),
+        )  # fmt: skip
 
     # ---- the tick ------------------------------------------------------------------------
 
@@ -480,9 +500,13 @@ class Scheduler:
         rejected = accepted < n
         if rejected:
             s.epoch += 1
+        kept = min(accepted, len(cut))  # accepted drafts that were committed
         s.rounds += 1
         s.drafted += n
-        s.accepted += accepted
+        s.accepted += kept
+        s.drafts += n > 0
+        for j in range(kept):
+            s.per_position[j] += 1
         s.emitted += len(cut)
         s.last_active = self.clock()
         self.tenant_tokens[s.tenant] += n + 1
@@ -491,11 +515,12 @@ class Scheduler:
         return VerifyResult(
             epoch=b.epoch,
             start=b.start,
-            accepted=min(accepted, len(cut)),
+            accepted=kept,
             tokens=tuple(cut),
             next_token=emitted[accepted] if extra and len(cut) > accepted else None,
             new_epoch=s.epoch,
             finished=finished,
+            figures=s.figures(),
         )
 
     def _build_batch(self, rows: list[Session], blocks: list[DraftBlock], R: int, W: int):
@@ -523,7 +548,9 @@ class Scheduler:
             temp[i], top_k[i], top_p[i] = c.temperature, c.top_k, c.top_p
             keys[i] = s.key
             used.add(s.slot)
-            if c.draft.encoding == "full":
+            if n == 0:
+                pass  # no drafts: the step samples the token (verify.step)
+            elif c.draft.encoding == "full":
                 is_full[i] = True
                 q_full[i, :n] = b.q
             elif c.draft.encoding == "sparse":

@@ -5,6 +5,9 @@ Row r feeds `[last committed token, d_0 .. d_{n-1}]` at positions `P-1 .. P+n-1`
 (P = committed length), gets `n+1` target distributions, applies the rule of docs/design.md §3 and
 sets the slot's length to `P + emitted - 1` (the last committed token is fed next time).
 
+A row with no drafts (a gamma-0 session: speculation off) gets one token, in either mode,
+sampled from p at P with plain decoding's draw U(TARGET, P) (`_plain_tokens`).
+
 Draft q's of every encoding travel in one static layout: `q_full [R, W-1, V]` for rows with
 `is_full`, else `q_ids/q_probs [R, W-1, k]` (sparse; onehot is ids = d, probs = 1).
 
@@ -25,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxspec.model import KVCache, Llama
-from jaxspec.sampling import SamplingParams
+from jaxspec.sampling import Purpose, SamplingParams, sample_at
 from jaxspec.verification import DraftQ, _verify
 
 DATA, MODEL = "data", "model"
@@ -96,21 +99,40 @@ def verify_step_fn(
         {"params": params}, batch.tokens, positions, valid, cache, batch.slots
     )
     num_draft = jnp.where(batch.live, batch.num_draft, 0)
+    # A block without drafts (gamma 0: speculation off) always gets its token, in pipelined
+    # mode too (0 drafts + a bonus: the rule's bonus is a sample of p at `start`) ...
+    bonus = batch.sync | (num_draft == 0)
     res = _verify(
         batch.tokens[:, 1:], num_draft, logits, DraftQ.full(_dense_q(batch, logits.shape[-1],
-        logits.dtype)), batch.sampling, batch.keys, batch.start, batch.sync,
+        logits.dtype)), batch.sampling, batch.keys, batch.start, bonus,
     )  # fmt: skip
+    tokens = _plain_tokens(res.tokens, batch.live & (num_draft == 0), logits[:, 0], batch)
     # Commit everything emitted; the host may cut at a stop token and roll back further.
     new_len = (batch.start + res.num_emitted - 1).astype(jnp.int32)
     rows = jnp.where(batch.live, batch.slots, cache.num_rows)  # filler rows: dropped
     cache = cache.replace(lengths=cache.lengths.at[rows].set(new_len, mode="drop"))
     out = {
-        "tokens": res.tokens,
+        "tokens": tokens,
         "num_accepted": res.num_accepted,
         "num_emitted": res.num_emitted,
         "accepted": res.accepted,
     }
     return cache, out
+
+
+def _plain_tokens(
+    tokens_RW: jax.Array, plain_R: jax.Array, logits_RV: jax.Array, batch: VerifyBatch
+) -> jax.Array:
+    """... drawn as plain decoding draws it: `sample_at(p, U(TARGET, start))`, the draw of
+    `jaxspec.generate` without a draft, so a gamma-0 session's tokens are plain decoding's
+    (not the BONUS draw, which would give another, equally distributed, sequence). Skipped
+    (`lax.cond`) when no row of the batch is such a block."""
+
+    def sampled() -> jax.Array:
+        tok = sample_at(logits_RV, batch.sampling, batch.keys, batch.start, Purpose.TARGET)
+        return tokens_RW.at[:, 0].set(jnp.where(plain_R, tok, tokens_RW[:, 0]))
+
+    return jax.lax.cond(jnp.any(plain_R), sampled, lambda: tokens_RW)
 
 
 def prefill_fn(

@@ -2,7 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -90,7 +90,7 @@ class DraftBlock(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[float]] = ..., q_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
-    __slots__ = ("epoch", "start", "accepted", "tokens", "has_next_token", "next_token", "new_epoch", "stale", "finished")
+    __slots__ = ("epoch", "start", "accepted", "tokens", "has_next_token", "next_token", "new_epoch", "stale", "finished", "figures")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class VerifyResult(_message.Message):
     NEW_EPOCH_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    FIGURES_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     start: int
     accepted: int
@@ -109,7 +110,20 @@ class VerifyResult(_message.Message):
     new_epoch: int
     stale: bool
     finished: bool
-    def __init__(self, epoch: _Optional[int] = ..., start: _Optional[int] = ..., accepted: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., has_next_token: _Optional[bool] = ..., next_token: _Optional[int] = ..., new_epoch: _Optional[int] = ..., stale: _Optional[bool] = ..., finished: _Optional[bool] = ...) -> None: ...
+    figures: AcceptanceFigures
+    def __init__(self, epoch: _Optional[int] = ..., start: _Optional[int] = ..., accepted: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., has_next_token: _Optional[bool] = ..., next_token: _Optional[int] = ..., new_epoch: _Optional[int] = ..., stale: _Optional[bool] = ..., finished: _Optional[bool] = ..., figures: _Optional[_Union[AcceptanceFigures, _Mapping]] = ...) -> None: ...
+
+class AcceptanceFigures(_message.Message):
+    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position")
+    NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_position: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

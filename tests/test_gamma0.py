@@ -1,0 +1,173 @@
+"""gamma 0 per request (speculation off): empty blocks through the same verifier and stream,
+each answered with one token the verifier samples with plain decoding's draw, so the tokens
+are `jaxspec.generate`'s without a draft (issue 20). Over gRPC: tests/test_grpc.py."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec
+from edge.drafter import Drafter
+from edge.session import run_session
+from jaxspec import wire
+from jaxspec.proto import verifier_pb2 as pb
+from jaxspec.protocol import (
+    AcceptanceFigures,
+    DraftBlock,
+    DraftSpec,
+    InvalidArgument,
+    SessionConfig,
+)
+from jaxspec.testing import tiny_config, to_dtype
+from verify import LocalVerifier, Scheduler, SchedulerConfig
+
+PROMPT, NEW = (1, 2, 3, 4), 16
+CONFIG = SchedulerConfig(max_sessions=4, max_len=128, max_gamma=4, row_buckets=(1, 2, 4))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def x64():
+    """float64 throughout (exact decisions; the verifier's thread takes it from here)."""
+    with jax.enable_x64(True):
+        yield
+
+
+@functools.cache
+def models():
+    """float64 target and draft, random but peaked (the models of test_edge_session)."""
+    cfg = tiny_config()
+    out = []
+    for seed in (0, 7):
+        m = jaxspec.Model(config=cfg, params=jaxspec.init_params(cfg, seed))
+        out.append(to_dtype(m.with_params(jax.tree.map(lambda a: a * 3, m.params)), jnp.float64))
+    return tuple(out)
+
+
+def config(gamma=0, **kw) -> SessionConfig:
+    spec = DraftSpec(gamma=gamma, encoding=kw.pop("encoding", "full"), sparse_k=4)
+    return SessionConfig(prompt=PROMPT, max_new_tokens=NEW, draft=spec, **kw)
+
+
+def plain(cfg: SessionConfig, **kw) -> list[int]:
+    """Co-located plain decoding with the session's sampling and seed."""
+    c = cfg
+    return jaxspec.generate(
+        models()[0], list(c.prompt), c.max_new_tokens, temperature=c.temperature,
+        top_k=c.top_k, top_p=c.top_p, seeds=[c.seed], **kw,
+    ).tokens  # fmt: skip
+
+
+async def _run(verifier, cfg, depth=3, drafter=None):
+    return await run_session(verifier, drafter, cfg, depth=depth)
+
+
+SAMPLED = [
+    dict(mode="sync", temperature=1.0, seed=3),
+    dict(mode="pipelined", temperature=0.8, top_k=10, top_p=0.9, seed=4),
+    dict(mode="pipelined", temperature=0.0, seed=5),
+]
+
+
+@pytest.mark.parametrize("kw", SAMPLED)
+def test_a_gamma0_session_is_plain_decoding(kw):
+    """No drafter, empty blocks, in sync and pipelined mode: the verifier's tokens are plain
+    decoding's (the same draw U(TARGET, position)), and co-located gamma 0 is plain decoding.
+    The figures count no draft."""
+    cfg = config(**kw)
+
+    async def go():
+        v = LocalVerifier(models()[0], CONFIG)
+        try:
+            return await _run(v, cfg)
+        finally:
+            await v.aclose()
+
+    trace = asyncio.run(go())
+    want = plain(cfg)
+    assert trace.tokens == want and len(want) == NEW
+    colocated = jaxspec.generate(
+        models()[0], list(PROMPT), NEW, draft=models()[1], gamma=0, mode=cfg.mode,
+        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seeds=[cfg.seed],
+    )  # fmt: skip
+    assert colocated.tokens == want and colocated.stats.spec is None
+    # One token per block, one block in flight (depth 3 asked), nothing stale or rolled back.
+    assert trace.rounds == trace.blocks_sent == NEW and trace.stale == trace.rollbacks == 0
+    assert {k for k, _ in trace.events} == {"accept", "bonus"}
+    assert trace.figures == AcceptanceFigures() and trace.drafted == 0
+    if cfg.temperature > 0:  # the tokens are draws: another seed's differ (the test can fail)
+        assert plain(dataclasses.replace(cfg, seed=cfg.seed + 100)) != want
+
+
+def test_gamma0_and_speculative_sessions_share_batches():
+    """A gamma-0 session and speculative ones (sync full, pipelined sparse) verified in the
+    same batches: each gets exactly what it gets alone."""
+    t, d = models()
+    sched = Scheduler(t, CONFIG)
+    batches = []
+    build = sched._build_batch
+
+    def spy(rows, blocks, R, W):
+        batches.append(sorted(len(b.tokens) for b in blocks))
+        return build(rows, blocks, R, W)
+
+    sched._build_batch = spy
+    plain_cfg = config(mode="pipelined", temperature=1.0, seed=11)
+    sync_cfg = config(gamma=3, mode="sync", temperature=1.0, seed=12)
+    pipe_cfg = config(gamma=4, mode="pipelined", encoding="sparse", temperature=0.8, seed=13)
+
+    async def go():
+        v = LocalVerifier(scheduler=sched)
+        try:
+            return await asyncio.gather(
+                _run(v, plain_cfg),
+                _run(v, sync_cfg, drafter=Drafter(d, sync_cfg.draft)),
+                _run(v, pipe_cfg, depth=2, drafter=Drafter(d, pipe_cfg.draft)),
+            )
+        finally:
+            await v.aclose()
+
+    got_plain, got_sync, got_pipe = asyncio.run(go())
+    assert got_plain.tokens == plain(plain_cfg)
+    for cfg, got in ((sync_cfg, got_sync), (pipe_cfg, got_pipe)):
+        s = cfg.draft
+        ref = plain(cfg, draft=d, gamma=s.gamma, mode=cfg.mode, encoding=s.encoding, sparse_k=4)
+        assert got.tokens == ref
+    assert any(b[0] == 0 and b[-1] > 0 for b in batches), batches  # mixed in one step
+
+
+def test_gamma0_is_checked_everywhere():
+    """gamma 0 is a valid spec (never adaptive); its blocks carry nothing, and an empty
+    block is refused for a speculative session; gamma 0 survives the wire."""
+    assert not DraftSpec(gamma=0).speculative and DraftSpec(gamma=1).speculative
+    for bad in (dict(gamma=-1), dict(gamma=0, adaptive=True)):
+        with pytest.raises(InvalidArgument):
+            DraftSpec(**bad)
+    cfg = config(mode="pipelined")
+    assert wire.config_from_proto(wire.config_to_proto(cfg)) == cfg
+    empty = wire.block_from_proto(pb.DraftBlock(session_id="s", epoch=0, start=4))
+    assert (empty.tokens, empty.q, empty.q_ids) == ((), None, None)
+
+    sched = Scheduler(models()[0], CONFIG)
+    sid = sched.open(cfg).session_id
+    spec_sid = sched.open(config(gamma=2)).session_id
+    block = DraftBlock(session_id=sid, epoch=0, start=4, tokens=())
+    for kw in (dict(tokens=(5,), q=np.full((1, 64), 1 / 64)), dict(q=np.zeros((0, 64)))):
+        with pytest.raises(InvalidArgument):
+            sched.submit(dataclasses.replace(block, **kw))
+    with pytest.raises(InvalidArgument, match=r"1\.\.2 drafts"):
+        sched.submit(dataclasses.replace(block, session_id=spec_sid))
+    sched.submit(block)
+    results = []
+    while sched.sessions[sid].queue:
+        results += sched.tick()
+    ((_, r),) = results
+    assert len(r.tokens) == 1 and r.next_token == r.tokens[0] and r.accepted == 0
+    assert r.new_epoch == 0 and r.figures == AcceptanceFigures()
+    assert r.tokens[0] == plain(dataclasses.replace(cfg, max_new_tokens=1))[0]
