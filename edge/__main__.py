@@ -35,6 +35,7 @@ from jaxspec.flags import (
     add_prompt_flags,
     add_sampling_flags,
     check_args,
+    logit_bias_from_args,
     prompt_from_args,
     use_compilation_cache,
 )
@@ -117,6 +118,8 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
             temperature=args.temperature,
             top_k=args.top_k,
             top_p=args.top_p,
+            min_p=args.min_p,
+            logit_bias=tuple(sorted(logit_bias_from_args(args).items())),
             seed=args.seed,
             mode=args.mode,
             draft=spec,

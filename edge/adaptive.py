@@ -8,10 +8,12 @@ proves), fed with running measurements:
     alpha[i]   acceptance of draft i of a block given drafts 0..i-1 were accepted, counted per
                position from the verifier's answers (shrunk towards the pooled rate, so a
                position seldom tested is not trusted on a few samples)
-    t_d        the edge's time per draft token (the first block of each length is not
-               counted: it includes that length's compilation)
+    t_d        the edge's drafting time, as a fixed cost per block plus a cost per token
+               fitted to the mean time of each block length drafted (the first block of
+               each length is not counted: it includes that length's compilation)
     latency    time from sending a block to its answer: the round trip plus the verifier's
                queueing and step, i.e. the model's rtt + t_v
+    t_v        the verifier's step time, which it reports with each answer (`step_s`)
 
 All three are exponential moving averages, so the choice follows a link or a verifier that
 gets slower or faster, and acceptance that changes with the text.
@@ -67,7 +69,9 @@ class AdaptiveGamma:
         self.accepted = [0] * max_gamma  # per position: answers that accepted it
         self.t_draft: float | None = None  # seconds per draft token
         self.latency: float | None = None  # seconds from send to answer
+        self.t_verify: float | None = None  # seconds of the verifier's step (it reports them)
         self._seen_lengths: set[int] = set()
+        self.block_time: dict[int, float] = {}  # block length -> moving mean of its time
         self.start_gamma = start_gamma or max(1, min(max_gamma, 4))
         self.chosen: list[int] = []  # every block length chosen, in order
 
@@ -81,16 +85,39 @@ class AdaptiveGamma:
         if gamma not in self._seen_lengths:  # its first call compiled that length
             self._seen_lengths.add(gamma)
             return
+        self.block_time[gamma] = self._ema(self.block_time.get(gamma), seconds)
         self.t_draft = self._ema(self.t_draft, seconds / gamma)
 
-    def observe_result(self, drafted: int, accepted: int, latency_s: float | None) -> None:
+    def draft_time(self, gamma: int) -> float:
+        """Expected edge time per draft token in a block of `gamma`: a line `fixed + per_token
+        * gamma` fitted (least squares, both terms >= 0) to the mean block time of each length
+        drafted so far. A block has a fixed cost (dispatch, moving q to the wire) that a
+        per-token average taken at one length would spread wrongly over other lengths."""
+        pts = sorted(self.block_time.items())
+        if len(pts) < 2:
+            g0, t0 = pts[0] if pts else (1, self.t_draft or 0.0)
+            return t0 / g0
+        n = len(pts)
+        mg = sum(g for g, _ in pts) / n
+        mt = sum(t for _, t in pts) / n
+        var = sum((g - mg) ** 2 for g, _ in pts)
+        slope = max(0.0, sum((g - mg) * (t - mt) for g, t in pts) / var)
+        fixed = max(0.0, mt - slope * mg)
+        return fixed / gamma + slope
+
+    def observe_result(
+        self, drafted: int, accepted: int, latency_s: float | None, step_s: float = 0.0
+    ) -> None:
         """A block of `drafted` drafts came back with `accepted` of them accepted, `latency_s`
-        after it was sent (None: not timed, e.g. a block answered stale)."""
+        after it was sent (None: not timed, e.g. a block answered stale); `step_s` is the
+        verifier's step that answered it, as the verifier reports it (0: unknown)."""
         for i in range(min(drafted, accepted + 1)):  # drafts the rule looked at
             self.tested[i] += 1
             self.accepted[i] += i < accepted
         if latency_s is not None:
             self.latency = self._ema(self.latency, latency_s)
+        if step_s > 0:
+            self.t_verify = self._ema(self.t_verify, step_s)
 
     # --- the choice -----------------------------------------------------------------------
 
@@ -112,12 +139,15 @@ class AdaptiveGamma:
         if self.t_draft is None or self.latency is None:
             g = self.start_gamma
         else:
+            # The answer latency is the round trip plus the verifier's queueing and step; the
+            # step alone (reported with each answer) also bounds the pipeline's spacing.
+            t_v = min(self.t_verify or 0.0, self.latency)
             g = analytic.best_gamma(
                 self.mode,
                 self.alphas(),
-                self.t_draft,
-                self.latency,  # the round trip and the verifier's time, as measured
-                0.0,
+                self.draft_time,
+                self.latency - t_v,
+                t_v,
                 depth=self.depth,
                 max_gamma=self.max_gamma,
             )

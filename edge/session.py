@@ -120,7 +120,7 @@ async def run_session(
     before each block is drafted and returns its length in [1, config.draft.gamma] (a
     `ValueError` otherwise); without it every block has `config.draft.gamma` drafts. It may
     read what `on_event` reported so far (accepts, rejects) to choose; one that has
-    `observe_draft(n, seconds)` / `observe_result(drafted, accepted, latency_s)` methods (an
+    `observe_draft(n, seconds)` / `observe_result(drafted, accepted, latency_s, step_s)` (an
     `edge.adaptive.AdaptiveGamma`) is also told each block's draft time and answer. In
     pipelined mode the output does not depend on the lengths chosen (every draw is keyed by
     position).
@@ -180,7 +180,9 @@ async def run_session(
         if on_rollback is not None:
             on_rollback(state, committed)
 
-    sampling = SamplingParams.make(1, config.temperature, config.top_k, config.top_p)
+    sampling = SamplingParams.make(
+        1, config.temperature, config.top_k, config.top_p, config.min_p, dict(config.logit_bias)
+    )
     keys = session_key(config.seed, 0)[None]
 
     committed = list(prompt)
@@ -252,7 +254,7 @@ async def run_session(
             trace.accepted += r.accepted
             now = time.perf_counter()
             if observe_result is not None and sent is not None:
-                observe_result(len(block.tokens), r.accepted, now - sent)
+                observe_result(len(block.tokens), r.accepted, now - sent, r.step_s)
             committed += r.tokens
             trace.tokens += r.tokens
             trace.token_times += [now] * len(r.tokens)

@@ -16,7 +16,7 @@ measures per position); a sequence shorter than gamma repeats its last value.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 Number = Fraction | int | float
@@ -78,7 +78,7 @@ def capacity_factor(gamma: int, t_d: Number, t_v: Number) -> Number:
 def best_gamma(
     mode: str,
     alpha: Alpha,
-    t_d: Number,
+    t_d: Number | Callable[[int], Number],
     rtt: Number,
     t_v: Number,
     *,
@@ -86,17 +86,20 @@ def best_gamma(
     max_gamma: int,
 ) -> int:
     """The gamma in 1..max_gamma with the least expected time per token for `mode` ("sync",
-    "pipelined" or "colocated"); ties go to the shorter block."""
+    "pipelined" or "colocated"); ties go to the shorter block. `t_d` may be a function of
+    gamma (draft time per token when drafting a block of gamma: a fixed cost per block makes
+    short blocks dearer per token)."""
     if max_gamma < 1:
         raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
 
     def cost(g: int) -> Number:
+        td = t_d(g) if callable(t_d) else t_d
         if mode == "pipelined":
-            return pipelined_token_time(g, alpha, t_d, rtt, t_v, depth)
+            return pipelined_token_time(g, alpha, td, rtt, t_v, depth)
         if mode == "sync":
-            return sync_token_time(g, alpha, t_d, rtt, t_v)
+            return sync_token_time(g, alpha, td, rtt, t_v)
         if mode == "colocated":
-            return colocated_token_time(g, alpha, t_d, t_v)
+            return colocated_token_time(g, alpha, td, t_v)
         raise ValueError(f"unknown mode {mode!r}")
 
     return min(range(1, max_gamma + 1), key=lambda g: (cost(g), g))

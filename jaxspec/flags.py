@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 from jaxspec.model import Model
 from jaxspec.protocol import ENCODINGS, MODES, DraftSpec
-from jaxspec.sampling import check_sampling, check_seed
+from jaxspec.sampling import check_logit_bias, check_sampling, check_seed
 from jaxspec.text import chat_prompt, encode_prompt
 from jaxspec.xla_cache import compilation_cache_dir, configure_compilation_cache
 
@@ -30,6 +30,10 @@ SAMPLING_HELP = {
     "top_k": "keep the k most likely tokens; 0 = off (default %(default)s)",
     "top_p": "keep the smallest set of tokens with this much mass; 1 = off (default %(default)s)",
     "seed": "session seed: every draw is keyed by (seed, position) (default %(default)s)",
+    "min_p": "keep tokens at least this fraction as likely as the most likely; 0 = off "
+    "(default %(default)s)",
+    "logit_bias": "ID:BIAS,... added to those tokens' logits first (greedy too), e.g. "
+    "'2:-100' bans token 2; at most 32, each within +-100",
 }
 AUTO = "auto"  # --gamma auto: the edge picks each block's length (DraftSpec.adaptive)
 DEFAULT_MAX_GAMMA = 8  # the longest block of --gamma auto unless --max-gamma says
@@ -75,17 +79,40 @@ def add_sampling_flags(
     top_k: int | None = 0,
     top_p: float | None = 1.0,
     seed: int | None = 0,
+    min_p: float | None = 0.0,
+    logit_bias: str | None = "",
     helps: Mapping[str, str] | None = None,
 ) -> None:
-    """Add `--temperature --top-k --top-p --seed` with these defaults; a flag whose default is
-    None is left out. `helps` replaces the help text of some (by destination name)."""
+    """Add `--temperature --top-k --top-p --seed --min-p --logit-bias` with these defaults; a
+    flag whose default is None is left out. `helps` replaces the help text of some (by
+    destination name). `--logit-bias` is text ("ID:BIAS,ID:BIAS"): `logit_bias_from_args`
+    parses it."""
     flags = {
         "temperature": (temperature, float, None),
         "top_k": (top_k, int, None),
         "top_p": (top_p, float, None),
         "seed": (seed, int, None),
+        "min_p": (min_p, float, None),
+        "logit_bias": (logit_bias, str, None),
     }
     _add(parser, flags, SAMPLING_HELP, helps)
+
+
+def logit_bias_from_args(args: argparse.Namespace) -> dict[int, float]:
+    """`--logit-bias "15:-100,42:2.5"` as `{15: -100.0, 42: 2.5}` ({} when absent); raises
+    `ValueError` naming the bad entry (values are checked by `check_logit_bias`)."""
+    text = getattr(args, "logit_bias", "") or ""
+    out: dict[int, float] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        tok, sep, bias = item.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(tok)] = float(bias)
+        except ValueError:
+            raise ValueError(f"--logit-bias entries are ID:BIAS, got {item!r}") from None
+    check_logit_bias(out)
+    return out
 
 
 def gamma_or_auto(text: str) -> int | str:
@@ -146,8 +173,10 @@ def check_args(args: argparse.Namespace) -> DraftSpec:
     and, where the command has them, `--max-new-tokens` and `--depth`. Returns the
     `DraftSpec`; raises `ValueError` (`InvalidArgument` for the draft flags) naming the flag.
     """
-    sampling = {f: getattr(args, f) for f in ("temperature", "top_k", "top_p") if hasattr(args, f)}
+    names = ("temperature", "top_k", "top_p", "min_p")
+    sampling = {f: getattr(args, f) for f in names if hasattr(args, f)}
     check_sampling(1, **sampling)
+    logit_bias_from_args(args)
     check_seed(getattr(args, "seed", 0), "--seed")
     mode = getattr(args, "mode", MODES[0])
     if mode not in MODES:  # argparse's choices already refuse it; kept for Namespaces built by hand

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.struct
@@ -110,6 +110,8 @@ def generate(
     temperature: float | Sequence[float] = 1.0,
     top_k: int | Sequence[int] = 0,
     top_p: float | Sequence[float] = 1.0,
+    min_p: float | Sequence[float] = 0.0,
+    logit_bias: Mapping[int, float] | Sequence[Mapping[int, float] | None] | None = None,
     seed: int = 0,
     seeds: Sequence[int] | None = None,
     stop_tokens: Sequence[int] | None = None,
@@ -127,7 +129,10 @@ def generate(
       model: the target model.
       prompt_ids: one sequence of token ids, a list of sequences of different lengths, or
         a 2-D array (every row taken whole).
-      temperature, top_k, top_p: scalars or one value per row; temperature 0 is greedy.
+      temperature, top_k, top_p, min_p: scalars or one value per row; temperature 0 is
+        greedy, min_p 0 is off.
+      logit_bias: `{token id: bias}` added to the logits before everything (greedy too), one
+        map for every row or one per row (at most 32 entries, each within +-100).
       seed: row i's session key is `fold_in(PRNGKey(seed), i)`; `seeds` gives each row its own.
       stop_tokens: ids that end a row (kept in its output); default: the config's EOS ids.
       draft: a draft model sharing the target's vocabulary turns on co-located speculative
@@ -161,7 +166,9 @@ def generate(
         if not spec.speculative:  # gamma 0: speculation off, plain decoding (draft unused)
             draft, spec = None, None
     n = len(rows)
-    params = SamplingParams.make(n, temperature, top_k, top_p)
+    params = SamplingParams.make(
+        n, temperature, top_k, top_p, min_p, logit_bias, model.config.vocab_size
+    )
     keys = session_keys(seed if seeds is None else list(seeds), n)
     stops = model.config.eos_token_ids if stop_tokens is None else tuple(stop_tokens)
     stop_arr = jnp.asarray(list(stops) or [-1], jnp.int32)

@@ -158,6 +158,9 @@ class SessionConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0  # 0 = off
+    # (token id, bias) pairs added to the logits first, as `jaxspec.sampling` orders the warp
+    logit_bias: tuple[tuple[int, float], ...] = ()
     seed: int = 0
     mode: str = "sync"  # "sync" | "pipelined"
     draft: DraftSpec = DraftSpec()
@@ -254,6 +257,7 @@ class VerifyResult:
     stale: bool = False
     finished: bool = False
     figures: AcceptanceFigures = AcceptanceFigures()
+    step_s: float = 0.0  # the verify step that answered this block (0: stale)
 
 
 @runtime_checkable

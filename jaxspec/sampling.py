@@ -2,10 +2,13 @@
 
 Every random draw of a session is `fold_in(fold_in(session_key, position), PURPOSE)`
 (docs/design.md §2): no counters and no split chains, so a session's tokens do not depend on call
-order, batch mates, rollbacks or timing. Warping is applied in one order everywhere:
-temperature, then top-k, then top-p, with the tie rules of `proofs.warp`:
+order, batch mates, rollbacks or timing. Warping is applied in one order everywhere, to the
+target's p and the draft's q alike: logit bias, temperature, min-p, top-k, top-p, with the tie
+rules of `proofs.warp`:
 
+- logit bias adds each listed token's bias to its logit (before everything, so greedy too);
 - temperature 0 is greedy: a one-hot at the argmax (lowest index on ties);
+- min-p keeps every token whose tempered probability is >= min_p times the largest, 0 off;
 - top-k keeps every token whose logit is >= the k-th largest (boundary ties kept), k=0 off;
 - top-p keeps token x iff the mass of tokens strictly more probable than x is < top_p, 1 off.
 
@@ -17,7 +20,8 @@ exceeds u, so a zero-probability token is never drawn and the exact implementati
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 import flax.struct
 import jax
@@ -85,15 +89,56 @@ def uniforms(
     return jax.vmap(jax.vmap(one, in_axes=(None, 0)))(keys_B2, positions_BT)
 
 
+# Most logit-bias entries a request may carry (a bound on every list a request carries), and
+# the range of a bias (OpenAI's: -100 bans a token, +100 all but forces it).
+MAX_LOGIT_BIAS = 32
+LOGIT_BIAS_LIMIT = 100.0
+LogitBias = Mapping[int, float]
+
+
+def check_logit_bias(
+    logit_bias: LogitBias | None, vocab_size: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """A `{token id: bias}` map as `(ids [MAX_LOGIT_BIAS] int32, -1 padded, values float32)`.
+    Raises `ValueError` naming the bad entry (too many, an id outside the vocabulary, a bias
+    not finite or outside +-LOGIT_BIAS_LIMIT)."""
+    ids = np.full(MAX_LOGIT_BIAS, -1, np.int32)
+    vals = np.zeros(MAX_LOGIT_BIAS, np.float32)
+    if not logit_bias:
+        return ids, vals
+    if not isinstance(logit_bias, Mapping):
+        raise ValueError(
+            f"logit_bias must map token ids to biases, got {type(logit_bias).__name__}"
+        )
+    if len(logit_bias) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias has {len(logit_bias)} entries; at most {MAX_LOGIT_BIAS}")
+    for i, (tok, bias) in enumerate(sorted(logit_bias.items())):
+        if isinstance(tok, bool) or not isinstance(tok, int | np.integer) or tok < 0:
+            raise ValueError(f"logit_bias token ids must be ints >= 0, got {tok!r}")
+        if vocab_size is not None and tok >= vocab_size:
+            raise ValueError(f"logit_bias token id {tok} is outside [0, {vocab_size})")
+        try:
+            b = float(bias)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias[{tok}] must be a number, got {bias!r}") from None
+        if not math.isfinite(b) or abs(b) > LOGIT_BIAS_LIMIT:
+            raise ValueError(
+                f"logit_bias[{tok}] must be finite and within +-{LOGIT_BIAS_LIMIT:g}, got {bias}"
+            )
+        ids[i], vals[i] = tok, b
+    return ids, vals
+
+
 def check_sampling(
     rows: int,
     temperature: float | Sequence[float] = 1.0,
     top_k: int | Sequence[int] = 0,
     top_p: float | Sequence[float] = 1.0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    min_p: float | Sequence[float] = 0.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The one validator of sampling values: scalars or per-row lists as `[rows]` numpy
-    arrays (float32, int32, float32). Raises `ValueError` naming the bad value. NumPy only, so
-    a command checks its flags before it loads (or compiles) anything."""
+    arrays (float32, int32, float32, float32). Raises `ValueError` naming the bad value. NumPy
+    only, so a command checks its flags before it loads (or compiles) anything."""
 
     def col(x, dtype, name):
         try:
@@ -113,7 +158,10 @@ def check_sampling(
         raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
     if not np.all(np.isfinite(p)) or np.any(p <= 0) or np.any(p > 1):
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    return t, k, p
+    m = col(min_p, np.float32, "min_p")
+    if not np.all(np.isfinite(m)) or np.any(m < 0) or np.any(m > 1):
+        raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
+    return t, k, p, m
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -124,11 +172,18 @@ class SamplingParams:
       temperature: `[B]` float32, >= 0; 0 is greedy.
       top_k: `[B]` int32, >= 0; 0 keeps every token.
       top_p: `[B]` float32 in (0, 1]; 1 keeps every token.
+      min_p: `[B]` float32 in [0, 1]; keeps tokens with probability >= min_p * the largest
+        (after temperature); 0 keeps every token.
+      bias_ids: `[B, MAX_LOGIT_BIAS]` int32 token ids of the logit bias, -1 unused.
+      bias_values: `[B, MAX_LOGIT_BIAS]` float32 biases added to those tokens' logits.
     """
 
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
+    min_p: jax.Array
+    bias_ids: jax.Array
+    bias_values: jax.Array
 
     @classmethod
     def make(
@@ -137,11 +192,28 @@ class SamplingParams:
         temperature: float | Sequence[float] = 1.0,
         top_k: int | Sequence[int] = 0,
         top_p: float | Sequence[float] = 1.0,
+        min_p: float | Sequence[float] = 0.0,
+        logit_bias: LogitBias | Sequence[LogitBias | None] | None = None,
+        vocab_size: int | None = None,
     ) -> SamplingParams:
         """Broadcast scalars or per-row lists to `[rows]` arrays, validating every value
-        (`check_sampling`)."""
-        t, k, p = check_sampling(rows, temperature, top_k, top_p)
-        return cls(temperature=jnp.asarray(t), top_k=jnp.asarray(k), top_p=jnp.asarray(p))
+        (`check_sampling`, `check_logit_bias`); `logit_bias` is one map for every row or one
+        per row."""
+        t, k, p, m = check_sampling(rows, temperature, top_k, top_p, min_p)
+        per_row = logit_bias if isinstance(logit_bias, Sequence) else [logit_bias] * rows
+        if len(per_row) != rows:
+            raise ValueError(f"logit_bias has {len(per_row)} maps for {rows} rows")
+        biases = [check_logit_bias(b, vocab_size) for b in per_row]
+        ids = np.stack([i for i, _ in biases]) if rows else np.zeros((0, MAX_LOGIT_BIAS))
+        vals = np.stack([v for _, v in biases]) if rows else np.zeros((0, MAX_LOGIT_BIAS))
+        return cls(
+            temperature=jnp.asarray(t),
+            top_k=jnp.asarray(k),
+            top_p=jnp.asarray(p),
+            min_p=jnp.asarray(m),
+            bias_ids=jnp.asarray(ids, jnp.int32),
+            bias_values=jnp.asarray(vals, jnp.float32),
+        )
 
     def pad(self, rows: int) -> SamplingParams:
         """Extend to `rows` rows with greedy filler rows (for padded batch buckets)."""
@@ -150,22 +222,37 @@ class SamplingParams:
             temperature=jnp.pad(self.temperature, (0, n)),
             top_k=jnp.pad(self.top_k, (0, n)),
             top_p=jnp.pad(self.top_p, (0, n), constant_values=1.0),
+            min_p=jnp.pad(self.min_p, (0, n)),
+            bias_ids=jnp.pad(self.bias_ids, ((0, n), (0, 0)), constant_values=-1),
+            bias_values=jnp.pad(self.bias_values, ((0, n), (0, 0))),
         )
 
 
-def warp(logits_BV: Float[Array, "B V"], params: SamplingParams) -> Float[Array, "B V"]:
-    """The distribution sampled from: temperature, then top-k, then top-p (module doc).
+def warp(
+    logits_BV: Float[Array, "B V"], params: SamplingParams, *, options: bool = True
+) -> Float[Array, "B V"]:
+    """The distribution sampled from: logit bias, temperature, min-p, top-k, top-p, in this
+    order (module doc). `options=False` leaves out the logit bias and min-p (a test hook for
+    the mutant that sends q warped without them).
 
     Work a batch does not need is skipped with `lax.cond` (a scalar predicate over the
     batch): no softmax when every row is greedy, no sorting when no row filters. The
     result is the same either way; decoding steps on CPU are dominated by such small ops.
     """
     V = logits_BV.shape[-1]
+    if options:
+        logits_BV = _cond(
+            jnp.any(params.bias_ids >= 0), lambda x: _add_bias(x, params), lambda x: x, logits_BV
+        )
     t = params.temperature.astype(logits_BV.dtype)[:, None]
     greedy = jax.nn.one_hot(jnp.argmax(logits_BV, axis=-1), V, dtype=logits_BV.dtype)
 
     def sampled(_):
         scaled = logits_BV / jnp.where(t > 0, t, 1)
+        if options:
+            scaled = _cond(
+                jnp.any(params.min_p > 0), lambda x: _min_p(x, params), lambda x: x, scaled
+            )
         filters = jnp.any(params.top_k > 0) | jnp.any(params.top_p < 1)
         probs = _cond(
             filters,
@@ -176,6 +263,22 @@ def warp(logits_BV: Float[Array, "B V"], params: SamplingParams) -> Float[Array,
         return jnp.where(t > 0, probs, greedy)
 
     return _cond(jnp.all(t == 0), lambda _: greedy, sampled, None)
+
+
+def _add_bias(logits_BV: jax.Array, params: SamplingParams) -> jax.Array:
+    """logits + bias at each row's biased ids (unused slots, id -1, add nothing)."""
+    B, V = logits_BV.shape
+    ids = jnp.where(params.bias_ids >= 0, params.bias_ids, V)  # V: out of range, dropped
+    rows = jnp.arange(B)[:, None]
+    return logits_BV.at[rows, ids].add(params.bias_values.astype(logits_BV.dtype), mode="drop")
+
+
+def _min_p(scaled_BV: jax.Array, params: SamplingParams) -> jax.Array:
+    """Drop (-inf) tokens whose tempered probability is below min_p times the largest; the
+    argmax always stays, ties at the threshold stay."""
+    probs = jax.nn.softmax(scaled_BV, axis=-1)
+    floor = params.min_p.astype(probs.dtype)[:, None] * jnp.max(probs, axis=-1, keepdims=True)
+    return jnp.where(probs >= floor, scaled_BV, -jnp.inf)
 
 
 def _cond(pred, true_fn, false_fn, operand):

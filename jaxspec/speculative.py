@@ -185,6 +185,8 @@ def draft_q_for(
     d = sample(q, u_B)
     if mutant == "warp_p_not_q":  # sampled from warped q, but the unwarped q is sent
         q = jax.nn.softmax(logits_BV, axis=-1)
+    if mutant == "options_p_not_q":  # sampled with logit bias / min-p, q sent without them
+        q = warp(logits_BV, sampling, options=False)
     return d, q
 
 

@@ -52,6 +52,8 @@ def config_to_proto(c: SessionConfig) -> pb.OpenSessionRequest:
         temperature=c.temperature,
         top_k=c.top_k,
         top_p=c.top_p,
+        min_p=c.min_p,
+        logit_bias=dict(c.logit_bias),
         seed=c.seed,
         mode=_code(c.mode, _MODES),
         gamma=c.draft.gamma,
@@ -71,6 +73,8 @@ def config_from_proto(m: pb.OpenSessionRequest) -> SessionConfig:
         temperature=m.temperature,
         top_k=m.top_k,
         top_p=1.0 if m.top_p == 0 else m.top_p,  # 0 is proto3's "unset": off, as 1 is
+        min_p=m.min_p,
+        logit_bias=tuple(sorted(m.logit_bias.items())),
         seed=m.seed,
         mode=_enum(m.mode, _MODES, "mode"),
         draft=DraftSpec(
@@ -133,6 +137,7 @@ def result_to_proto(r: VerifyResult) -> pb.VerifyResult:
         stale=r.stale,
         finished=r.finished,
         figures=pb.AcceptanceFigures(**dataclasses.asdict(r.figures)),  # the same fields
+        step_s=r.step_s,
     )
 
 
@@ -152,4 +157,5 @@ def result_from_proto(m: pb.VerifyResult) -> VerifyResult:
             num_accepted_tokens=m.figures.num_accepted_tokens,
             accepted_per_position=tuple(m.figures.accepted_per_position),
         ),
+        step_s=m.step_s,
     )

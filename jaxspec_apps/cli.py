@@ -28,6 +28,7 @@ from jaxspec.flags import (
     add_prompt_flags,
     add_sampling_flags,
     check_args,
+    logit_bias_from_args,
     prompt_from_args,
     use_compilation_cache,
 )
@@ -49,6 +50,8 @@ def _generate(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
+        min_p=args.min_p,
+        logit_bias=logit_bias_from_args(args),
         seed=args.seed,
         draft=draft,
         gamma=args.gamma,

@@ -19,7 +19,8 @@ from proofs.warp import Dist, onehot
 Table = dict[Seq, Dist]
 
 # Sampling params the random cases draw from: identity, greedy, temperature 1/2 and 1/3,
-# top-k with boundary ties, top-p, and combinations.
+# top-k with boundary ties, top-p, min-p, logit bias (as e^bias weights), and combinations;
+# OPTION_PARAMS are the ones with min-p or a logit bias.
 PARAMS: tuple[Params, ...] = (
     Params(),
     Params(temperature=Fraction(0)),
@@ -30,6 +31,18 @@ PARAMS: tuple[Params, ...] = (
     Params(top_p=Fraction(3, 4)),
     Params(temperature=Fraction(1, 2), top_k=2, top_p=Fraction(3, 4)),
     Params(temperature=Fraction(1, 3), top_p=Fraction(9, 10)),
+    *(
+        OPTION_PARAMS := (
+            Params(min_p=Fraction(1, 2)),
+            Params(logit_bias=((0, Fraction(3)),)),
+            Params(logit_bias=((1, Fraction(1, 4)), (0, Fraction(2)))),
+            Params(temperature=Fraction(0), logit_bias=((1, Fraction(5)),)),
+            Params(
+                temperature=Fraction(1, 2), min_p=Fraction(1, 3), logit_bias=((1, Fraction(2)),)
+            ),
+            Params(min_p=Fraction(1, 4), top_k=2, top_p=Fraction(3, 4)),
+        )
+    ),
 )
 
 Q_KINDS = ("independent", "equal", "onehot", "zeros", "full_support")
@@ -74,7 +87,8 @@ class Case:
         k = f" k={s.sparse_k}" if s.encoding == "sparse" else ""
         return (
             f"{s.mode} {s.encoding}{k} gamma={s.gamma}{depth} V={self.vocab} N={self.n} "
-            f"T={pr.temperature} top_k={pr.top_k} top_p={pr.top_p} "
+            f"T={pr.temperature} top_k={pr.top_k} top_p={pr.top_p} min_p={pr.min_p} "
+            f"bias={list(pr.logit_bias)} "
             f"[{', '.join(sorted(self.tags))}]"
         )
 
@@ -142,6 +156,10 @@ def random_case(
         tags.add("top-k")
     if params.top_p != 1:
         tags.add("top-p")
+    if params.min_p:
+        tags.add("min-p")
+    if params.logit_bias:
+        tags.add("logit-bias")
     if spec.encoding == "sparse":
         spec = replace(spec, sparse_k=rng.randint(1, vocab - 1))
     return Case(vocab, n, p, q, params, spec, frozenset(tags))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from proofs import latency
-from proofs.cases import PARAMS, Q_KINDS, Case, random_case, random_dist
+from proofs.cases import OPTION_PARAMS, PARAMS, Q_KINDS, Case, random_case, random_dist
 from proofs.enumerate import ENCODINGS, Spec, expected_round_tokens, law_difference
 from proofs.rule import accept_prob, decide, greedy_decide, residual
 from proofs.variants import CONTROLS, MUTANTS, variant_decide
@@ -237,6 +237,7 @@ def warp_suite() -> Result:
 MUTANT_MODES: dict[str, tuple[str, ...]] = {
     "unnormalized_residual": ("sync", "pipelined"),
     "warp_p_not_q": ("sync", "pipelined"),
+    "options_p_not_q": ("sync", "pipelined"),
     "bonus_from_q": ("sync",),
     "residual_from_p": ("sync", "pipelined"),
     "stale_block_accepted": ("pipelined",),
@@ -263,7 +264,11 @@ def find_counterexample(
         # makes that likely and keeps the rescored q(d) > 0.
         q_kind = "full_support" if name == "stale_block_accepted" else None
         spec = mutant_spec(rng, name, mode)
-        case = random_case(rng, spec, rng.choice((2, 3)), rng.choice((2, 3)), q_kind=q_kind)
+        # The options mutant can only show where a case uses min-p or a logit bias.
+        params = rng.choice(OPTION_PARAMS) if name == "options_p_not_q" else None
+        case = random_case(
+            rng, spec, rng.choice((2, 3)), rng.choice((2, 3)), q_kind=q_kind, params=params
+        )
         try:
             tv, seq = case.difference(name)
         except ValueError:  # the mutant paired a draft with q(d) = 0: not a clean catch

@@ -40,14 +40,24 @@ ENCODINGS = ("full", "sparse", "onehot")
 
 @dataclass(frozen=True)
 class Params:
-    """Sampling params, applied to p and q alike (temperature, then top-k, then top-p)."""
+    """Sampling params, applied to p and q alike (logit bias, temperature, min-p, top-k,
+    top-p; `logit_bias` as `(token, e^bias)` pairs, see `proofs.warp`)."""
 
     temperature: Fraction = Fraction(1)
     top_k: int = 0
     top_p: Fraction = Fraction(1)
+    min_p: Fraction = Fraction(0)
+    logit_bias: tuple[tuple[int, Fraction], ...] = ()
 
-    def apply(self, p: Sequence[Fraction]) -> Dist:
-        return warp(p, self.temperature, self.top_k, self.top_p)
+    def apply(self, p: Sequence[Fraction], options: bool = True) -> Dist:
+        """Warped p; `options=False` leaves out the logit bias and min-p (a mutant's q)."""
+        if not options:
+            return warp(p, self.temperature, self.top_k, self.top_p)
+        return warp(p, self.temperature, self.top_k, self.top_p, self.min_p, self.logit_bias)
+
+    @property
+    def has_options(self) -> bool:
+        return self.min_p != 0 or bool(self.logit_bias)
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,8 @@ class _Models:
                 dist = self.params.apply(self._raw("q", path))
             elif kind == "q_sample":
                 dist = self._encode(self.q_warped(path))
+            elif self.v.rule_q_without_options:  # "q_rule": warped without bias / min-p
+                dist = self._encode(self.params.apply(self._raw("q", path), options=False))
             else:  # "q_rule"
                 raw = self.v.rule_q_unwarped
                 dist = self._encode(self._raw("q", path)) if raw else self.q_sample(path)

@@ -48,6 +48,8 @@ class Variant:
       bonus_source: "p" (correct), "q" (bonus drawn from the draft's q).
       bonus_offset: 0, or -1 for the bonus drawn from p one position too early.
       rule_q_unwarped: the verifier's q is the draft's UNwarped q (edge sampled warped q).
+      rule_q_without_options: the verifier's q is warped without the logit bias and min-p
+        (the edge sampled from q with them): the options applied on one side only.
       shared_accept_uniform: one accept uniform for a whole block instead of one per
         position (the uniform of position t reused at t+1).
       stale_policy: "drop" (correct), "rescored" (stale blocks verified against the new
@@ -62,6 +64,7 @@ class Variant:
     bonus_source: str = "p"
     bonus_offset: int = 0
     rule_q_unwarped: bool = False
+    rule_q_without_options: bool = False
     shared_accept_uniform: bool = False
     stale_policy: str = "drop"
     how: str = "docs/design.md §3"
@@ -83,6 +86,13 @@ MUTANTS: dict[str, Variant] = {
             name="warp_p_not_q",
             rule_q_unwarped=True,
             how="verifier uses the unwarped q while the edge sampled from warped q",
+        ),
+        replace(
+            CORRECT,
+            name="options_p_not_q",
+            rule_q_without_options=True,
+            how="logit bias and min-p applied where p is warped, left out of the q the "
+            "verifier pairs with the drafts (the edge sampled them from q with the options)",
         ),
         replace(
             CORRECT,

@@ -1,7 +1,14 @@
-"""Exact warping of a distribution: temperature, then top-k, then top-p (docs/design.md §3).
+"""Exact warping of a distribution: logit bias, temperature, min-p, top-k, top-p, in this
+order (docs/design.md §3).
 
 Distributions are lists of `Fraction` over a vocabulary of size V. The tie rules are
 fixed by the project and every implementation (the JAX sampler included) must agree:
+
+- logit bias b on token x multiplies its unnormalized probability by e^b; here the factor
+  w = e^b is given as a positive Fraction (a bias of ln 2 is the weight 2), then renormalized.
+  It comes first, so greedy decoding sees it too.
+- min-p (min_p = 0: off): after temperature, keep every token whose probability is >=
+  min_p times the largest (ties at the threshold kept; the argmax always stays); renormalize.
 
 - temperature 0: greedy, a one-hot at the argmax; ties go to the LOWEST index.
 - temperature 1/n (n a positive integer): p**n renormalized (exact and rational);
@@ -100,14 +107,43 @@ def apply_top_p(p: Sequence[Fraction], top_p: Fraction | int) -> Dist:
     return normalize([x if k else Fraction(0) for x, k in zip(p, keep, strict=True)])
 
 
+def apply_logit_bias(p: Sequence[Fraction], weights: Sequence[tuple[int, Fraction]]) -> Dist:
+    """Multiply p(x) by w = e^bias for each `(x, w)`, renormalize (no entries: identity)."""
+    p = check_dist(p)
+    if not weights:
+        return p
+    out = list(p)
+    for x, w in weights:
+        if not 0 <= x < len(p) or Fraction(w) <= 0:
+            raise ValueError(f"logit bias entry ({x}, {w}) outside the vocabulary or not > 0")
+        out[x] *= Fraction(w)
+    return normalize(out)
+
+
+def apply_min_p(p: Sequence[Fraction], min_p: Fraction | int) -> Dist:
+    """Keep x iff p(x) >= min_p * max(p) (ties at the threshold kept), renormalize."""
+    p = check_dist(p)
+    min_p = Fraction(min_p)
+    if not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+    if min_p == 0:
+        return p
+    floor = min_p * max(p)
+    return normalize([x if x >= floor else Fraction(0) for x in p])
+
+
 def warp(
     p: Sequence[Fraction],
     temperature: Fraction | int = 1,
     top_k: int = 0,
     top_p: Fraction | int = 1,
+    min_p: Fraction | int = 0,
+    logit_bias: Sequence[tuple[int, Fraction]] = (),
 ) -> Dist:
-    """Warp `p` exactly in the project's one order: temperature, then top-k, then top-p."""
-    return apply_top_p(apply_top_k(apply_temperature(p, temperature), top_k), top_p)
+    """Warp `p` exactly in the project's one order: logit bias, temperature, min-p, top-k,
+    top-p."""
+    tempered = apply_temperature(apply_logit_bias(p, logit_bias), temperature)
+    return apply_top_p(apply_top_k(apply_min_p(tempered, min_p), top_k), top_p)
 
 
 def sparse_topk(q: Sequence[Fraction], k: int) -> Dist:

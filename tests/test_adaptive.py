@@ -4,13 +4,22 @@ the benchmarks) and the controller's choices from measurements. The session-leve
 
 from __future__ import annotations
 
+import asyncio
 from fractions import Fraction as F
 
+import jax
+import jax.numpy as jnp
 import pytest
 
+import jaxspec
 from edge.adaptive import AdaptiveGamma
+from edge.drafter import Drafter
+from edge.session import DelayedEndpoint, run_session
 from jaxspec import analytic
+from jaxspec.protocol import DraftSpec, SessionConfig
+from jaxspec.testing import tiny_config, to_dtype
 from proofs import latency as proofs_latency
+from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 
 def test_per_position_alpha_reduces_to_the_papers_model_exactly():
@@ -75,3 +84,62 @@ def test_positions_are_counted_only_where_the_rule_looked():
     assert ctl.alphas() == [1.0, 0.5, 1.0, 1.0]
     with pytest.raises(ValueError, match="mode"):
         AdaptiveGamma(4, "colocated")
+
+
+# --- a session driven by the controller (float64 tiny models: exact decisions) -------------
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A float64 target, a draft close to it (long accepts, some rejections), a scheduler."""
+    with jax.enable_x64(True):
+        cfg = tiny_config()
+        base = jaxspec.Model(config=cfg, params=jaxspec.init_params(cfg, 0))
+        target, draft = (
+            to_dtype(base.with_params(jax.tree.map(lambda a, s=s: a * s, base.params)), jnp.float64)
+            for s in (3.0, 2.9)
+        )
+        sched = Scheduler(target, SchedulerConfig(max_sessions=2, max_len=128, max_gamma=6))
+        yield draft, sched
+
+
+def _run(pair, gamma: int, auto: bool, one_way_s: float, new: int = 24):
+    draft, sched = pair
+    spec = DraftSpec(gamma=gamma, encoding="full", adaptive=auto)
+    cfg = SessionConfig(prompt=(1, 2, 3, 4), max_new_tokens=new, temperature=1.0, seed=5,
+                        mode="pipelined", draft=spec)  # fmt: skip
+    policy = AdaptiveGamma(gamma, "pipelined", 2, prior_weight=1.0) if auto else None
+
+    async def go():
+        v = LocalVerifier(scheduler=sched)
+        try:
+            ep = DelayedEndpoint(v, one_way_s=one_way_s)
+            return await run_session(ep, Drafter(draft, spec), cfg, depth=2, block_len=policy)
+        finally:
+            await v.aclose()
+
+    with jax.enable_x64(True):
+        return asyncio.run(go()), policy
+
+
+def test_an_adaptive_session_has_the_tokens_of_every_fixed_gamma(pair):
+    auto, policy = _run(pair, 6, True, one_way_s=0.01)
+    assert len(policy.chosen) == auto.blocks_sent and policy.t_draft and policy.latency
+    assert len(set(policy.chosen)) > 1  # it did adapt: the first blocks use start_gamma
+    for g in (1, 3, 6):
+        fixed, _ = _run(pair, g, False, one_way_s=0.0)
+        assert fixed.tokens == auto.tokens
+
+
+def test_draft_time_separates_the_fixed_cost_of_a_block():
+    """Blocks cost fixed + per_token * g: the fit recovers both, so a controller that has
+    drafted short blocks does not think long ones cost g times a short block's."""
+    ctl = AdaptiveGamma(8, "pipelined", 2)
+    for g in (1, 2, 4):
+        ctl.observe_draft(g, 1.0)  # first call of each length: compilation, ignored
+        for _ in range(10):
+            ctl.observe_draft(g, 0.004 + 0.001 * g)
+    assert ctl.draft_time(8) == pytest.approx(0.004 / 8 + 0.001)
+    assert ctl.draft_time(1) == pytest.approx(0.005)
+    ctl.observe_result(4, 2, 0.05, step_s=0.01)
+    assert ctl.t_verify == pytest.approx(0.01) and ctl.latency == pytest.approx(0.05)

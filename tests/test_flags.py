@@ -6,7 +6,13 @@ import argparse
 
 import pytest
 
-from jaxspec.flags import add_draft_flags, add_sampling_flags, draft_spec_from_args
+from jaxspec.flags import (
+    add_draft_flags,
+    add_sampling_flags,
+    check_args,
+    draft_spec_from_args,
+    logit_bias_from_args,
+)
 from jaxspec.protocol import DraftSpec
 from jaxspec.shapes import bucket
 
@@ -103,3 +109,14 @@ def test_bucket_equals_the_five_formulas_it_replaced():
         assert bucket(n, 512) == max(512, 1 << (n - 1).bit_length())  # demo's verifier
     with pytest.raises(ValueError):
         bucket(-1)
+
+
+def test_min_p_and_logit_bias_flags():
+    a = parser().parse_args(["--min-p", "0.05", "--logit-bias", "2:-100, 17:1.5"])
+    assert a.min_p == 0.05 and logit_bias_from_args(a) == {2: -100.0, 17: 1.5}
+    assert logit_bias_from_args(parser().parse_args([])) == {}
+    for bad, why in (("2", "ID:BIAS"), ("x:1", "ID:BIAS"), ("2:200", "within"), ("-3:1", ">= 0")):
+        with pytest.raises(ValueError, match=why):
+            check_args(parser().parse_args([f"--logit-bias={bad}"]))
+    with pytest.raises(ValueError, match="min_p"):
+        check_args(parser().parse_args(["--min-p", "1.5"]))

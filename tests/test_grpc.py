@@ -85,13 +85,23 @@ def test_checked_in_stubs_match_the_proto(tmp_path):
         assert filecmp.cmp(fresh, ROOT / "jaxspec" / "proto" / name, shallow=False), name
 
 
+# min-p and a logit bias travel with the session and apply on both sides.
+OPTIONS = dict(min_p=0.05, logit_bias=((3, 2.0), (0, -3.0)))
+
+
 @pytest.mark.parametrize(
-    ("mode", "encoding", "temperature"),
-    [("pipelined", "full", 1.0), ("sync", "sparse", 0.7), ("pipelined", "onehot", 0.0)],
+    ("mode", "encoding", "temperature", "options"),
+    [
+        ("pipelined", "full", 1.0, {}),
+        ("sync", "sparse", 0.7, {}),
+        ("pipelined", "onehot", 0.0, {}),
+        ("sync", "full", 1.0, OPTIONS),
+        ("pipelined", "onehot", 0.0, {"logit_bias": ((7, 3.0),)}),
+    ],
 )
-def test_session_over_tls_equals_in_process(world, mode, encoding, temperature):
+def test_session_over_tls_equals_in_process(world, mode, encoding, temperature, options):
     """The wire changes nothing: same tokens as the in-process LocalVerifier."""
-    cfg = h.config(mode=mode, encoding=encoding, temperature=temperature, seed=5)
+    cfg = h.config(mode=mode, encoding=encoding, temperature=temperature, seed=5, **options)
     over_grpc = h.run(client(world, "alice", cfg))
     assert 0 < len(over_grpc.tokens) <= cfg.max_new_tokens
     assert over_grpc.rounds > 0 and 0 <= over_grpc.acceptance_rate <= 1

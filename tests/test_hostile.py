@@ -162,6 +162,9 @@ def open_code(world, **fields) -> tuple[grpc.StatusCode, str]:
         if isinstance(value, list):
             del getattr(req, name)[:]
             getattr(req, name).extend(value)
+        elif isinstance(value, dict):  # a proto map
+            getattr(req, name).clear()
+            getattr(req, name).update(value)
         else:
             setattr(req, name, value)
     stub = pb_grpc.VerifierStub(channel(world))
@@ -183,6 +186,13 @@ def open_code(world, **fields) -> tuple[grpc.StatusCode, str]:
         dict(stop_tokens=[VOCAB], default_stop_tokens=False),
         dict(stop_tokens=[-1], default_stop_tokens=False),
         dict(stop_tokens=list(range(100, 165)), default_stop_tokens=False),  # 65 > 64
+        dict(min_p=float("nan")),
+        dict(min_p=1.5),
+        dict(logit_bias={VOCAB: 1.0}),
+        dict(logit_bias={-2: 1.0}),
+        dict(logit_bias={3: 100.5}),
+        dict(logit_bias={3: float("nan")}),
+        dict(logit_bias=dict.fromkeys(range(33), 1.0)),  # 33 > 32
     ],
     ids=[
         "top_p-nan",
@@ -192,6 +202,13 @@ def open_code(world, **fields) -> tuple[grpc.StatusCode, str]:
         "stop-vocab",
         "stop-neg",
         "stop-65",
+        "min_p-nan",
+        "min_p-above-1",
+        "bias-vocab",
+        "bias-neg-id",
+        "bias-above-100",
+        "bias-nan",
+        "bias-33",
     ],
 )
 def test_bad_sampling_and_stop_tokens_are_invalid_argument(world, fields):
@@ -209,8 +226,18 @@ def test_bad_sampling_and_stop_tokens_are_invalid_argument(world, fields):
         dict(top_p=0.5),
         dict(stop_tokens=list(range(100, 164)), default_stop_tokens=False),  # 64
         dict(stop_tokens=[VOCAB - 1], default_stop_tokens=False),
+        dict(min_p=1.0, logit_bias={VOCAB - 1: -100.0, 0: 100.0}),
+        dict(logit_bias=dict.fromkeys(range(32), 1.0)),  # 32
     ],
-    ids=["top_p-0-unset", "top_p-1", "top_p-half", "stop-64", "stop-last-id"],
+    ids=[
+        "top_p-0-unset",
+        "top_p-1",
+        "top_p-half",
+        "stop-64",
+        "stop-last-id",
+        "min_p-bias",
+        "bias-32",
+    ],
 )
 def test_the_bounds_themselves_are_accepted(world, fields):
     code, details = open_code(world, **fields)

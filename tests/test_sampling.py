@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -112,6 +114,17 @@ def test_position_keys_are_pure_functions_of_seed_position_purpose():
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"temperature": [1.0, 0.5]}, "temperature has .2,. values for 3 rows"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"min_p": float("nan")}, "min_p"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"logit_bias": {-1: 1.0}}, "token ids must be ints >= 0"),
+        ({"logit_bias": {"3": 1.0}}, "token ids must be ints >= 0"),
+        ({"logit_bias": {3: float("inf")}}, "finite and within"),
+        ({"logit_bias": {3: 101.0}}, "finite and within"),
+        ({"logit_bias": {3: "x"}}, "must be a number"),
+        ({"logit_bias": dict.fromkeys(range(33), 1.0)}, "at most 32"),
+        ({"logit_bias": {70: 1.0}, "vocab_size": 64}, r"outside \[0, 64\)"),
+        ({"logit_bias": [{1: 1.0}]}, "1 maps for 3 rows"),
     ],
 )
 def test_bad_sampling_params_are_rejected(kw, message):
@@ -132,3 +145,58 @@ def test_seeds_are_limited_to_the_32_bits_a_key_keeps():
         session_keys(2**32 + 5, 2)
     with pytest.raises(ValueError, match="seed must be"):
         session_keys([1, 2**32], 2)
+
+
+OPTIONS = [
+    dict(min_p=Fraction(1, 2)),
+    dict(min_p=Fraction(1, 3), temperature=Fraction(1, 2)),
+    dict(logit_bias=((0, Fraction(3)),)),
+    dict(logit_bias=((1, Fraction(1, 4)), (4, Fraction(7)))),
+    dict(temperature=Fraction(0), logit_bias=((2, Fraction(5)),)),
+    dict(min_p=Fraction(1, 4), top_k=3, top_p=Fraction(3, 4), logit_bias=((3, Fraction(2)),)),
+]
+
+
+@pytest.mark.parametrize("opts", OPTIONS)
+def test_min_p_and_logit_bias_equal_the_exact_warp(opts):
+    """The JAX warp with min-p and a logit bias (bias = ln w) equals `proofs.warp` on exact
+    rationals, in float64, over random distributions with ties and zeros."""
+    from proofs.warp import apply_logit_bias, apply_temperature
+    from proofs.warp import warp as exact_warp
+
+    rng = np.random.default_rng(3)
+    checked = 0
+    for _ in range(40):
+        w = rng.integers(1, 97, size=6).astype(float)
+        w[rng.integers(0, 6)] = 0 if rng.random() < 0.5 else w[0]  # zeros and ties, sometimes
+        p = [Fraction(int(x), int(w.sum())) for x in w]
+        want = exact_warp(p, **{"temperature": 1, **opts})
+        # Exact ties that the bias or min-p threshold create (5/18 * ... == 5/18) are decided
+        # by rounding in floating point: such cases cannot be compared, the others must agree.
+        t = opts.get("temperature", 1)
+        shaped = apply_temperature(apply_logit_bias(p, opts.get("logit_bias", ())), t or 1)
+        floor = opts.get("min_p", 0) * max(shaped)
+        positive = [x for x in shaped if x]
+        if len(set(positive)) < len(positive) or (floor and floor in shaped):
+            continue
+        checked += 1
+        bias = {x: float(np.log(float(f))) for x, f in opts.get("logit_bias", ())}
+        kw = {k: float(v) for k, v in opts.items() if k in ("temperature", "min_p", "top_p")}
+        kw |= {"top_k": opts.get("top_k", 0), "logit_bias": bias}
+        with jax.enable_x64(True):
+            logits = jnp.log(jnp.asarray([[float(x) for x in p]], jnp.float64))
+            params = SamplingParams.make(1, **kw)
+            got = np.asarray(warp(logits, params)[0])
+        np.testing.assert_allclose(got, [float(x) for x in want], atol=1e-9)
+    assert checked >= 10
+
+
+def test_logit_bias_moves_greedy_and_options_off_is_the_mutants_q():
+    logits = [2.0, 1.0, 0.5, 0.0]
+    assert np.argmax(_warp1(logits, temperature=0.0, logit_bias={3: 2.5})) == 3
+    assert np.argmax(_warp1(logits, temperature=0.0, logit_bias={0: -100.0})) == 1
+    params = SamplingParams.make(1, min_p=0.5, logit_bias={3: 3.0})
+    x = jnp.asarray([logits], jnp.float32)
+    plain = np.asarray(warp(x, SamplingParams.make(1)))
+    np.testing.assert_allclose(np.asarray(warp(x, params, options=False)), plain)
+    assert not np.allclose(np.asarray(warp(x, params)), plain)

@@ -80,11 +80,15 @@ def _sample(pair, **kw):
 
 
 WARPED = {"temperature": 0.7, "top_k": 5, "top_p": 0.9}
+# min-p and a logit bias (one token pushed up, one down), applied to p and q alike.
+OPTIONS = {"min_p": 0.08, "logit_bias": {3: 1.5, 0: -1.0}}
 LOSSLESS = [
     ({"mode": "sync", "encoding": "full", "gamma": 2}, {}),
     ({"mode": "pipelined", "encoding": "sparse", "sparse_k": 3, "gamma": 2}, {}),
     ({"mode": "sync", "encoding": "onehot", "gamma": 3}, {}),
     ({"mode": "sync", "encoding": "full", "gamma": 2}, WARPED),
+    ({"mode": "sync", "encoding": "full", "gamma": 2}, OPTIONS),
+    ({"mode": "pipelined", "encoding": "full", "gamma": 2}, OPTIONS),
 ]
 
 
@@ -101,6 +105,7 @@ MUTANTS = [
     ("residual_from_p", {}),
     ("unnormalized_residual", {}),
     ("warp_p_not_q", WARPED),
+    ("options_p_not_q", OPTIONS),
 ]
 
 

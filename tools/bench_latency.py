@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true")
     add_draft_flags(p, mode=None, encoding=None, sparse_k=None)  # every mode; onehot/full q
     p.add_argument("--new-tokens", type=int, default=48)
-    add_sampling_flags(p, temperature=0.0, top_k=None, top_p=None, seed=None)
+    add_sampling_flags(
+        p, temperature=0.0, top_k=None, top_p=None, seed=None, min_p=None, logit_bias=None
+    )
     p.add_argument("--rtts", default=",".join(map(str, RTTS_MS)))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", required=True, help="writes <out>.md, <out>.json, <out>.png")

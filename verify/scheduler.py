@@ -40,7 +40,13 @@ from jaxspec.protocol import (
     SessionInfo,
     VerifyResult,
 )
-from jaxspec.sampling import SamplingParams, check_seed, session_key
+from jaxspec.sampling import (
+    MAX_LOGIT_BIAS,
+    SamplingParams,
+    check_logit_bias,
+    check_seed,
+    session_key,
+)
 from jaxspec.verification import DraftQ, check_draft_q
 from verify.step import (
     VerifyBatch,
@@ -61,6 +67,7 @@ class Session:
     prompt_len: int
     stops: frozenset[int]
     key: np.ndarray
+    bias: tuple[np.ndarray, np.ndarray]  # logit bias (ids, values), `check_logit_bias`
     epoch: int = 0
     prefilled: int = 0  # context positions whose KV is in the slot (goal: context_len - 1)
     finished: bool = False
@@ -262,6 +269,7 @@ class Scheduler:
             prompt_len=len(config.prompt),
             stops=self._stops(config),
             key=np.asarray(session_key(config.seed, 0)),
+            bias=check_logit_bias(dict(config.logit_bias), self.vocab),
             last_active=self.clock(),
             per_position=[0] * config.draft.gamma,
         )
@@ -313,7 +321,9 @@ class Scheduler:
                 f"does not fit the verifier's max length {self.config.max_len}"
             )
         try:
-            SamplingParams.make(1, c.temperature, c.top_k, c.top_p)
+            SamplingParams.make(
+                1, c.temperature, c.top_k, c.top_p, c.min_p, dict(c.logit_bias), self.vocab
+            )
         except ValueError as e:
             raise InvalidArgument(str(e)) from None
 
@@ -521,6 +531,7 @@ class Scheduler:
             new_epoch=s.epoch,
             finished=finished,
             figures=s.figures(),
+            step_s=self.metrics.last_step_s,
         )
 
     def _build_batch(self, rows: list[Session], blocks: list[DraftBlock], R: int, W: int):
@@ -532,6 +543,9 @@ class Scheduler:
         live = np.zeros(R, bool)
         sync = np.zeros(R, bool)
         temp, top_k, top_p = np.zeros(R, np.float32), np.zeros(R, np.int32), np.ones(R, np.float32)
+        min_p = np.zeros(R, np.float32)
+        bias_ids = np.full((R, MAX_LOGIT_BIAS), -1, np.int32)
+        bias_values = np.zeros((R, MAX_LOGIT_BIAS), np.float32)
         keys = np.zeros((R, 2), np.uint32)
         is_full = np.zeros(R, bool)
         q_full = np.zeros((R, K, self.vocab), np.float32)
@@ -546,6 +560,7 @@ class Scheduler:
             start[i], num_draft[i], slots[i], live[i] = s.committed, n, s.slot, True
             sync[i] = c.mode == "sync"
             temp[i], top_k[i], top_p[i] = c.temperature, c.top_k, c.top_p
+            min_p[i], (bias_ids[i], bias_values[i]) = c.min_p, s.bias
             keys[i] = s.key
             used.add(s.slot)
             if n == 0:
@@ -570,7 +585,12 @@ class Scheduler:
             live=jnp.asarray(live),
             sync=jnp.asarray(sync),
             sampling=SamplingParams(
-                temperature=jnp.asarray(temp), top_k=jnp.asarray(top_k), top_p=jnp.asarray(top_p)
+                temperature=jnp.asarray(temp),
+                top_k=jnp.asarray(top_k),
+                top_p=jnp.asarray(top_p),
+                min_p=jnp.asarray(min_p),
+                bias_ids=jnp.asarray(bias_ids),
+                bias_values=jnp.asarray(bias_values),
             ),
             keys=jnp.asarray(keys),
             is_full=jnp.asarray(is_full),

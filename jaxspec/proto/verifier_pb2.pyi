@@ -28,7 +28,14 @@ ENCODING_SPARSE: Encoding
 ENCODING_ONEHOT: Encoding
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "mode", "gamma", "encoding", "sparse_k", "stop_tokens", "default_stop_tokens", "committed", "adaptive_gamma")
+    __slots__ = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "mode", "gamma", "encoding", "sparse_k", "stop_tokens", "default_stop_tokens", "committed", "adaptive_gamma", "min_p", "logit_bias")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +50,8 @@ class OpenSessionRequest(_message.Message):
     DEFAULT_STOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_GAMMA_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     prompt: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
     temperature: float
@@ -57,7 +66,9 @@ class OpenSessionRequest(_message.Message):
     default_stop_tokens: bool
     committed: _containers.RepeatedScalarFieldContainer[int]
     adaptive_gamma: bool
-    def __init__(self, prompt: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., mode: _Optional[_Union[Mode, str]] = ..., gamma: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse_k: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., default_stop_tokens: _Optional[bool] = ..., committed: _Optional[_Iterable[int]] = ..., adaptive_gamma: _Optional[bool] = ...) -> None: ...
+    min_p: float
+    logit_bias: _containers.ScalarMap[int, float]
+    def __init__(self, prompt: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., mode: _Optional[_Union[Mode, str]] = ..., gamma: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse_k: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., default_stop_tokens: _Optional[bool] = ..., committed: _Optional[_Iterable[int]] = ..., adaptive_gamma: _Optional[bool] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
     __slots__ = ("session_id", "max_gamma", "max_sparse_k", "vocab_size", "max_new_tokens")
@@ -90,7 +101,7 @@ class DraftBlock(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[float]] = ..., q_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
-    __slots__ = ("epoch", "start", "accepted", "tokens", "has_next_token", "next_token", "new_epoch", "stale", "finished", "figures")
+    __slots__ = ("epoch", "start", "accepted", "tokens", "has_next_token", "next_token", "new_epoch", "stale", "finished", "figures", "step_s")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +112,7 @@ class VerifyResult(_message.Message):
     STALE_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FIGURES_FIELD_NUMBER: _ClassVar[int]
+    STEP_S_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     start: int
     accepted: int
@@ -111,7 +123,8 @@ class VerifyResult(_message.Message):
     stale: bool
     finished: bool
     figures: AcceptanceFigures
-    def __init__(self, epoch: _Optional[int] = ..., start: _Optional[int] = ..., accepted: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., has_next_token: _Optional[bool] = ..., next_token: _Optional[int] = ..., new_epoch: _Optional[int] = ..., stale: _Optional[bool] = ..., finished: _Optional[bool] = ..., figures: _Optional[_Union[AcceptanceFigures, _Mapping]] = ...) -> None: ...
+    step_s: float
+    def __init__(self, epoch: _Optional[int] = ..., start: _Optional[int] = ..., accepted: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., has_next_token: _Optional[bool] = ..., next_token: _Optional[int] = ..., new_epoch: _Optional[int] = ..., stale: _Optional[bool] = ..., finished: _Optional[bool] = ..., figures: _Optional[_Union[AcceptanceFigures, _Mapping]] = ..., step_s: _Optional[float] = ...) -> None: ...
 
 class AcceptanceFigures(_message.Message):
     __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position")

@@ -57,7 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rtt-ms", type=float, default=50.0, help="simulated round trip (ms)")
     p.add_argument("--jitter-ms", type=float, default=5.0, help="± on the round trip (ms)")
     add_sampling_flags(
-        p, temperature=0.7, top_k=None, top_p=None, helps={"seed": "tenant i samples with seed + i"}
+        p,
+        temperature=0.7,
+        top_k=None,
+        top_p=None,
+        min_p=None,
+        logit_bias=None,
+        helps={"seed": "tenant i samples with seed + i"},
     )
     p.add_argument(
         "--prompt",
