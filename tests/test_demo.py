@@ -387,8 +387,10 @@ def test_demo_runs_tenants_against_a_real_verifier_on_an_80x24_screen():
 def test_ctrl_c_stops_the_tenants_and_the_verifier():
     """SIGINT while the tenants run (what Ctrl-C in a terminal sends): the run ends early,
     sessions close, and the verifier process is gone when `run` returns."""
+    # A 200 ms round trip keeps the 100 tokens coming for seconds: at 10 ms they all came in
+    # a few hundred ms, and on loaded cores the signal was handled after the run had ended.
     args = demo_args(
-        "--tenants", "1", "--tokens", TOKENS_INTERRUPTED, "--rtt-ms", "10", "--jitter-ms", "0"
+        "--tenants", "1", "--tokens", TOKENS_INTERRUPTED, "--rtt-ms", "200", "--jitter-ms", "0"
     )  # fmt: skip
     state = make_state(args)
 
