@@ -73,9 +73,6 @@ def sweep(
     rows, failures = [], []
     gammas: list[int | str] = [*range(1, max_gamma + 1), "auto"]
     for pair, draft in pairs.items():
-        # Compile every block length's drafter once, outside the timings.
-        for g in range(1, max_gamma + 1):
-            asyncio.run(_session(sched, draft, prompts[0], g, max_gamma, 2, 0.0, 4))
         for rtt_ms in rtts_ms:
             rtt = rtt_ms / 1e3
             depth = depth_for(rtt)
@@ -83,6 +80,10 @@ def sweep(
             chosen: list[int] = []
             reference: dict[int, list[int]] = {}  # prompt -> tokens of the first gamma run
             for g in gammas:
+                # One untimed session first: a block length's first session after other
+                # lengths compiled again (measured: ~3 s here), which is not its speed.
+                warm = (sched, draft, prompts[0], g, max_gamma, depth, rtt, new_tokens)
+                asyncio.run(_session(*warm))
                 times = []
                 for i, prompt in enumerate(prompts):
                     toks, s, used = asyncio.run(
