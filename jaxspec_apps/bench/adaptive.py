@@ -54,7 +54,11 @@ async def _session(
     finally:
         await v.aclose()
     used = policy.chosen if policy is not None else [int(gamma)] * tr.blocks_sent
+    _alphas.append(tr.acceptance_rate)
     return tr.tokens, (tr.end_time - tr.start_time) / max(1, len(tr.tokens)), used
+
+
+_alphas: list[float] = []  # acceptance (accepted / drafted) of every session, in order
 
 
 def sweep(
@@ -78,6 +82,7 @@ def sweep(
             depth = depth_for(rtt)
             per: dict[str, float] = {}
             chosen: list[int] = []
+            _alphas.clear()
             reference: dict[int, list[int]] = {}  # prompt -> tokens of the first gamma run
             for g in gammas:
                 # One untimed session first: a block length's first session after other
@@ -106,6 +111,7 @@ def sweep(
                     "best_fixed_gamma": int(best),
                     "auto_over_best": per["auto"] / fixed[best],
                     "auto_gammas": {str(k): chosen.count(k) for k in sorted(set(chosen))},
+                    "alpha": sum(_alphas) / len(_alphas),  # mean over this point's sessions
                 }
             )
             print(
@@ -135,15 +141,16 @@ def summary(rows: list[dict[str, Any]], max_gamma: int) -> dict[str, Any]:
 def table_md(result: dict[str, Any], max_gamma: int) -> list[str]:
     head = " | ".join(f"γ={g}" for g in range(1, max_gamma + 1))
     lines = [
-        f"| pair | RTT ms | depth | {head} | auto | best fixed | auto ÷ best | auto chose |",
-        "|---|---|---|" + "---|" * max_gamma + "---|---|---|---|",
+        f"| pair | α | RTT ms | depth | {head} | auto | best fixed | auto ÷ best | auto chose |",
+        "|---|---|---|---|" + "---|" * max_gamma + "---|---|---|---|",
     ]
     for r in result["rows"]:
         t = r["token_s"]
         cells = " | ".join(f"{t[str(g)] * 1e3:.2f}" for g in range(1, max_gamma + 1))
         chose = ", ".join(f"{k}×{v}" for k, v in r["auto_gammas"].items())
         lines.append(
-            f"| {r['pair']} | {r['rtt_ms']:.0f} | {r['depth']} | {cells} | "
+            f"| {r['pair']} | {r.get('alpha', float('nan')):.2f} | {r['rtt_ms']:.0f} | "
+            f"{r['depth']} | {cells} | "
             f"**{t['auto'] * 1e3:.2f}** | γ={r['best_fixed_gamma']} | "
             f"{r['auto_over_best']:.3f} | {chose} |"
         )
