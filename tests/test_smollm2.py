@@ -25,7 +25,7 @@ CHATS = [
     "Write a Python function that checks whether a number is prime.",
     "What is the capital of France?",
 ]
-PLAIN = ["The three primary colors are", "def fibonacci(n):"]
+PLAIN = ["The three primary colors are"]
 
 
 @pytest.fixture(scope="module")

