@@ -211,3 +211,18 @@ def write_gguf(path: str | os.PathLike[str], model: Model, qtype: str = "F32") -
     w.write_tensors_to_file()
     w.close()
     return pathlib.Path(path)
+
+
+def peaked_pair(seeds: tuple[int, int] = (0, 7), scale: float = 3.0) -> tuple[Model, Model]:
+    """A float64 target and draft of `tiny_config()`: random weights scaled up so that their
+    distributions are peaked and differ, and drafts are both accepted and rejected (the
+    edge/verifier tests' pair: exact decisions in float64). Call under `jax.enable_x64`."""
+    import jax
+
+    cfg = tiny_config()
+    out = []
+    for seed in seeds:
+        m = Model(config=cfg, params=init_params(cfg, seed))
+        spread = m.with_params(jax.tree.map(lambda a: a * scale, m.params))
+        out.append(to_dtype(spread, jnp.float64))
+    return out[0], out[1]

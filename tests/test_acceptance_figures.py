@@ -9,12 +9,10 @@ import functools
 import itertools
 
 import jax
-import jax.numpy as jnp
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-import jaxspec
 from edge.drafter import Drafter
 from edge.session import run_session
 from jaxspec import wire
@@ -25,7 +23,7 @@ from jaxspec.protocol import (
     Unavailable,
     VerifyResult,
 )
-from jaxspec.testing import tiny_config, to_dtype
+from jaxspec.testing import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 from verify.metrics import ServiceMetrics
 
@@ -42,12 +40,7 @@ def x64():
 @functools.cache
 def models():
     """float64 target and draft, random but peaked: drafts are accepted and rejected."""
-    cfg = tiny_config()
-    out = []
-    for seed in (0, 7):
-        m = jaxspec.Model(config=cfg, params=jaxspec.init_params(cfg, seed))
-        out.append(to_dtype(m.with_params(jax.tree.map(lambda a: a * 3, m.params)), jnp.float64))
-    return tuple(out)
+    return peaked_pair()
 
 
 @functools.cache

@@ -7,7 +7,6 @@ import functools
 import itertools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -17,7 +16,7 @@ import jaxspec
 from edge.drafter import Drafter
 from edge.session import DelayedEndpoint, run_session
 from jaxspec.protocol import DraftSpec, SessionConfig
-from jaxspec.testing import tiny_config, to_dtype
+from jaxspec.testing import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 PROMPT, NEW = (1, 2, 3, 4), 16
@@ -34,12 +33,7 @@ def x64():
 @functools.cache
 def models():
     """float64 target and draft, random but peaked enough to reject often."""
-    cfg = tiny_config()
-    out = []
-    for seed in (0, 7):
-        m = jaxspec.Model(config=cfg, params=jaxspec.init_params(cfg, seed))
-        out.append(to_dtype(m.with_params(jax.tree.map(lambda a: a * 3, m.params)), jnp.float64))
-    return tuple(out)
+    return peaked_pair()
 
 
 @functools.cache

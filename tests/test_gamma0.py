@@ -9,7 +9,6 @@ import dataclasses
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -25,7 +24,7 @@ from jaxspec.protocol import (
     InvalidArgument,
     SessionConfig,
 )
-from jaxspec.testing import tiny_config, to_dtype
+from jaxspec.testing import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 PROMPT, NEW = (1, 2, 3, 4), 16
@@ -42,12 +41,7 @@ def x64():
 @functools.cache
 def models():
     """float64 target and draft, random but peaked (the models of test_edge_session)."""
-    cfg = tiny_config()
-    out = []
-    for seed in (0, 7):
-        m = jaxspec.Model(config=cfg, params=jaxspec.init_params(cfg, seed))
-        out.append(to_dtype(m.with_params(jax.tree.map(lambda a: a * 3, m.params)), jnp.float64))
-    return tuple(out)
+    return peaked_pair()
 
 
 def config(gamma=0, **kw) -> SessionConfig:
