@@ -16,7 +16,6 @@ differ from the fixed runs'.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import sys
@@ -26,7 +25,7 @@ import jaxspec
 from jaxspec.testing import write_random_checkpoint
 from jaxspec_apps.bench import adaptive
 from jaxspec_apps.bench.common import heldout_stream, prompts_from
-from jaxspec_apps.bench.report import splice_section
+from jaxspec_apps.bench.report import write_tool_section
 from jaxspec_apps.bench.verifier import make_scheduler
 
 
@@ -73,16 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     md = markdown(result)
     print(md)
     if args.out is not None:
-        out = pathlib.Path(args.out)
-        (out / "bench").mkdir(parents=True, exist_ok=True)
-        (out / "bench" / "adaptive.json").write_text(json.dumps(result, indent=2) + "\n")
-        (out / "bench" / "adaptive.md").write_text(md)
+        bench = write_tool_section(pathlib.Path(args.out), "adaptive", result, md)
         try:
-            adaptive.plot(result, args.max_gamma, out / "bench" / "adaptive.png")
+            adaptive.plot(result, args.max_gamma, bench / "adaptive.png")
         except ModuleNotFoundError as e:  # matplotlib: the test extra
             print(f"note: no plot ({e.name} is not installed)")
-        splice_section(out / "BENCHMARKS.md", md, "adaptive")
-        print(f"wrote {out / 'bench'}/adaptive.{{json,md,png}} and BENCHMARKS.md's section")
+        print(f"wrote {bench}/adaptive.{{json,md,png}} and BENCHMARKS.md's section")
     if result["failures"]:
         print(f"FAILED: {result['failures']}", file=sys.stderr)
     return 1 if result["failures"] else 0

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 import jaxspec
 from jaxspec_apps.bench.peer import checkpoint_dir, load_hf
-from jaxspec_apps.bench.report import splice_section
+from jaxspec_apps.bench.report import write_tool_section
 from jaxspec_apps.bench.verifier import measure_roofline
 
 PROMPTS = [
@@ -199,12 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     md = markdown(r)
     print(md)
     if args.out is not None:
-        out = pathlib.Path(args.out)
-        (out / "bench").mkdir(parents=True, exist_ok=True)
-        (out / "bench" / "target.json").write_text(json.dumps(r, indent=2) + "\n")
-        (out / "bench" / "target.md").write_text(md)
-        splice_section(out / "BENCHMARKS.md", md, "target")
-        print(f"wrote {out / 'bench' / 'target.json'}, target.md and BENCHMARKS.md's section")
+        bench = write_tool_section(pathlib.Path(args.out), "target", r, md)
+        print(f"wrote {bench / 'target.json'}, target.md and BENCHMARKS.md's section")
     return 1 if r["mismatches"] else 0
 
 

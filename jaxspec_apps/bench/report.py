@@ -6,6 +6,7 @@ who is ahead are chosen by those numbers, so a rerun on another machine says wha
 
 from __future__ import annotations
 
+import json
 import pathlib
 from typing import Any
 
@@ -352,6 +353,19 @@ def splice_section(path: pathlib.Path, md: str, name: str = "target") -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + _block(name, md)
     path.write_text(text)
+
+
+def write_tool_section(
+    out: pathlib.Path, name: str, result: dict[str, Any], md: str
+) -> pathlib.Path:
+    """A tool's run into `out`: bench/<name>.json and bench/<name>.md, and its section of
+    out/BENCHMARKS.md (`splice_section`); returns out/bench."""
+    bench = out / "bench"
+    bench.mkdir(parents=True, exist_ok=True)
+    (bench / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (bench / f"{name}.md").write_text(md)
+    splice_section(out / "BENCHMARKS.md", md, name)
+    return bench
 
 
 def tool_sections(bench: pathlib.Path) -> dict[str, str]:
