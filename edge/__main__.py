@@ -7,8 +7,11 @@
 
 The draft model (default: the shipped draft, quantized W4A16 as on a device) proposes
 `--gamma` tokens per block; the verifier's answers are the output, distributed exactly as
-the target's. With `--resume-timeout-s`, a verifier restart is survived without a lost or
-repeated token.
+the target's. `--q-dtype float16` sends q (`--encoding full` or `sparse`) in half the bytes:
+the draft is sampled from the float16-rounded q, so verification stays exact. With
+`--resume-timeout-s`, a verifier restart is survived without a lost or repeated token; with
+several verifiers (`--verifier a:50051,b:50051`) the session moves to another replica
+instead.
 
 Before it loads the draft model (tens of seconds), it checks every flag (exit status 2) and
 asks the verifier for its Stats (reachable, token accepted, serving): an unavailable verifier
@@ -25,7 +28,7 @@ import sys
 from collections.abc import Sequence
 
 from edge.adaptive import AdaptiveGamma
-from edge.client import GrpcEndpoint, check_verifier, retry_notice
+from edge.client import GrpcEndpoint, channel_target, check_verifier, retry_notice
 from edge.drafter import load_drafter
 from edge.session import SessionTrace, run_session
 from jaxspec.checkpoint import load, load_tokenizer
@@ -47,7 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m edge", description="the jaxspec edge client")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate against a verifier service")
-    g.add_argument("--verifier", required=True, help="host:port of `python -m verify serve`")
+    g.add_argument(
+        "--verifier",
+        required=True,
+        help="host:port of `python -m verify serve`; a fleet: host:port,host:port,... or a "
+        "gRPC name with several addresses (dns:///verifiers:50051), balanced by gRPC's "
+        "round_robin over the replicas that are SERVING, a session moving on when its "
+        "replica dies or drains",
+    )
     add_prompt_flags(g)
     g.add_argument("--draft", default="default-draft", help="draft checkpoint or built-in name")
     g.add_argument(
@@ -62,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tls", action="store_true", help="TLS with the system's CAs")
     g.add_argument("--max-new-tokens", type=int, default=64)
     add_sampling_flags(g)
-    add_draft_flags(g, mode="pipelined", auto_gamma=True)
+    add_draft_flags(g, mode="pipelined", q_dtype="float32", auto_gamma=True)
     add_cache_flag(g)
     g.add_argument("--depth", type=int, default=2, help="blocks in flight (pipelined)")
     g.add_argument(
@@ -79,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _check(args: argparse.Namespace) -> DraftSpec:
     """Every flag, before anything connects or loads; the `DraftSpec` (`ValueError`)."""
     spec = check_args(args)
+    channel_target(args.verifier)  # a malformed address or fleet list: ValueError
     if not args.timeout_s > 0:
         raise ValueError(f"--timeout-s must be > 0, got {args.timeout_s}")
     if not args.resume_timeout_s >= 0:
@@ -144,6 +155,7 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
         f"[{len(trace.tokens)} tokens, {trace.tokens_per_s:.1f} tok/s, {_acceptance(trace)}, "
         f"{trace.rounds} rounds, {trace.stale} stale, "
         f"{trace.resumes} resumes; {args.mode} gamma={args.gamma} {args.encoding}"
+        + (" float16 q" if spec.f16 else "")
         + (f", blocks of {_lengths(policy.chosen)}" if policy is not None else "")
         + "]",
         file=sys.stderr,

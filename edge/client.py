@@ -1,9 +1,17 @@
 """`GrpcEndpoint`: the edge's `VerifierEndpoint` over gRPC (`jaxspec.v1.Verifier`).
 
-One channel per endpoint; one bidirectional Verify stream per session, opened on the first
-block: blocks go up as they are drafted, results come back in order and resolve the
-callers' futures. A failed stream fails every block in flight with the protocol error its
-status maps to (UNAVAILABLE -> `Unavailable`, which `run_session` answers by resuming).
+One channel per endpoint; one bidirectional Verify stream per session, which its first
+message opens: the session lives in that one stream, so on the one replica it reached. Blocks
+go up as they are drafted, results come back in order and resolve the callers' futures;
+ending the stream closes the session. A failed stream fails every block in flight with the
+protocol error its status maps to (UNAVAILABLE -> `Unavailable`, which `run_session` answers
+by resuming: reopening the session, in a new stream, with its committed tokens).
+
+A fleet of verifiers is one channel too: `"host:a,host:b"` (or a gRPC name that resolves to
+several addresses, `dns:///verifier.svc:50051`) balances streams with gRPC's own
+`round_robin` policy and skips a replica whose grpc.health.v1 status is not SERVING (gRPC's
+client-side health checking), so a new or resumed session goes to a live replica
+(`channel_target`).
 
 `check_verifier` is what a command asks first, before it loads or compiles anything: one
 Stats call proves the verifier is reachable, takes the token and is serving.
@@ -14,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import json
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -60,6 +70,10 @@ def error_from_rpc(e: grpc.RpcError) -> VerifierError:
         # grpc.aio replaces the real status with this one when a write races the end of
         # the stream (grpc/grpc#36066): a server that died or ended the stream. Reopen.
         name = "UNAVAILABLE"
+    if name == "INTERNAL" and "RST_STREAM" in details:
+        # An L7 proxy (nginx, deploy/) whose replica died mid-stream resets the stream
+        # (HTTP/2 RST_STREAM, INTERNAL_ERROR): the replica is gone, not broken. Reopen.
+        name = "UNAVAILABLE"
     cls = ERRORS.get(name)
     if cls is None:
         err = VerifierError(f"{name}: {details}")
@@ -68,22 +82,90 @@ def error_from_rpc(e: grpc.RpcError) -> VerifierError:
     return cls(details)
 
 
+# gRPC's own client-side balancing over a fleet: a stream per pick, replicas that are down
+# or not SERVING (grpc.health.v1, "" = the whole server) left out of the picks.
+FLEET_SERVICE_CONFIG = json.dumps(
+    {"loadBalancingConfig": [{"round_robin": {}}], "healthCheckConfig": {"serviceName": ""}}
+)
+
+
+def _split_host_port(address: str) -> tuple[str, str]:
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"a verifier address is host:port, got {address!r}")
+    return host.strip("[]"), port
+
+
+def _is_uri(address: str) -> bool:
+    return "://" in address or address.startswith(("ipv4:", "ipv6:", "dns:", "unix:"))
+
+
+def channel_target(verifier: str | list[str] | tuple[str, ...]) -> tuple[str, list[tuple]]:
+    """The gRPC target and channel options for `verifier`: one "host:port" as it is; several
+    ("a:1,b:2" or a list) as an `ipv4:` (or `ipv6:`) address list, each name resolved once
+    here, balanced with gRPC's `round_robin` and health checking; a gRPC URI
+    ("dns:///name:port", "ipv4:...") balanced the same way (a name with several addresses,
+    e.g. a headless Kubernetes Service, is a fleet). `ValueError` for a malformed address or
+    names that share no address family."""
+    parts = [verifier] if isinstance(verifier, str) else list(verifier)
+    addresses = [a.strip() for p in parts for a in p.split(",") if a.strip()]
+    if not addresses:
+        raise ValueError("no verifier address given")
+    fleet = [("grpc.service_config", FLEET_SERVICE_CONFIG)]
+    if len(addresses) == 1:
+        (address,) = addresses
+        if _is_uri(address):
+            return address, fleet
+        _split_host_port(address)
+        return address, []
+    if any(_is_uri(a) for a in addresses):
+        raise ValueError("a list of verifiers is host:port,host:port (no URIs)")
+    hosts_ports = [_split_host_port(a) for a in addresses]
+    resolved: list[dict[int, str]] = []  # per address: family -> its first IP
+    for address, (host, port) in zip(addresses, hosts_ports, strict=True):
+        try:
+            infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        except OSError as e:
+            raise ValueError(f"verifier {address}: name not resolved ({e})") from None
+        found: dict[int, str] = {}
+        for family, _, _, _, sockaddr in infos:
+            found.setdefault(family, sockaddr[0])
+        resolved.append(found)
+    for family, scheme, form in (
+        (socket.AF_INET, "ipv4", "{}:{}"),
+        (socket.AF_INET6, "ipv6", "[{}]:{}"),
+    ):
+        if all(family in r for r in resolved):
+            ips = [r[family] for r in resolved]
+            ports = [port for _, port in hosts_ports]
+            target = f"{scheme}:" + ",".join(map(form.format, ips, ports))
+            first = hosts_ports[0][0]  # TLS checks the certificate against the first name
+            return target, [
+                *fleet,
+                ("grpc.ssl_target_name_override", first),
+                ("grpc.default_authority", first),
+            ]
+    raise ValueError(f"the verifiers {addresses} share no address family (IPv4 or IPv6)")
+
+
 @dataclasses.dataclass
 class _Stream:
     call: Any
     pending: collections.deque  # futures, in send order
     reader: asyncio.Task | None = None
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one write at a time
+    error: VerifierError | None = None  # how it ended: every later block fails with it
 
 
 class GrpcEndpoint:
-    """Connects to `target` ("host:port"); `token` is the tenant's bearer token; `tls_ca`
-    (PEM bytes or a path) turns on TLS, trusting that CA (None with `tls=True`: system CAs).
-    `timeout_s` is the deadline of each unary call and of each block's result."""
+    """Connects to `target`: "host:port", a fleet "host:a,host:b" (or a list of them), or a
+    gRPC URI (`channel_target`); `token` is the tenant's bearer token; `tls_ca` (PEM bytes or
+    a path) turns on TLS, trusting that CA (None with `tls=True`: system CAs). `timeout_s` is
+    the deadline of each unary call, of opening a session and of each block's result."""
 
     def __init__(
         self,
-        target: str,
+        target: str | list[str] | tuple[str, ...],
         *,
         token: str | None = None,
         tls: bool = False,
@@ -92,21 +174,23 @@ class GrpcEndpoint:
         timeout_s: float = 30.0,
         max_message_bytes: int = 64 << 20,
     ):
-        options = [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ]
-        if tls_server_name:
-            options.append(("grpc.ssl_target_name_override", tls_server_name))
+        address, channel_options = channel_target(target)
+        options = dict(channel_options)
+        # The name TLS checks the certificate against: given, else the fleet's first name.
+        server_name = tls_server_name or options.pop("grpc.ssl_target_name_override", None)
+        options["grpc.max_receive_message_length"] = max_message_bytes
+        options["grpc.max_send_message_length"] = max_message_bytes
         if tls or tls_ca is not None:
             if isinstance(tls_ca, str):
                 with open(tls_ca, "rb") as f:
                     tls_ca = f.read()
+            if server_name:
+                options["grpc.ssl_target_name_override"] = server_name
             creds = grpc.ssl_channel_credentials(root_certificates=tls_ca)
-            self.channel = grpc.aio.secure_channel(target, creds, options=options)
+            self.channel = grpc.aio.secure_channel(address, creds, options=list(options.items()))
         else:
-            self.channel = grpc.aio.insecure_channel(target, options=options)
-        self.target = target
+            self.channel = grpc.aio.insecure_channel(address, options=list(options.items()))
+        self.target = target if isinstance(target, str) else ",".join(target)
         self.stub = pb_grpc.VerifierStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.timeout_s = timeout_s
@@ -119,21 +203,52 @@ class GrpcEndpoint:
             raise error_from_rpc(e) from None
 
     async def open_session(self, config: SessionConfig) -> SessionInfo:
-        reply = await self._unary(self.stub.OpenSession, wire.config_to_proto(config))
-        return wire.info_from_proto(reply)
+        """Open a session in a new Verify stream (its first message): the session lives in
+        that stream, on whichever replica the channel picked for it."""
+        call = self.stub.Verify(metadata=self.metadata)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                try:
+                    await call.write(pb.VerifyRequest(open=wire.config_to_proto(config)))
+                except (grpc.RpcError, asyncio.InvalidStateError):
+                    # The server ended the call first (e.g. UNAUTHENTICATED): grpc.aio may
+                    # report the write as INTERNAL (grpc/grpc#36066); the read raises the
+                    # call's real status.
+                    pass
+                reply = await call.read()
+        except TimeoutError:
+            call.cancel()
+            raise DeadlineExceeded(f"no session opened within {self.timeout_s} s") from None
+        except grpc.RpcError as e:
+            call.cancel()
+            raise error_from_rpc(e) from None
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        if reply is grpc.aio.EOF or reply.WhichOneof("kind") != "opened":
+            # `read` raises for an error status: this is an OK end, or a verifier that does
+            # not speak this protocol
+            call.cancel()
+            raise Unavailable("the verifier ended the stream without opening the session")
+        info = wire.info_from_proto(reply.opened)
+        stream = self._streams[info.session_id] = _Stream(call, collections.deque())
+        stream.reader = asyncio.ensure_future(self._read(info.session_id, stream))
+        return info
 
     async def verify(self, block: DraftBlock) -> VerifyResult:
         stream = self._streams.get(block.session_id)
         if stream is None:
-            call = self.stub.Verify(metadata=self.metadata)
-            stream = self._streams[block.session_id] = _Stream(call, collections.deque())
-            stream.reader = asyncio.ensure_future(self._read(block.session_id, stream))
+            raise NotFound("no open stream for this session: open_session first")
+        if stream.error is not None:  # the session ended with its stream (resume: reopen)
+            raise stream.error
         fut: asyncio.Future[VerifyResult] = asyncio.get_running_loop().create_future()
         # A failed stream fails every pending block, also those whose callers have moved
         # on (a session that already raised): mark the error seen so asyncio stays quiet.
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-        message = wire.block_to_proto(block)
+        message = pb.VerifyRequest(block=wire.block_to_proto(block))
         async with stream.lock:  # grpc.aio allows one write in flight; FIFO keeps the order
+            if stream.error is not None:  # ended while we waited for the lock
+                raise stream.error
             stream.pending.append(fut)
             try:
                 await stream.call.write(message)
@@ -148,18 +263,17 @@ class GrpcEndpoint:
     async def _read(self, sid: str, stream: _Stream) -> None:
         error: VerifierError | None
         try:
-            async for msg in stream.call:
+            while (msg := await stream.call.read()) is not grpc.aio.EOF:
                 if stream.pending:
                     fut = stream.pending.popleft()
                     if not fut.done():  # a caller that timed out has cancelled it
-                        fut.set_result(wire.result_from_proto(msg))
+                        fut.set_result(wire.result_from_proto(msg.result))
             error = Unavailable("the verifier ended the stream")
         except grpc.RpcError as e:
             error = error_from_rpc(e)
         except asyncio.CancelledError:
             error = None  # closed by us: whoever still waits is cancelled with it
-        if self._streams.get(sid) is stream:
-            del self._streams[sid]
+        stream.error = error or Unavailable("the session's stream was closed")
         while stream.pending:
             fut = stream.pending.popleft()
             if fut.done():
@@ -170,12 +284,9 @@ class GrpcEndpoint:
                 fut.set_exception(error)
 
     async def close_session(self, session_id: str) -> None:
-        """Free the session's slot, then end its stream. A verifier that is gone has freed
-        it already, so Unavailable/NotFound are not errors here."""
-        try:
-            await self._unary(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))
-        except (Unavailable, NotFound):
-            pass
+        """End the session's stream, which frees its slot (the session lives in the stream; a
+        CloseSession call could reach another replica). A verifier that is gone has freed it
+        already."""
         await self._end_stream(session_id)
 
     async def _end_stream(self, session_id: str) -> None:

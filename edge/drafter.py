@@ -36,6 +36,7 @@ import numpy as np
 from jaxspec.checkpoint import load
 from jaxspec.model import KVCache, Llama, Model, init_cache
 from jaxspec.protocol import DraftSpec, InvalidArgument
+from jaxspec.quantize import quant_spec
 from jaxspec.quantize import quantize as quantize_model
 from jaxspec.sampling import SamplingParams
 from jaxspec.shapes import bucket
@@ -257,9 +258,10 @@ def load_drafter(name: str, quantize: str, spec: DraftSpec) -> Drafter:
     """The edge's draft model from a checkpoint or built-in name, as a `Drafter` of `spec`.
 
     `quantize` is a `jaxspec.quantize` scheme ("w4a16", as a device would hold it, or
-    "w8a16"), or "none" to keep the weights as stored.
+    "w8a16"), or "none" to keep the weights as stored. A checkpoint stored quantized (the
+    shipped `smollm2-draft` is W4A16) is used as stored.
     """
     model = load(name)
-    if quantize != "none":
+    if quantize != "none" and quant_spec(model) is None:
         model = quantize_model(model, quantize)
     return Drafter(model, spec)

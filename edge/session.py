@@ -79,7 +79,8 @@ class SessionTrace:
 
 def _to_wire(batch: DraftBatch, session_id: str, epoch: int) -> DraftBlock:
     """Row 0 of the drafter's batch as the protocol's one block (q in its encoding's layout:
-    `full` `[gamma, V]`, `sparse` ids + probabilities `[gamma, k]`, `onehot` none)."""
+    `full` `[gamma, V]`, `sparse` ids + probabilities `[gamma, k]`, `onehot` none; a float16
+    `q_dtype` adds the scale of each draft, `[gamma]`)."""
     q = batch.q
     probs = None if q.encoding == "onehot" else np.asarray(q.probs[0], np.float64)
     return DraftBlock(
@@ -89,6 +90,7 @@ def _to_wire(batch: DraftBatch, session_id: str, epoch: int) -> DraftBlock:
         tokens=tuple(int(t) for t in np.asarray(batch.tokens[0])),
         q=probs,
         q_ids=np.asarray(q.ids[0]) if q.encoding == "sparse" else None,
+        q_scale=None if q.scale is None else np.asarray(q.scale[0], np.float32),
     )
 
 

@@ -9,7 +9,8 @@
 Each command keeps its own defaults (passed here) and leaves out the flags it has no use
 for; the names, types, choices and help texts are the same everywhere. The destinations are
 `temperature`, `top_k`, `top_p`, `seed`, `gamma`, `mode`, `encoding`, `sparse_k` (and
-`max_gamma` where a command takes `--gamma auto`: `args.gamma` is then an int or "auto").
+`max_gamma` where a command takes `--gamma auto`: `args.gamma` is then an int or "auto";
+`q_dtype` where a command sends q over the wire).
 `check_args` runs the same validators the library runs later (`check_sampling`, `DraftSpec`),
 so a bad flag fails in a fraction of a second instead of after a model has loaded.
 """
@@ -20,7 +21,7 @@ import argparse
 from collections.abc import Mapping
 
 from jaxspec.model import Model
-from jaxspec.protocol import ENCODINGS, MODES, DraftSpec
+from jaxspec.protocol import ENCODINGS, MODES, Q_DTYPES, DraftSpec
 from jaxspec.sampling import check_logit_bias, check_sampling, check_seed
 from jaxspec.text import chat_prompt, encode_prompt
 from jaxspec.xla_cache import compilation_cache_dir, configure_compilation_cache
@@ -47,6 +48,9 @@ DRAFT_HELP = {
     "encoding": "how the draft q travels: full distribution, sparse top-k, or onehot "
     "(token ids only, greedy drafts) (default %(default)s)",
     "sparse_k": "columns of q per draft with --encoding sparse (default %(default)s)",
+    "q_dtype": "how q travels with --encoding full or sparse: float32, or float16 (half the "
+    "bytes; the edge samples from the rounded q, so the rule stays exact) "
+    "(default %(default)s)",
 }
 
 
@@ -132,11 +136,13 @@ def add_draft_flags(
     mode: str | None = "sync",
     encoding: str | None = "full",
     sparse_k: int | None = 8,
+    q_dtype: str | None = None,
     auto_gamma: bool = False,
     helps: Mapping[str, str] | None = None,
 ) -> None:
-    """Add `--gamma --mode --encoding --sparse-k` with these defaults (mode and encoding
-    limited to `MODES` and `ENCODINGS`); a flag whose default is None is left out.
+    """Add `--gamma --mode --encoding --sparse-k` (and `--q-dtype` when given a default: the
+    commands that send q over the wire) with these defaults (mode, encoding and q dtype
+    limited to `MODES`, `ENCODINGS` and `Q_DTYPES`); a flag whose default is None is left out.
 
     `auto_gamma`: the command can let the edge choose each block's length, so `--gamma`
     also takes "auto" (`DraftSpec(gamma=--max-gamma, adaptive=True)`) and `--max-gamma` is
@@ -147,6 +153,7 @@ def add_draft_flags(
         "mode": (mode, str, MODES),
         "encoding": (encoding, str, ENCODINGS),
         "sparse_k": (sparse_k, int, None),
+        "q_dtype": (q_dtype, str, Q_DTYPES),
     }
     helps = dict(helps or {})
     if auto_gamma and gamma is not None:
@@ -159,7 +166,8 @@ def draft_spec_from_args(args: argparse.Namespace) -> DraftSpec:
     """The `DraftSpec` of parsed draft flags (a flag a command left out takes DraftSpec's
     default); `--gamma auto` is `DraftSpec(gamma=--max-gamma (default 8), adaptive=True)`.
     Raises `InvalidArgument` (a `ValueError`) for values out of range."""
-    given = {f: getattr(args, f) for f in ("gamma", "encoding", "sparse_k") if hasattr(args, f)}
+    names = ("gamma", "encoding", "sparse_k", "q_dtype")
+    given = {f: getattr(args, f) for f in names if hasattr(args, f)}
     if given.get("gamma") == AUTO:
         max_gamma = getattr(args, "max_gamma", None)
         given["gamma"] = DEFAULT_MAX_GAMMA if max_gamma is None else max_gamma

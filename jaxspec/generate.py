@@ -120,6 +120,7 @@ def generate(
     mode: str = "sync",
     encoding: str = "full",
     sparse_k: int = 8,
+    q_dtype: str = "float32",
     max_batch: int = 256,
     _mutant: str | None = None,
 ) -> GenerateOutput:
@@ -140,6 +141,8 @@ def generate(
         accepted block) or "pipelined" (no bonus), the draft q sent as `encoding` "full",
         "sparse" (top-`sparse_k`) or "onehot" (greedy drafts), validated as one
         `jaxspec.DraftSpec`. Lossless: the output is distributed exactly as plain decoding's.
+        `q_dtype="float16"` drafts from q rounded to float16 (times one float32 scale per
+        draft), as an edge session of that `q_dtype` does: the same tokens as that session.
         `gamma=0` is speculation off: plain decoding, the draft unused (`stats.spec` None),
         as an edge session of gamma 0 gets the same tokens from the verifier.
       max_batch: rows decoded per jitted call; larger batches run in chunks.
@@ -162,7 +165,7 @@ def generate(
         )
     spec = None
     if draft is not None:
-        spec = _speculative_spec(model, draft, mode, gamma, encoding, sparse_k)
+        spec = _speculative_spec(model, draft, mode, gamma, encoding, sparse_k, q_dtype)
         if not spec.speculative:  # gamma 0: speculation off, plain decoding (draft unused)
             draft, spec = None, None
     n = len(rows)
@@ -208,7 +211,13 @@ def generate(
 
 
 def _speculative_spec(
-    model: Model, draft: Model, mode: str, gamma: int, encoding: str, sparse_k: int
+    model: Model,
+    draft: Model,
+    mode: str,
+    gamma: int,
+    encoding: str,
+    sparse_k: int,
+    q_dtype: str = "float32",
 ) -> DraftSpec:
     """The draft settings as a `DraftSpec`, validated (it raises `InvalidArgument`, a
     `ValueError`) against the target's vocabulary; the draft must share that vocabulary."""
@@ -219,7 +228,7 @@ def _speculative_spec(
         )
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    spec = DraftSpec(gamma=gamma, encoding=encoding, sparse_k=sparse_k)
+    spec = DraftSpec(gamma=gamma, encoding=encoding, sparse_k=sparse_k, q_dtype=q_dtype)
     spec.check(vocab_size=model.config.vocab_size)
     return spec
 

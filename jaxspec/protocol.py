@@ -78,6 +78,9 @@ ERRORS: dict[str, type[VerifierError]] = {
 
 
 ENCODINGS: tuple[str, ...] = ("full", "sparse", "onehot")
+# How q travels: float32 values, or float16 values with one float32 scale per draft (the
+# edge then samples from exactly float32(q16) * scale, docs/design.md §3).
+Q_DTYPES: tuple[str, ...] = ("float32", "float16")
 MODES: tuple[str, ...] = ("sync", "pipelined")
 MAX_GAMMA = 64  # the most drafts one block may carry anywhere (a verifier may allow fewer)
 
@@ -86,6 +89,12 @@ MAX_GAMMA = 64  # the most drafts one block may carry anywhere (a verifier may a
 class DraftSpec:
     """How the edge drafts: `gamma` drafts per block, sent in one `encoding` (docs/design.md
     §3: `full` q over the vocabulary, `sparse` top-`sparse_k` q, `onehot` token ids only).
+
+    `q_dtype` is how q travels: "float32", or "float16" (half the bytes): the edge rounds its
+    q (full, or the renormalized top-k) to float16, takes the float32 sum s of the rounded
+    values and the scale r = 1/s, and samples the draft from exactly `float32(q16) * r`; the
+    block carries q16 and r, from which the verifier rebuilds that q bit for bit (one IEEE
+    multiply per entry). Meaningless for `onehot` (no q): accepted, changes nothing.
 
     `gamma=0` turns speculation off for the request: its blocks carry no drafts and the
     verifier samples each token itself, one per block, with the draw plain decoding uses
@@ -105,10 +114,13 @@ class DraftSpec:
     encoding: str = "full"
     sparse_k: int = 8  # used by `sparse` only
     adaptive: bool = False
+    q_dtype: str = "float32"  # "float16": q travels as float16 values + a scale per draft
 
     def __post_init__(self) -> None:
         if self.encoding not in ENCODINGS:
             raise InvalidArgument(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
+        if self.q_dtype not in Q_DTYPES:
+            raise InvalidArgument(f"q_dtype must be one of {Q_DTYPES}, got {self.q_dtype!r}")
         if isinstance(self.gamma, bool) or not isinstance(self.gamma, int | np.integer):
             raise InvalidArgument(
                 f"gamma must be an integer (the longest block, with adaptive=True for "
@@ -132,6 +144,11 @@ class DraftSpec:
     def k(self) -> int:
         """Columns of sparse q per draft (0 unless `sparse`)."""
         return self.sparse_k if self.encoding == "sparse" else 0
+
+    @property
+    def f16(self) -> bool:
+        """Whether q is drafted and sent in the float16 form (`q_dtype`; never for onehot)."""
+        return self.q_dtype == "float16" and self.encoding != "onehot"
 
     def with_gamma(self, gamma: int) -> DraftSpec:
         """This spec drafting blocks of exactly `gamma` (not adaptive): what one block of an
@@ -185,6 +202,9 @@ class DraftBlock:
 
     q: `full` -> `[n, V]` float probabilities; `sparse` -> `q_ids [n, k]` + `q [n, k]`;
     `onehot` -> neither (greedy drafts).
+    q_scale: sessions whose `q_dtype` is "float16" only: `[n]` float32, and every row of q is
+    exactly float16 values times its scale (`q_from_f16`); the wire then carries those float16
+    values and the scales (`q_to_f16`), half the bytes of float32 q.
     """
 
     session_id: str
@@ -193,6 +213,45 @@ class DraftBlock:
     tokens: tuple[int, ...]
     q: np.ndarray | None = None
     q_ids: np.ndarray | None = None
+    q_scale: np.ndarray | None = None
+
+
+def q_from_f16(q16: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The float32 q of a float16 block: `float32(q16[i]) * scale[i]`, row by row (`[n, m]`
+    and `[n]`). One IEEE float32 multiply per entry, so it is bit for bit the q the edge
+    sampled from (`jaxspec.speculative.draft_q_for`); raises `InvalidArgument` for scales
+    that are not finite and > 0, or values that are NaN, infinite or negative."""
+    q16 = np.asarray(q16, np.float16)
+    scale = np.asarray(scale, np.float32)
+    if q16.ndim != 2 or scale.shape != (q16.shape[0],):
+        raise InvalidArgument(f"{q16.shape[0] if q16.ndim else 0} rows of q need as many scales")
+    if not np.all(np.isfinite(scale) & (scale > 0)):
+        raise InvalidArgument("q_scale must be finite and > 0")
+    if not np.all(np.isfinite(q16)) or np.any(q16 < 0):
+        raise InvalidArgument("float16 q holds NaN, infinite or negative values")
+    with np.errstate(over="ignore"):
+        q = q16.astype(np.float32) * scale[:, None]
+    if not np.all(np.isfinite(q)):
+        raise InvalidArgument("float16 q times q_scale overflows float32")
+    return q
+
+
+def q_to_f16(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The float16 values `q16` with `q_from_f16(q16, scale) == q` exactly: what a float16 block
+    sends. Raises `InvalidArgument` unless q (`[n, m]`) is such values times `scale` (`[n]`)
+    bit for bit: a q that is not, the verifier could not rebuild, so it is not sent."""
+    q = np.asarray(q)
+    scale = np.asarray(scale, np.float32)
+    if q.ndim != 2 or scale.shape != (q.shape[0],):
+        raise InvalidArgument(f"{q.shape[0] if q.ndim else 0} rows of q need as many scales")
+    if not np.all(np.isfinite(scale) & (scale > 0)):
+        raise InvalidArgument("q_scale must be finite and > 0")
+    with np.errstate(all="ignore"):  # a q that overflows float16 fails the check below
+        q16 = (q.astype(np.float64) / scale.astype(np.float64)[:, None]).astype(np.float16)
+        ok = np.array_equal(q_from_f16(q16, scale).astype(np.float64), q.astype(np.float64))
+    if not ok:
+        raise InvalidArgument("q is not float16 values times q_scale (not a float16 q)")
+    return q16
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -167,37 +167,64 @@ def draft_q_for(
     encoding: str,
     sparse_k: int,
     mutant: str | None = None,
+    q_dtype: str = "float32",
 ) -> tuple[jax.Array, Any]:
     """One draft step: the token and the q it was sampled from, in `encoding`.
 
     full: q = warped draft distribution; sparse: its top-`sparse_k` renormalized (ties to the
     lower id), returned as (ids, probs); onehot: greedy, d = argmax of the warped q.
+
+    `q_dtype` "float16" (full and sparse; `DraftSpec.q_dtype`): that q is rounded to float16
+    and the draft is sampled from exactly `float32(q16) * r`, r = 1 / (the float32 sum of the
+    rounded values), computed once here (`_f16_q`); that float32 q is returned, with r last:
+    full -> (q, r), sparse -> (ids, probs, r). The wire sends q16 and r, and the verifier's
+    one multiply per entry rebuilds this q bit for bit (`jaxspec.protocol.q_from_f16`).
     """
     q = warp(logits_BV, sampling)
     if encoding == "onehot":
         return jnp.argmax(q, axis=-1).astype(jnp.int32), None
+    f16 = q_dtype == "float16"
     if encoding == "sparse":
         probs, ids = jax.lax.top_k(q, sparse_k)
         probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
-        pick = sample(probs, u_B)
+        sent, scale = _f16_q(probs) if f16 else (probs, None)
+        # mutant: sampled from the unrounded top-k, but the float16 q is sent
+        pick = sample(probs if mutant == "f16_sampled_unrounded" else sent, u_B)
         d = jnp.take_along_axis(ids, pick[:, None], axis=-1)[:, 0]
-        return d.astype(jnp.int32), (ids.astype(jnp.int32), probs)
-    d = sample(q, u_B)
+        out = (ids.astype(jnp.int32), sent)
+        return d.astype(jnp.int32), ((*out, scale) if f16 else out)
+    sent, scale = _f16_q(q) if f16 else (q, None)
+    # mutant: sampled from the unrounded q, but the float16 q is sent
+    d = sample(q if mutant == "f16_sampled_unrounded" else sent, u_B)
     if mutant == "warp_p_not_q":  # sampled from warped q, but the unwarped q is sent
-        q = jax.nn.softmax(logits_BV, axis=-1)
+        sent = jax.nn.softmax(logits_BV, axis=-1)
     if mutant == "options_p_not_q":  # sampled with logit bias / min-p, q sent without them
-        q = warp(logits_BV, sampling, options=False)
-    return d, q
+        sent = warp(logits_BV, sampling, options=False)
+    return d, ((sent, scale) if f16 else sent)
+
+
+def _f16_q(probs_BV: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The float16 form of a q (`draft_q_for`): (float32(q16) * r, r), r = 1 / the float32 sum
+    of the rounded values. A multiply, not a division: XLA may turn a division by a broadcast
+    into a multiply by a reciprocal it computes itself, which the verifier could not repeat.
+    The barrier keeps the q that is sampled from the very array that is returned (no fusing
+    of the multiply into the sampler's cumulative sum)."""
+    q16 = probs_BV.astype(jnp.float16).astype(jnp.float32)
+    scale = 1.0 / jnp.sum(q16, axis=-1)
+    return jax.lax.optimization_barrier(q16 * scale[:, None]), scale
 
 
 def pack_q(encoding: str, qs: Any) -> DraftQ:
-    """Stacked per-step q's (time-major from `lax.scan`) -> a batch-major DraftQ."""
+    """Stacked per-step q's (time-major from `lax.scan`) -> a batch-major DraftQ (with the
+    float16 form's scales when `draft_q_for` returned them)."""
     if encoding == "onehot":
         return DraftQ.onehot()
+    swap = functools.partial(jnp.swapaxes, axis1=0, axis2=1)
     if encoding == "sparse":
-        ids, probs = qs
-        return DraftQ.sparse(jnp.swapaxes(ids, 0, 1), jnp.swapaxes(probs, 0, 1))
-    return DraftQ.full(jnp.swapaxes(qs, 0, 1))
+        ids, probs, *scale = qs
+        return DraftQ.sparse(swap(ids), swap(probs), *map(swap, scale))
+    probs, *scale = qs if isinstance(qs, tuple) else (qs,)
+    return DraftQ.full(swap(probs), *map(swap, scale))
 
 
 def draft_block(
@@ -226,7 +253,7 @@ def draft_block(
 
     def propose(logits_BV, pos_B):
         u = uniforms(keys_B2, pos_B[:, None], Purpose.DRAFT)[:, 0]
-        return draft_q_for(logits_BV, sampling, u, spec.encoding, spec.k, mutant)
+        return draft_q_for(logits_BV, sampling, u, spec.encoding, spec.k, mutant, spec.q_dtype)
 
     two = jnp.stack([prev_B, last_B], axis=1)
     pos2 = jnp.stack([next_pos_B - 2, next_pos_B - 1], axis=1)

@@ -41,19 +41,33 @@ class DraftQ:
     Fields (unused ones are None):
       probs: `full` -> `[B, K, V]`; `sparse` -> `[B, K, k]` probabilities of `ids`.
       ids: `sparse` -> `[B, K, k]` token ids.
+      scale: `[B, K]` float32, drafts of a float16 `DraftSpec.q_dtype` only: each row of
+        `probs` is exactly float16 values times its scale (what the wire sends, docs/design.md
+        §4); the rule itself reads `probs` alone.
     """
 
     encoding: str = flax.struct.field(pytree_node=False)
     probs: jax.Array | None = None
     ids: jax.Array | None = None
+    scale: jax.Array | None = None
 
     @classmethod
-    def full(cls, probs: Float[Array, "B K V"]) -> DraftQ:
-        return cls(encoding="full", probs=jnp.asarray(probs))
+    def full(cls, probs: Float[Array, "B K V"], scale: Float[Array, "B K"] | None = None) -> DraftQ:
+        return cls(encoding="full", probs=jnp.asarray(probs), scale=scale)
 
     @classmethod
-    def sparse(cls, ids: Int[Array, "B K k"], probs: Float[Array, "B K k"]) -> DraftQ:
-        return cls(encoding="sparse", probs=jnp.asarray(probs), ids=jnp.asarray(ids, jnp.int32))
+    def sparse(
+        cls,
+        ids: Int[Array, "B K k"],
+        probs: Float[Array, "B K k"],
+        scale: Float[Array, "B K"] | None = None,
+    ) -> DraftQ:
+        return cls(
+            encoding="sparse",
+            probs=jnp.asarray(probs),
+            ids=jnp.asarray(ids, jnp.int32),
+            scale=scale,
+        )
 
     @classmethod
     def onehot(cls) -> DraftQ:

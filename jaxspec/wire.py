@@ -3,7 +3,8 @@
 Both transports' ends (the gRPC server in `verify`, the client in `edge`) and the wire-cost
 benchmark convert here, so a field means the same thing everywhere. Decoding checks only
 what the message layout itself can get wrong (unknown enum values, a q that is not
-`n x something`); everything that needs the session (vocabulary, gamma, epochs) is the
+`n x something`, a float16 q that is not whole float16 values with one finite positive
+scale per draft); everything that needs the session (vocabulary, gamma, epochs) is the
 scheduler's to check, with the same errors as in-process.
 """
 
@@ -22,6 +23,8 @@ from jaxspec.protocol import (
     SessionConfig,
     SessionInfo,
     VerifyResult,
+    q_from_f16,
+    q_to_f16,
 )
 
 _MODES = {pb.MODE_UNSPECIFIED: "sync", pb.MODE_SYNC: "sync", pb.MODE_PIPELINED: "pipelined"}
@@ -31,6 +34,12 @@ _ENCODINGS = {
     pb.ENCODING_SPARSE: "sparse",
     pb.ENCODING_ONEHOT: "onehot",
 }
+_Q_DTYPES = {
+    pb.Q_DTYPE_UNSPECIFIED: "float32",
+    pb.Q_DTYPE_FLOAT32: "float32",
+    pb.Q_DTYPE_FLOAT16: "float16",
+}
+_F16 = np.dtype("<f2")  # q_f16: little-endian float16, whatever the machine's byte order
 
 
 def _enum(value: int, table: dict[int, str], what: str) -> str:
@@ -60,6 +69,7 @@ def config_to_proto(c: SessionConfig) -> pb.OpenSessionRequest:
         encoding=_code(c.draft.encoding, _ENCODINGS),
         sparse_k=c.draft.sparse_k,
         adaptive_gamma=c.draft.adaptive,
+        q_dtype=_code(c.draft.q_dtype, _Q_DTYPES),
         stop_tokens=c.stop_tokens or (),
         default_stop_tokens=c.stop_tokens is None,
         committed=c.committed,
@@ -82,6 +92,7 @@ def config_from_proto(m: pb.OpenSessionRequest) -> SessionConfig:
             encoding=_enum(m.encoding, _ENCODINGS, "encoding"),
             sparse_k=m.sparse_k,
             adaptive=m.adaptive_gamma,
+            q_dtype=_enum(m.q_dtype, _Q_DTYPES, "q_dtype"),
         ),
         stop_tokens=None if m.default_stop_tokens else tuple(m.stop_tokens),
         committed=tuple(m.committed),
@@ -97,11 +108,18 @@ def info_from_proto(m: pb.OpenSessionResponse) -> SessionInfo:
 
 
 def block_to_proto(b: DraftBlock) -> pb.DraftBlock:
-    """q travels as float32 (what the drafter computes in), row-major."""
-    q = () if b.q is None else np.asarray(b.q, np.float32).ravel()
+    """q travels as float32 (what the drafter computes in), row-major; a block with `q_scale`
+    (a float16 session) sends q as float16 values + the scales instead (`q_f16`, `q_scale`),
+    refusing (`InvalidArgument`) a q that is not exactly such values times its scales."""
     ids = () if b.q_ids is None else np.asarray(b.q_ids, np.int32).ravel()
+    q: dict = {"q": () if b.q is None else np.asarray(b.q, np.float32).ravel()}
+    if b.q_scale is not None:
+        if b.q is None:
+            raise InvalidArgument("a block with q_scale needs q")
+        scale = np.asarray(b.q_scale, np.float32)
+        q = {"q_f16": q_to_f16(b.q, scale).astype(_F16).tobytes(), "q_scale": scale}
     return pb.DraftBlock(
-        session_id=b.session_id, epoch=b.epoch, start=b.start, tokens=b.tokens, q=q, q_ids=ids
+        session_id=b.session_id, epoch=b.epoch, start=b.start, tokens=b.tokens, q_ids=ids, **q
     )
 
 
@@ -113,15 +131,35 @@ def _rows(values, n: int, dtype, what: str) -> np.ndarray | None:
     return np.asarray(values, dtype).reshape(n, -1)
 
 
+def _f16_q(m: pb.DraftBlock, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(q, q_scale) of a block: float32 `q` as sent (no scale), or rebuilt from `q_f16` and
+    `q_scale` exactly as the edge computed it (`jaxspec.protocol.q_from_f16`)."""
+    if not m.q_f16 and not len(m.q_scale):
+        return _rows(m.q, n, np.float32, "q"), None
+    if len(m.q):
+        raise InvalidArgument("a block carries q or q_f16 + q_scale, not both")
+    if not m.q_f16 or not len(m.q_scale):
+        raise InvalidArgument("q_f16 and q_scale travel together")
+    if len(m.q_f16) % _F16.itemsize:
+        raise InvalidArgument(f"q_f16 holds {len(m.q_f16)} bytes: not float16 values")
+    q16 = _rows(np.frombuffer(m.q_f16, _F16), n, np.float16, "q_f16")
+    if len(m.q_scale) != n:
+        raise InvalidArgument(f"q_scale holds {len(m.q_scale)} values: not one per draft ({n})")
+    scale = np.asarray(m.q_scale, np.float32)
+    return q_from_f16(q16, scale), scale
+
+
 def block_from_proto(m: pb.DraftBlock) -> DraftBlock:
     n = len(m.tokens)
+    q, scale = _f16_q(m, n)
     return DraftBlock(
         session_id=m.session_id,
         epoch=m.epoch,
         start=m.start,
         tokens=tuple(m.tokens),
-        q=_rows(m.q, n, np.float32, "q"),
+        q=q,
         q_ids=_rows(m.q_ids, n, np.int64, "q_ids"),
+        q_scale=scale,
     )
 
 

@@ -75,6 +75,10 @@ def test_bad_flags_fail_with_status_2_before_any_model_loads():
         "edge --temperature -1": ([*edge, "--temperature", "-1"], "temperature must be"),
         "edge --seed -1": ([*edge, "--seed", "-1"], "--seed must be in [0, 2**32)"),
         "edge --timeout-s 0": ([*edge, "--timeout-s", "0"], "--timeout-s must be > 0"),
+        "edge --verifier a fleet with a bad address": (
+            [*edge[:4], "--verifier", f"{addr},nohost", *edge[6:]],
+            "a verifier address is host:port, got 'nohost'",
+        ),
         "demo --temperature -1": ([*demo, "--temperature", "-1"], "temperature must be"),
     }
     results = run_all({name: cmd for name, (cmd, _) in cases.items()})

@@ -16,6 +16,7 @@ import urllib.request
 
 import grpc
 import numpy as np
+import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import given, settings
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 import jaxspec
+from edge.client import error_from_rpc
 from jaxspec import wire
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
@@ -161,7 +163,18 @@ def test_every_rpc_refuses_a_missing_or_invalid_token_before_any_state(world, to
         lambda: s.OpenSession(wire.config_to_proto(h.config()), metadata=md, timeout=10),
         lambda: s.CloseSession(pb.CloseSessionRequest(session_id="00" * 16), metadata=md),
         lambda: s.Stats(pb.StatsRequest(), metadata=md, timeout=10),
-        lambda: list(s.Verify(iter([pb.DraftBlock(tokens=[1])]), metadata=md, timeout=10)),
+        lambda: list(
+            s.Verify(
+                iter([pb.VerifyRequest(block=pb.DraftBlock(tokens=[1]))]), metadata=md, timeout=10
+            )
+        ),
+        lambda: list(
+            s.Verify(
+                iter([pb.VerifyRequest(open=wire.config_to_proto(h.config()))]),
+                metadata=md,
+                timeout=10,
+            )
+        ),
     ]
     for call in calls:
         with pytest.raises(grpc.RpcError) as e:
@@ -170,6 +183,19 @@ def test_every_rpc_refuses_a_missing_or_invalid_token_before_any_state(world, to
         assert "secret" not in (e.value.details() or "")
     assert live_sessions(world) == before
     assert "secret-token" not in world["server"].log  # tokens are never logged
+
+
+async def attach(ep, block) -> None:
+    """Send `block` as the first message of a new Verify stream of `ep` (a session opened
+    elsewhere, named by its id): the protocol error it ends with."""
+    call = ep.stub.Verify(metadata=ep.metadata)
+    try:
+        await call.write(pb.VerifyRequest(block=wire.block_to_proto(block)))
+        await call.read()
+    except grpc.RpcError as e:
+        raise error_from_rpc(e) from None
+    finally:
+        call.cancel()
 
 
 def test_tenants_are_isolated(world, bob_reference):
@@ -188,7 +214,7 @@ def test_tenants_are_isolated(world, bob_reference):
                     session_id=target, epoch=0, start=4, tokens=(1,), q=np.eye(VOCAB)[[1]]
                 )
                 close = pb.CloseSessionRequest(session_id=target)
-                for call in (b._unary(b.stub.CloseSession, close), b.verify(block)):
+                for call in (b._unary(b.stub.CloseSession, close), attach(b, block)):
                     try:
                         await call
                     except NotFound as e:
@@ -205,6 +231,16 @@ def test_tenants_are_isolated(world, bob_reference):
 
     h.run(go())
     assert h.run(client(world, "bob", BOB_CFG)).tokens == bob_reference
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1"])
+def test_a_fleet_target_over_tls_gives_the_same_session(world, bob_reference, host):
+    """A fleet list (here the one server twice: two subchannels) over TLS: the certificate is
+    checked against the name given (localhost) or the address, and the session is unchanged."""
+    address = f"{host}:{world['server'].port}"
+    fleet = f"{address},{address}"
+    trace = h.run(h.session(fleet, world["draft"], BOB_CFG, h.TOKENS["bob"], world["ca"]))
+    assert trace.tokens == bob_reference
 
 
 def test_per_tenant_session_limit_and_rate_limit(world):
@@ -231,7 +267,7 @@ def test_oversized_messages_are_refused(world):
     ).session_id
     huge = pb.DraftBlock(session_id=sid, start=4, tokens=[1], q=[0.0] * 2_000_000)
     with pytest.raises(grpc.RpcError) as e:
-        list(s.Verify(iter([huge]), metadata=h.auth("alice"), timeout=10))
+        list(s.Verify(iter([pb.VerifyRequest(block=huge)]), metadata=h.auth("alice"), timeout=10))
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     s.CloseSession(pb.CloseSessionRequest(session_id=sid), metadata=h.auth("alice"))
 
@@ -307,16 +343,21 @@ def test_fuzzed_messages_get_only_documented_statuses(world, bob_reference):
     seen: dict[str, int] = {}
 
     @settings(max_examples=60, database=None)
-    @given(open_requests())
-    def fuzz_open(req):
+    @given(open_requests(), st.booleans())
+    def fuzz_open(req, in_stream):
         try:
-            sid = s.OpenSession(req, metadata=md, timeout=20).session_id
+            if in_stream:  # the stream's first message opens it; its end closes it
+                (r,) = s.Verify(iter([pb.VerifyRequest(open=req)]), metadata=md, timeout=20)
+                assert r.WhichOneof("kind") == "opened" and r.opened.session_id
+            else:
+                sid = s.OpenSession(req, metadata=md, timeout=20).session_id
         except grpc.RpcError as e:
             assert e.code() in ALLOWED_OPEN, (e.code(), e.details())
             seen[e.code().name] = seen.get(e.code().name, 0) + 1
             return
         seen["OK"] = seen.get("OK", 0) + 1
-        s.CloseSession(pb.CloseSessionRequest(session_id=sid), metadata=md, timeout=20)
+        if not in_stream:
+            s.CloseSession(pb.CloseSessionRequest(session_id=sid), metadata=md, timeout=20)
 
     fuzz_open()
 
@@ -330,7 +371,10 @@ def test_fuzzed_messages_get_only_documented_statuses(world, bob_reference):
         try:
             block = data.draw(draft_blocks([(sid, enc, 0, 4)]))
             try:
-                (r,) = list(s.Verify(iter([block]), metadata=md, timeout=20))
+                (r,) = list(
+                    s.Verify(iter([pb.VerifyRequest(block=block)]), metadata=md, timeout=20)
+                )
+                r = r.result
                 outcome = "stale" if r.stale else "OK"
             except grpc.RpcError as e:
                 assert e.code() in ALLOWED_VERIFY, (e.code(), e.details())
@@ -340,7 +384,7 @@ def test_fuzzed_messages_get_only_documented_statuses(world, bob_reference):
             # An error status leaves the session open; a stream that ends normally closes
             # it (by the time its status reached us). An empty block tells which: NOT_FOUND
             # for a closed session, INVALID_ARGUMENT (and still open) for a live one.
-            probe = pb.DraftBlock(session_id=sid)
+            probe = pb.VerifyRequest(block=pb.DraftBlock(session_id=sid))
             with pytest.raises(grpc.RpcError) as e:
                 list(s.Verify(iter([probe]), metadata=md, timeout=20))
             assert e.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
@@ -429,8 +473,9 @@ def test_prometheus_metrics(world):
     sid = s.OpenSession(
         wire.config_to_proto(h.config(encoding="onehot")), metadata=md, timeout=10
     ).session_id
-    block = pb.DraftBlock(session_id=sid, start=4, tokens=[1])
+    block = pb.VerifyRequest(block=pb.DraftBlock(session_id=sid, start=4, tokens=[1]))
     (answer,) = s.Verify(iter([block]), metadata=md, timeout=20)  # one answer, half-closed
+    answer = answer.result
     s.CloseSession(pb.CloseSessionRequest(session_id=sid), metadata=md, timeout=10)
     after = scrape(host, port)
 
@@ -481,6 +526,12 @@ def reachable(host: str, port: int) -> bool:
         return False
 
 
+def listening(server: VerifierProcess, port: int) -> set[str]:
+    """The addresses `server`'s process listens on at `port` (its own sockets only)."""
+    conns = psutil.Process(server.proc.pid).net_connections(kind="tcp")
+    return {c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+
+
 def test_metrics_listen_on_loopback_unless_told_otherwise(world):
     """`--host 0.0.0.0` opens gRPC to every interface; the metrics (tenant names, no auth)
     stay on 127.0.0.1 unless `--metrics-host` moves them. On Linux 127.0.0.2 is loopback
@@ -500,11 +551,12 @@ def test_metrics_listen_on_loopback_unless_told_otherwise(world):
         assert any((xdg / "jaxspec" / "xla").glob("*-cache")), moved.log
         assert reachable("127.0.0.2", wide.port)  # the probe sees a wildcard bind
         host, port = h.metrics_address(wide)
-        assert host == "127.0.0.1"
+        assert host == "127.0.0.1" and listening(wide, port) == {"127.0.0.1"}
         assert reachable("127.0.0.1", port) and not reachable("127.0.0.2", port)
         host, port = h.metrics_address(moved)
-        assert host == "127.0.0.2"
-        assert reachable("127.0.0.2", port) and not reachable("127.0.0.1", port)
+        assert host == "127.0.0.2" and listening(moved, port) == {"127.0.0.2"}
+        # (Not probed on 127.0.0.1: another process of the run may hold that port there.)
+        assert reachable("127.0.0.2", port)
         assert sample(scrape(host, port), "jaxspec_serving") == 1
     assert wide.proc.returncode == moved.proc.returncode == 0
 

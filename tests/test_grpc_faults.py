@@ -5,9 +5,9 @@ newcomer's defaults (loopback, no tenants file) on a 2x2 mesh of forced CPU devi
 from __future__ import annotations
 
 import asyncio
+import queue
 import re
 import signal
-import threading
 import time
 
 import grpc
@@ -15,8 +15,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from jaxspec import wire
+from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
-from jaxspec.protocol import Unavailable
+from jaxspec_apps.bench.fleet import Fault
 from tests import grpc_helpers as h
 
 MESH = ["--mesh", "data=2,model=2", "--drain-min-s", "3"]
@@ -68,19 +69,10 @@ def test_sharded_server_equals_the_single_device_verifier(world, reference):
 
 def test_sigkill_mid_generation_then_restart_loses_and_repeats_nothing(world, reference):
     server = world["server"]
-    committed = [0]
-    restarted = threading.Event()
-
-    def on_event(kind, tokens):
-        if kind in ("accept", "correct", "bonus"):
-            committed[0] += len(tokens)
-        if committed[0] >= 12 and server.alive() and not restarted.is_set():
-            server.kill()  # no drain, no goodbye
-            restarted.set()
-            server.start()  # same port; from this thread, which outlives the server
-
-    traces = sessions(world, on_event=on_event, resume_timeout_s=120)
-    assert restarted.is_set() and server.alive()
+    # No drain, no goodbye; restarted on the same port from this thread, which outlives it.
+    restart = Fault(12, lambda: (server.kill(), server.start()))
+    traces = sessions(world, on_event=restart.session(0), resume_timeout_s=120)
+    assert restart.happened and server.alive()
     assert [t.tokens for t in traces] == reference
     assert sum(t.resumes for t in traces) >= 1
 
@@ -96,48 +88,58 @@ def test_reflection_when_asked_for(world):
     assert {"jaxspec.v1.Verifier", "grpc.health.v1.Health"} <= names
 
 
+def not_serving_within(ch: grpc.Channel, seconds: float) -> bool:
+    health = health_pb2_grpc.HealthStub(ch)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        status = health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+        if status == health_pb2.HealthCheckResponse.NOT_SERVING:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def test_sigterm_drains_then_exits_zero(world):
     """SIGTERM mid-stream: health NOT_SERVING, new sessions UNAVAILABLE, every block taken
-    is answered, the streaming client gets UNAVAILABLE (to resume elsewhere), exit 0."""
+    is answered, the stream ends with UNAVAILABLE (the client resumes elsewhere), exit 0.
+
+    A raw gamma-0 stream keeps WINDOW empty blocks in flight (each commits one token, so
+    block k+WINDOW can be sent before block k is answered) and SIGTERM is sent just after a
+    refill: WINDOW - 1 blocks the server has read and not answered, each a step of its own,
+    whatever the machine's load (a drafting client sometimes had none in flight)."""
     server = world["server"]
     address = server.address
-    # One draft per block, four in flight: the client drafts faster than the server verifies,
-    # so blocks are always taken and not yet answered when SIGTERM lands (answered >= 1
-    # below; with gamma 4 a client on a busy machine sometimes had none in flight).
-    cfg = h.config(max_new_tokens=100, mode="pipelined", seed=9, gamma=1)
-    outcome: list = []
-    started = threading.Event()
+    window = 8  # the scheduler's max_queue_per_session
+    cfg = h.config(gamma=0, max_new_tokens=100, mode="pipelined", temperature=0.0)
+    requests: queue.Queue = queue.Queue()
+    requests.put(pb.VerifyRequest(open=wire.config_to_proto(cfg)))
+    start = len(cfg.prompt)
 
-    def on_event(kind, tokens):
-        if kind == "accept":
-            started.set()
+    def block(k: int) -> pb.VerifyRequest:
+        return pb.VerifyRequest(block=pb.DraftBlock(start=start + k))
 
-    def client():
-        try:
-            h.run(h.session(address, world["draft"], cfg, depth=4, on_event=on_event))
-            outcome.append("finished")
-        except Unavailable as e:
-            outcome.append(e)
-
-    t = threading.Thread(target=client)
-    t.start()
-    assert started.wait(60)
-    server.signal(signal.SIGTERM)
     ch = grpc.insecure_channel(address)
-    health = health_pb2_grpc.HealthStub(ch)
-    deadline = time.monotonic() + 10
-    while True:
-        status = health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
-        if status == health_pb2.HealthCheckResponse.NOT_SERVING or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert status == health_pb2.HealthCheckResponse.NOT_SERVING
-    with pytest.raises(grpc.RpcError) as e:
-        pb_grpc.VerifierStub(ch).OpenSession(wire.config_to_proto(cfg), timeout=5)
-    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-    t.join(60)
+    replies = pb_grpc.VerifierStub(ch).Verify(iter(requests.get, None), timeout=120)
+    assert next(replies).HasField("opened")
+    for k in range(window):
+        requests.put(block(k))
+    got: list[int] = []
+    with pytest.raises(grpc.RpcError) as ended:
+        for reply in replies:
+            assert reply.result.start == start + len(got) and len(reply.result.tokens) == 1
+            got.append(reply.result.tokens[0])
+            if len(got) == 3:
+                requests.put(block(len(got) + window - 1))
+                server.signal(signal.SIGTERM)
+                assert not_serving_within(ch, 10)
+                with pytest.raises(grpc.RpcError) as refused:
+                    pb_grpc.VerifierStub(ch).OpenSession(wire.config_to_proto(cfg), timeout=5)
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            elif len(got) < 3:
+                requests.put(block(len(got) + window - 1))
+    requests.put(None)
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, ended.value
     assert server.proc.wait(60) == 0
-    assert isinstance(outcome[0], Unavailable), outcome
     drained = re.search(r"drained: (\d+) blocks answered while draining, (\d+) taken", server.log)
     answered, unanswered = map(int, drained.groups())
     assert unanswered == 0 and answered >= 1, drained.group(0)

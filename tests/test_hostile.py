@@ -112,7 +112,7 @@ def open_onehot(world) -> str:
 
 def block(sid: str, epoch: int, start: int, tokens=(10, 20)) -> bytes:
     b = wire.block_to_proto(DraftBlock(session_id=sid, epoch=epoch, start=start, tokens=tokens))
-    return b.SerializeToString()
+    return pb.VerifyRequest(block=b).SerializeToString()
 
 
 def raw_verify(world, messages, timeout=20):
@@ -123,7 +123,7 @@ def raw_verify(world, messages, timeout=20):
     results = []
     try:
         for r in call(iter(messages), metadata=h.auth("alice"), timeout=timeout):
-            results.append(wire.result_from_proto(pb.VerifyResult.FromString(r)))
+            results.append(wire.result_from_proto(pb.VerifyResponse.FromString(r).result))
     except grpc.RpcError as e:
         assert e.code() != grpc.StatusCode.DEADLINE_EXCEEDED, e.details()
         return results, e.code(), e.details()
@@ -262,7 +262,7 @@ def two_blocks(world, sid: str, between) -> list:
         "/jaxspec.v1.Verifier/Verify", request_serializer=None, response_deserializer=None
     )
     for r in call(messages(), metadata=h.auth("alice"), timeout=30):
-        got.append(wire.result_from_proto(pb.VerifyResult.FromString(r)))
+        got.append(wire.result_from_proto(pb.VerifyResponse.FromString(r).result))
         first.set()
     return got
 

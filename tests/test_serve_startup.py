@@ -190,7 +190,7 @@ def test_bound_server_answers_warming_up_until_ready_then_closes_idempotently():
                     assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
                 cfg = wire.config_to_proto(h.config(prompt=(1, 2), gamma=2))
                 nobody = pb.CloseSessionRequest(session_id="0" * 32)
-                blocks = iter([pb.DraftBlock(tokens=[1])])
+                blocks = iter([pb.VerifyRequest(block=pb.DraftBlock(tokens=[1]))])
                 calls = [
                     lambda: stub.OpenSession(cfg, metadata=md("alice")),
                     lambda: stub.CloseSession(nobody, metadata=md("alice")),

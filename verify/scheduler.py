@@ -39,6 +39,7 @@ from jaxspec.protocol import (
     SessionConfig,
     SessionInfo,
     VerifyResult,
+    q_to_f16,
 )
 from jaxspec.sampling import (
     MAX_LOGIT_BIAS,
@@ -216,7 +217,8 @@ class Scheduler:
     """Sessions, queues and the batch former over one target model and one slot pool.
 
     `config` fixes the pool and the compiled shapes; `mesh` (from `verify.step.make_mesh`)
-    shards them over ("data", "model") devices; `clock` is for idle eviction (tests fake it).
+    shards them over ("data", "model") devices; `clock` is for idle eviction (tests fake it);
+    `calls` wraps the jitted functions (multi-host lockstep, `verify.multihost.Lockstep.wrap`).
     """
 
     def __init__(
@@ -226,6 +228,7 @@ class Scheduler:
         *,
         mesh: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        calls: Callable[[str, Callable], Callable] | None = None,
     ):
         self.config = config
         self.model = model
@@ -239,8 +242,11 @@ class Scheduler:
         self.params = model.params if mesh is None else shard_params(model.params, mesh)
         cache = init_cache(model.config, config.max_sessions, config.max_len, model.dtype)
         self.cache = cache if mesh is None else jax.device_put(cache, cache_sharding(mesh))
-        self._step = make_verify_step(model.module, mesh)
-        self._prefill = make_prefill(model.module, mesh)
+        # `calls(name, fn)` may wrap the two jitted functions ("step", "prefill"): the
+        # multi-host leader hands each call to the other processes (verify.multihost).
+        wrap = calls or (lambda _name, fn: fn)
+        self._step = wrap("step", make_verify_step(model.module, mesh))
+        self._prefill = wrap("prefill", make_prefill(model.module, mesh))
         self.sessions: dict[str, Session] = {}
         self.free_slots = list(range(config.max_sessions))[::-1]
         self.tenant_tokens: collections.Counter[str] = collections.Counter()
@@ -392,7 +398,7 @@ class Scheduler:
         if b.start < s.prompt_len:
             raise InvalidArgument("a block cannot start inside the prompt")
         if n == 0:  # speculation off: the verifier samples the block's one token
-            if b.q is not None or b.q_ids is not None:
+            if b.q is not None or b.q_ids is not None or b.q_scale is not None:
                 raise InvalidArgument("a block without drafts carries no q")
             return
         enc = s.config.draft.encoding
@@ -414,6 +420,14 @@ class Scheduler:
                 if b.q is not None or b.q_ids is not None:
                     raise InvalidArgument("onehot blocks carry no q")
                 dq = DraftQ.onehot()
+            if s.config.draft.f16:
+                # The edge sampled from float16 values times one scale per draft: q must be
+                # exactly that (as `jaxspec.wire` rebuilds it; in-process blocks alike).
+                if b.q_scale is None or np.shape(b.q_scale) != (n,):
+                    raise InvalidArgument(f"a float16 session's blocks carry {n} q_scale values")
+                q_to_f16(b.q, b.q_scale)  # InvalidArgument unless q == float16 values * scale
+            elif b.q_scale is not None:
+                raise InvalidArgument("q_scale is for q_dtype float16 sessions (full or sparse)")
             check_draft_q(tokens, np.array([n]), dq, self.vocab)
         except InvalidArgument:
             raise

@@ -8,8 +8,10 @@
 Every RPC authenticates first (no state is created for an unknown caller); every protocol
 error leaves as its own status (`jaxspec.protocol` names it), never UNKNOWN. A Verify stream
 carries one session, and a session has one live stream at a time (a second one is
-FAILED_PRECONDITION, the first goes on): blocks are answered in order; a client that goes
-away (cancel, disconnect, deadline) frees its session's slot. Setting `draining` stops
+FAILED_PRECONDITION, the first goes on). The stream's first message opens its session (`open`,
+what a client behind a load balancer does: the session then lives on the one replica the
+stream reached) or names one that OpenSession opened; blocks are answered in order; a client
+that goes away (cancel, disconnect, deadline) frees its session's slot. Setting `draining` stops
 taking sessions and blocks; what was taken is answered, then every stream ends with
 UNAVAILABLE so clients resume elsewhere — with exactly the tokens they would have had,
 because draws are keyed by position.
@@ -37,6 +39,7 @@ from jaxspec.protocol import (
     InvalidArgument,
     NotFound,
     ResourceExhausted,
+    SessionInfo,
     Unavailable,
     VerifierError,
 )
@@ -82,8 +85,8 @@ def add_to_server(service: VerifierService, server: Any) -> None:
         ),
         "Verify": grpc.stream_stream_rpc_method_handler(
             service.Verify,
-            request_deserializer=_tolerant(pb.DraftBlock),
-            response_serializer=pb.VerifyResult.SerializeToString,
+            request_deserializer=_tolerant(pb.VerifyRequest),
+            response_serializer=pb.VerifyResponse.SerializeToString,
         ),
         "CloseSession": grpc.unary_unary_rpc_method_handler(
             service.CloseSession,
@@ -162,18 +165,26 @@ class VerifierService(pb_grpc.VerifierServicer):
     ) -> pb.OpenSessionResponse:
         tenant = await self._auth(context, "OpenSession")
         await self._decoded(request, context, "OpenSession")
-        if self.draining.is_set():
-            await self._fail(context, "OpenSession", "UNAVAILABLE", "the verifier is draining")
         verifier = await self._ready(context, "OpenSession")
         try:
-            if self._live_sessions(verifier, tenant.name) >= tenant.max_sessions:
-                raise ResourceExhausted(f"tenant limit of {tenant.max_sessions} live sessions")
-            config = wire.config_from_proto(request)
-            info = await verifier.for_tenant(tenant.name).open_session(config)
+            info = await self._open(verifier, tenant, request)
         except VerifierError as e:
             await self._fail(context, "OpenSession", e.code, str(e))
-        self.metrics.sessions_opened.labels(tenant.name).inc()
         return wire.info_to_proto(info)
+
+    async def _open(
+        self, verifier: LocalVerifier, tenant: Tenant, request: pb.OpenSessionRequest
+    ) -> SessionInfo:
+        """Open a session for `tenant` (OpenSession, or a Verify stream's `open`): the
+        `SessionInfo`, or the protocol error (draining, the tenant's limit, a bad config)."""
+        if self.draining.is_set():
+            raise Unavailable("the verifier is draining")
+        if self._live_sessions(verifier, tenant.name) >= tenant.max_sessions:
+            raise ResourceExhausted(f"tenant limit of {tenant.max_sessions} live sessions")
+        config = wire.config_from_proto(request)
+        info = await verifier.for_tenant(tenant.name).open_session(config)
+        self.metrics.sessions_opened.labels(tenant.name).inc()
+        return info
 
     async def CloseSession(
         self, request: pb.CloseSessionRequest, context: Any
@@ -225,14 +236,18 @@ class VerifierService(pb_grpc.VerifierServicer):
     async def Verify(
         self, request_iterator: AsyncIterator[pb.DraftBlock], context: Any
     ) -> AsyncIterator[pb.VerifyResult]:
-        """Blocks of one session up, results down in order. Errors end the stream with their
-        status after every earlier block's result (the session stays for a new stream);
-        the end of the stream — half-close, cancel, a vanished client — closes the session."""
+        """One session: opened by the first message (or named by it), then blocks up,
+        results down in order. Errors end the stream with their status after every earlier
+        block's result (a session from OpenSession stays for a new stream, one the stream
+        opened is closed with it); the end of the stream — half-close, cancel, a vanished
+        client — closes the session."""
         tenant = await self._auth(context, "Verify")
-        endpoint = (await self._ready(context, "Verify")).for_tenant(tenant.name)
-        # (block, received at, future of its result), or an error, or None (the end)
+        verifier = await self._ready(context, "Verify")
+        endpoint = verifier.for_tenant(tenant.name)
+        # (block, received at, future of its result), ("opened", info), an error, or None
         items: asyncio.Queue[Any] = asyncio.Queue()
         session: list[str] = []  # the stream's session id, once known
+        opened = [False]  # the session was opened by this stream: it ends with it
         counts = [0, 0]  # this stream's blocks taken, answered
 
         failed = [False]  # a block of this stream failed: no later one reaches the scheduler
@@ -259,7 +274,21 @@ class VerifierService(pb_grpc.VerifierServicer):
                     received = time.perf_counter()
                     if isinstance(msg, Undecodable):
                         raise InvalidArgument(f"a Verify message is not a {msg.message}")
-                    block = wire.block_from_proto(msg)
+                    kind = msg.WhichOneof("kind")
+                    if kind == "open":
+                        if session:
+                            raise InvalidArgument("a Verify stream carries one session")
+                        info = await self._open(verifier, tenant, msg.open)
+                        session.append(info.session_id)
+                        opened[0] = True
+                        self.bound.add(info.session_id)
+                        items.put_nowait(("opened", info))
+                        continue
+                    if kind != "block":
+                        raise InvalidArgument("a Verify message holds neither open nor block")
+                    if session and not msg.block.session_id:
+                        msg.block.session_id = session[0]  # may be left out after the first
+                    block = wire.block_from_proto(msg.block)
                     if not session:
                         endpoint.scheduler.get(block.session_id, tenant.name)  # NotFound
                         if block.session_id in self.bound:
@@ -304,6 +333,9 @@ class VerifierService(pb_grpc.VerifierServicer):
                     return
                 if isinstance(item, VerifierError):
                     raise item
+                if item[0] == "opened":
+                    yield pb.VerifyResponse(opened=wire.info_to_proto(item[1]))
+                    continue
                 block, received, fut = item
                 res = await fut
                 self.metrics.count_block(
@@ -316,11 +348,11 @@ class VerifierService(pb_grpc.VerifierServicer):
                 self.metrics.block_seconds.labels(tenant.name).observe(
                     time.perf_counter() - received
                 )
-                yield wire.result_to_proto(res)
+                yield pb.VerifyResponse(result=wire.result_to_proto(res))
                 self.answered_draining += self.draining.is_set()
                 counts[1] += 1
         except VerifierError as e:
-            keep = True  # the session stays; the client may open another stream
+            keep = not opened[0]  # from OpenSession: it stays, for another stream
             self.bound.difference_update(session)  # ... at once, even before the status
             await self._fail(context, "Verify", e.code, str(e))
         finally:

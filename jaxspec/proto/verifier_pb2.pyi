@@ -19,6 +19,12 @@ class Encoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ENCODING_FULL: _ClassVar[Encoding]
     ENCODING_SPARSE: _ClassVar[Encoding]
     ENCODING_ONEHOT: _ClassVar[Encoding]
+
+class QDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    Q_DTYPE_UNSPECIFIED: _ClassVar[QDtype]
+    Q_DTYPE_FLOAT32: _ClassVar[QDtype]
+    Q_DTYPE_FLOAT16: _ClassVar[QDtype]
 MODE_UNSPECIFIED: Mode
 MODE_SYNC: Mode
 MODE_PIPELINED: Mode
@@ -26,9 +32,12 @@ ENCODING_UNSPECIFIED: Encoding
 ENCODING_FULL: Encoding
 ENCODING_SPARSE: Encoding
 ENCODING_ONEHOT: Encoding
+Q_DTYPE_UNSPECIFIED: QDtype
+Q_DTYPE_FLOAT32: QDtype
+Q_DTYPE_FLOAT16: QDtype
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "mode", "gamma", "encoding", "sparse_k", "stop_tokens", "default_stop_tokens", "committed", "adaptive_gamma", "min_p", "logit_bias")
+    __slots__ = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "mode", "gamma", "encoding", "sparse_k", "stop_tokens", "default_stop_tokens", "committed", "adaptive_gamma", "min_p", "logit_bias", "q_dtype")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +61,7 @@ class OpenSessionRequest(_message.Message):
     ADAPTIVE_GAMMA_FIELD_NUMBER: _ClassVar[int]
     MIN_P_FIELD_NUMBER: _ClassVar[int]
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    Q_DTYPE_FIELD_NUMBER: _ClassVar[int]
     prompt: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
     temperature: float
@@ -68,7 +78,8 @@ class OpenSessionRequest(_message.Message):
     adaptive_gamma: bool
     min_p: float
     logit_bias: _containers.ScalarMap[int, float]
-    def __init__(self, prompt: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., mode: _Optional[_Union[Mode, str]] = ..., gamma: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse_k: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., default_stop_tokens: _Optional[bool] = ..., committed: _Optional[_Iterable[int]] = ..., adaptive_gamma: _Optional[bool] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
+    q_dtype: QDtype
+    def __init__(self, prompt: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., mode: _Optional[_Union[Mode, str]] = ..., gamma: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse_k: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., default_stop_tokens: _Optional[bool] = ..., committed: _Optional[_Iterable[int]] = ..., adaptive_gamma: _Optional[bool] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., q_dtype: _Optional[_Union[QDtype, str]] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
     __slots__ = ("session_id", "max_gamma", "max_sparse_k", "vocab_size", "max_new_tokens")
@@ -85,20 +96,24 @@ class OpenSessionResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., max_gamma: _Optional[int] = ..., max_sparse_k: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class DraftBlock(_message.Message):
-    __slots__ = ("session_id", "epoch", "start", "tokens", "q", "q_ids")
+    __slots__ = ("session_id", "epoch", "start", "tokens", "q", "q_ids", "q_f16", "q_scale")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     Q_FIELD_NUMBER: _ClassVar[int]
     Q_IDS_FIELD_NUMBER: _ClassVar[int]
+    Q_F16_FIELD_NUMBER: _ClassVar[int]
+    Q_SCALE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     epoch: int
     start: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
     q: _containers.RepeatedScalarFieldContainer[float]
     q_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[float]] = ..., q_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    q_f16: bytes
+    q_scale: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[float]] = ..., q_ids: _Optional[_Iterable[int]] = ..., q_f16: _Optional[bytes] = ..., q_scale: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
     __slots__ = ("epoch", "start", "accepted", "tokens", "has_next_token", "next_token", "new_epoch", "stale", "finished", "figures", "step_s")
@@ -137,6 +152,22 @@ class AcceptanceFigures(_message.Message):
     num_accepted_tokens: int
     accepted_per_position: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class VerifyRequest(_message.Message):
+    __slots__ = ("open", "block")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    open: OpenSessionRequest
+    block: DraftBlock
+    def __init__(self, open: _Optional[_Union[OpenSessionRequest, _Mapping]] = ..., block: _Optional[_Union[DraftBlock, _Mapping]] = ...) -> None: ...
+
+class VerifyResponse(_message.Message):
+    __slots__ = ("opened", "result")
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    opened: OpenSessionResponse
+    result: VerifyResult
+    def __init__(self, opened: _Optional[_Union[OpenSessionResponse, _Mapping]] = ..., result: _Optional[_Union[VerifyResult, _Mapping]] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

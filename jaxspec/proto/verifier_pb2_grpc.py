@@ -41,8 +41,8 @@ class VerifierStub:
                 _registered_method=True)
         self.Verify = channel.stream_stream(
                 '/jaxspec.v1.Verifier/Verify',
-                request_serializer=jaxspec_dot_proto_dot_verifier__pb2.DraftBlock.SerializeToString,
-                response_deserializer=jaxspec_dot_proto_dot_verifier__pb2.VerifyResult.FromString,
+                request_serializer=jaxspec_dot_proto_dot_verifier__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=jaxspec_dot_proto_dot_verifier__pb2.VerifyResponse.FromString,
                 _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/jaxspec.v1.Verifier/CloseSession',
@@ -60,15 +60,19 @@ class VerifierServicer:
     """Missing associated documentation comment in .proto file."""
 
     def OpenSession(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Opens a session outside any stream; its Verify stream then names it in its first block.
+        Kept for one verifier and for tools; behind a load balancer (several replicas) the two
+        calls can reach different replicas: open the session in the stream instead.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Verify(self, request_iterator, context):
-        """One stream per session: blocks up, results down in the same order. An error status
-        ends the stream but not the session; ending the stream (half-close, cancel,
-        disconnect) closes the session.
+        """One stream per session: the first message opens it (or names one OpenSession opened),
+        then blocks up, results down in the same order. Ending the stream (half-close, cancel,
+        disconnect) closes the session. An error status ends the stream; it also closes a session
+        the stream opened, while one from OpenSession stays for a new stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -99,8 +103,8 @@ def add_VerifierServicer_to_server(servicer, server):
             ),
             'Verify': grpc.stream_stream_rpc_method_handler(
                     servicer.Verify,
-                    request_deserializer=jaxspec_dot_proto_dot_verifier__pb2.DraftBlock.FromString,
-                    response_serializer=jaxspec_dot_proto_dot_verifier__pb2.VerifyResult.SerializeToString,
+                    request_deserializer=jaxspec_dot_proto_dot_verifier__pb2.VerifyRequest.FromString,
+                    response_serializer=jaxspec_dot_proto_dot_verifier__pb2.VerifyResponse.SerializeToString,
             ),
             'CloseSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseSession,
@@ -165,8 +169,8 @@ class Verifier:
             request_iterator,
             target,
             '/jaxspec.v1.Verifier/Verify',
-            jaxspec_dot_proto_dot_verifier__pb2.DraftBlock.SerializeToString,
-            jaxspec_dot_proto_dot_verifier__pb2.VerifyResult.FromString,
+            jaxspec_dot_proto_dot_verifier__pb2.VerifyRequest.SerializeToString,
+            jaxspec_dot_proto_dot_verifier__pb2.VerifyResponse.FromString,
             options,
             channel_credentials,
             insecure,

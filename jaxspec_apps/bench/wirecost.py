@@ -7,13 +7,16 @@ sizes (`ByteSize()`, the protobuf payload; gRPC/HTTP2 framing and TLS add a few 
 message on top). Session open/close are one-off and not counted. The encodings trade bytes
 for acceptance: `full` sends q over the whole vocabulary, `sparse` k (id, prob) pairs per
 draft (the edge samples from its renormalized top-k), `onehot` token ids only (greedy
-drafts, q = delta).
+drafts, q = delta). The `-f16` rows send the q of `full` / `sparse` as float16 values with
+one scale per draft (`DraftSpec.q_dtype`): half the bytes of q, and the edge samples from
+that rounded q, so the verification stays exact.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from edge.drafter import Drafter
@@ -45,13 +48,19 @@ class CountingEndpoint:
         await self.inner.close_session(session_id)
 
 
-def encodings(gamma: int, sparse_ks: Sequence[int]) -> list[tuple[str, DraftSpec]]:
-    """(label, draft spec) for full, sparse at each k, and onehot, all `gamma` drafts a block."""
-    return [
+def encodings(
+    gamma: int, sparse_ks: Sequence[int], f16: bool = True
+) -> list[tuple[str, DraftSpec]]:
+    """(label, draft spec) for full, sparse at each k, and onehot, all `gamma` drafts a block;
+    with `f16`, also full and each sparse k with q sent as float16 (`full-f16`, `sparse4-f16`:
+    `DraftSpec.q_dtype`)."""
+    specs = [
         ("full", DraftSpec(gamma=gamma, encoding="full")),
         *((f"sparse{k}", DraftSpec(gamma=gamma, encoding="sparse", sparse_k=k)) for k in sparse_ks),
-        ("onehot", DraftSpec(gamma=gamma, encoding="onehot")),
     ]
+    if f16:
+        specs += [(f"{label}-f16", replace(s, q_dtype="float16")) for label, s in specs]
+    return [*specs, ("onehot", DraftSpec(gamma=gamma, encoding="onehot"))]
 
 
 async def _session(
@@ -85,11 +94,13 @@ def run(
     new_tokens: int,
     sparse_ks: Sequence[int],
     temperature: float = 1.0,
+    f16: bool = True,
 ) -> list[dict[str, Any]]:
     """One row per encoding: bytes up/down per committed token and alpha, over one sampled
-    sync session per prompt (same seeds for every encoding)."""
+    sync session per prompt (same seeds for every encoding); `f16` adds the float16 q rows
+    (`encodings`)."""
     rows = []
-    for label, spec in encodings(gamma, sparse_ks):
+    for label, spec in encodings(gamma, sparse_ks, f16):
         config = dict(
             max_new_tokens=new_tokens, mode="sync", draft=spec, temperature=temperature,
             stop_tokens=(),
@@ -103,6 +114,7 @@ def run(
             {
                 "encoding": label,
                 "sparse_k": spec.k or None,
+                "q_dtype": spec.q_dtype if spec.encoding != "onehot" else None,
                 "temperature": temperature,
                 "sessions": len(runs),
                 "tokens": tot["tokens"],
