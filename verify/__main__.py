@@ -15,12 +15,20 @@ with the time so far; compiled executables go to JAX's persistent cache, see
 metrics bind to loopback unless `--metrics-host` says otherwise, whatever `--host` is).
 SIGTERM (or Ctrl-C) drains: health NOT_SERVING, new sessions UNAVAILABLE, blocks already
 received answered, then exit 0 (during the warm-up: stop after the shape being compiled).
+
+Multi-host (docs/multihost.md): `--coordinator host:port --num-processes N --process-id I` on
+each of N processes (`--coordinator auto`: JAX detects all three, e.g. on a TPU VM pod slice);
+`--mesh` then counts every process's devices. Process 0 binds the port and serves as above;
+the others print `jaxspec verifier follower I/N: no gRPC port (process 0 serves), ...`, bind
+nothing and replay process 0's jitted calls (`verify.multihost`) until it drains; a dead
+process makes the others exit 3 (the leader first says NOT_SERVING).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import signal
 import sys
@@ -28,13 +36,21 @@ import threading
 import time
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 
 import jaxspec
 from jaxspec.flags import add_cache_flag, use_compilation_cache
 from jaxspec.model import Model
+from verify import multihost
 from verify.local import LocalVerifier
-from verify.scheduler import SchedulerConfig, WarmupCancelled, row_buckets_for, warmup_shapes
+from verify.scheduler import (
+    Scheduler,
+    SchedulerConfig,
+    WarmupCancelled,
+    row_buckets_for,
+    warmup_shapes,
+)
 from verify.serve import (
     Server,
     bind,
@@ -92,6 +108,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
     s.add_argument("--no-warmup", action="store_true", help="compile lazily (tests, demos)")
+    s.add_argument(
+        "--coordinator",
+        default=None,
+        help="multi-host: host:port of process 0's jax.distributed coordinator, or auto "
+        "(detected: TPU pod slices, SLURM, ...); docs/multihost.md",
+    )
+    s.add_argument("--num-processes", type=int, default=None, help="multi-host: processes")
+    s.add_argument("--process-id", type=int, default=None, help="multi-host: 0 serves gRPC")
+    s.add_argument(
+        "--heartbeat-timeout-s",
+        type=int,
+        default=10,
+        help="multi-host: a process silent this long is dead (the others exit 3)",
+    )
     add_cache_flag(s)
     return p
 
@@ -115,12 +145,67 @@ def load_target(args: argparse.Namespace) -> Model:
     return jaxspec.load(args.checkpoint, dtype=getattr(jnp, args.dtype), tokenizer=False)
 
 
-def make_verifier(args: argparse.Namespace, model: Model | None = None) -> LocalVerifier:
-    """Build the verifier the flags describe over `model` (loaded from the flags if None)."""
+def make_verifier(
+    args: argparse.Namespace,
+    model: Model | None = None,
+    lockstep: multihost.Lockstep | None = None,
+) -> LocalVerifier:
+    """Build the verifier the flags describe over `model` (loaded from the flags if None);
+    multi-host: its jitted calls go through `lockstep` (over the global mesh)."""
     config = scheduler_config_from_args(args)  # before loading: bad flags fail fast
     data, model_par = args.mesh
+    if lockstep is not None:
+        scheduler = Scheduler(
+            model or load_target(args), config, mesh=lockstep.mesh, calls=lockstep.wrap
+        )
+        return LocalVerifier(scheduler=scheduler)
     mesh = make_mesh(data, model_par) if data * model_par > 1 else None
     return LocalVerifier(model or load_target(args), config, mesh=mesh)
+
+
+def is_multihost(args: argparse.Namespace) -> bool:
+    """Whether the flags ask for a multi-host verifier (any of the three flags)."""
+    return any(x is not None for x in (args.coordinator, args.num_processes, args.process_id))
+
+
+def join(args: argparse.Namespace) -> multihost.Lockstep:
+    """Multi-host: join the job (`jax.distributed`) and build the lockstep over a mesh of
+    every process's devices (`--mesh` must count them all)."""
+    multihost.initialize(
+        args.coordinator, args.num_processes, args.process_id, args.heartbeat_timeout_s
+    )
+    data, model_par = args.mesh
+    if data * model_par != jax.device_count():
+        raise ValueError(
+            f"--mesh data={data},model={model_par} must cover all {jax.device_count()} devices "
+            f"of the {jax.process_count()} processes"
+        )
+    return multihost.Lockstep(make_mesh(data, model_par))
+
+
+def follow(args: argparse.Namespace, lockstep: multihost.Lockstep) -> int:
+    """A follower process: no port; build the same scheduler, replay the leader's calls."""
+    config = scheduler_config_from_args(args)
+    use_compilation_cache(args)
+    print(
+        f"jaxspec verifier follower {lockstep.process_id}/{lockstep.num_processes}: no gRPC "
+        f"port (process 0 serves), running its steps on {len(jax.local_devices())} devices",
+        flush=True,
+    )
+    stop_by: list[float] = []  # SIGTERM: keep following (the leader drains) for a bounded time
+    grace = args.drain_timeout_s + 2 * args.heartbeat_timeout_s
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop_by or stop_by.append(time.monotonic() + grace))
+    lockstep.start_monitor()
+    scheduler = Scheduler(load_target(args), config, mesh=lockstep.mesh, calls=lockstep.wrap)
+    try:
+        lockstep.ready()
+        code = lockstep.follow(scheduler, lambda: stop_by[0] if stop_by else None)
+    except Exception as e:
+        multihost.die(f"{type(e).__name__}: {e}")
+    log.info("the leader stopped after %d calls; exiting", lockstep.calls)
+    jax.distributed.shutdown()
+    return code
 
 
 def refuse_insecure_public(args: argparse.Namespace) -> str | None:
@@ -132,7 +217,7 @@ def refuse_insecure_public(args: argparse.Namespace) -> str | None:
     return insecure_public_reason(args.host, tenants=args.tenants is not None, tls=tls)
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None = None) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")
     tls = None
@@ -163,14 +248,38 @@ async def _serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )
+    if lockstep is not None:  # a dead process: NOT_SERVING, then exit 3 (verify.multihost)
+        lockstep.on_failure = functools.partial(
+            _lockstep_failed, asyncio.get_running_loop(), server, args.drain_min_s
+        )
+        lockstep.start_monitor()
     try:
-        return await _warm_up_and_serve(args, server, model, vocab, tls is not None)
+        return await _warm_up_and_serve(args, server, model, vocab, tls is not None, lockstep)
     finally:
         await server.stop(grace=1.0)
 
 
+def _lockstep_failed(
+    loop: asyncio.AbstractEventLoop, server: Server, hold_s: float, reason: str
+) -> None:
+    """The leader's end when a process died: health NOT_SERVING (set within 2 s, then held
+    `hold_s`, --drain-min-s, so health checkers see it before the port closes), exit 3."""
+    log.error("multi-host: %s; health NOT_SERVING, exiting %d", reason, multihost.EXIT_LOCKSTEP)
+    try:
+        asyncio.run_coroutine_threadsafe(server.health.enter_graceful_shutdown(), loop).result(2)
+        time.sleep(hold_s)
+    except Exception as e:  # exiting anyway
+        log.error("could not set health NOT_SERVING: %s", e)
+    multihost.die(reason)
+
+
 async def _warm_up_and_serve(
-    args: argparse.Namespace, server: Server, model: Model | None, vocab: int, tls: bool
+    args: argparse.Namespace,
+    server: Server,
+    model: Model | None,
+    vocab: int,
+    tls: bool,
+    lockstep: multihost.Lockstep | None = None,
 ) -> int:
     config = scheduler_config_from_args(args)
     shapes = 0 if args.no_warmup else len(warmup_shapes(config))
@@ -197,7 +306,9 @@ async def _warm_up_and_serve(
         if target.config.vocab_size != vocab:
             raise ValueError(f"{args.checkpoint}: config.json and the loaded target disagree")
         log.info("loaded %s in %.1f s", args.checkpoint, time.monotonic() - t0)
-        verifier = make_verifier(args, target)
+        verifier = make_verifier(args, target, lockstep)
+        if lockstep is not None:
+            lockstep.ready()  # every follower has loaded the target too
         if not args.no_warmup:
             verifier.scheduler.warmup(progress)
         return verifier
@@ -235,8 +346,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
     logging.getLogger("verify").setLevel(logging.INFO)
+    lockstep = None
     try:
-        return asyncio.run(_serve(args))
+        if is_multihost(args):
+            lockstep = join(args)
+            if not lockstep.leader:
+                multihost.leave(follow(args, lockstep))
+        try:
+            code = asyncio.run(_serve(args, lockstep))
+        finally:
+            if lockstep is not None:  # no event loop (health) any more
+                lockstep.on_failure = multihost.die
+        if lockstep is not None:
+            lockstep.stop()  # the followers exit 0 too
+            multihost.leave(code)
+        return code
     except (ValueError, OSError, RuntimeError) as e:
         print(f"python -m verify serve: error: {e}", file=sys.stderr)
         return 2
