@@ -28,7 +28,8 @@ PathLike = str | os.PathLike[str]
 
 # Models that ship with the package, loadable by name: `jaxspec.load("default")`.
 BUILTIN_DIR = pathlib.Path(__file__).parent / "models"
-BUILTIN_NAMES = {"default": "target", "default-draft": "draft"}
+BUILTIN_NAMES = {"default": "target", "default-draft": "draft", "smollm2-draft": "smollm2-draft"}
+_TRAINED_BY = {"smollm2-draft": "tools/distill_smollm2.py"}  # else tools/train_default_models.py
 
 _IGNORED_HF_KEYS = ("rotary_emb.inv_freq",)
 
@@ -75,7 +76,7 @@ def _resolve(path: PathLike) -> pathlib.Path:
         if not builtin.is_dir():
             raise CheckpointError(
                 f"built-in model {str(path)!r} is not installed (expected {builtin}); "
-                "train it with tools/train_default_models.py"
+                f"train it with {_TRAINED_BY.get(str(path), 'tools/train_default_models.py')}"
             )
         return builtin
     if hub.remote_model(str(path)) is not None:
@@ -123,8 +124,9 @@ def load(path: PathLike, *, dtype: Any = jnp.float32, tokenizer: bool = True) ->
 
     Args:
       path: checkpoint directory or `.gguf` file; "default" / "default-draft" for the shipped
-        pair; "smollm2" (alias of "smollm2-135m-instruct") for SmolLM2-135M-Instruct, fetched
-        and converted on first use (`jaxspec.hub`).
+        tiny pair; "smollm2-draft" for the shipped W4A16 draft of SmolLM2; "smollm2" (alias
+        of "smollm2-135m-instruct") for SmolLM2-135M-Instruct, fetched and converted on first
+        use (`jaxspec.hub`).
       dtype: parameter and activation dtype (float32 matches transformers' float32 logits).
       tokenizer: load the tokenizer with `transformers.AutoTokenizer` when one is present.
 
