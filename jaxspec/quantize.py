@@ -373,6 +373,48 @@ def quantize(
     )
 
 
+def dequantize(model: Model, dtype: Any = jnp.float32) -> Model:
+    """The float model whose weights are the quantized model's ints times their scales, in
+    `dtype`: what a peer without int4 kernels runs (`jaxspec.save` then writes a plain HF
+    checkpoint). Its matmuls are float, so logits differ from the quantized model's by the
+    activation rounding only.
+
+    Raises:
+      ValueError: `model` is not quantized (see `quantize`) or not a served model.
+    """
+    spec = quant_spec(model)
+    if spec is None or model.dense_cls.mode != "serve":
+        raise ValueError("dequantize wants a served quantized model (see jaxspec.quantize)")
+    float_shapes = jax.eval_shape(lambda: _init(Llama(model.config, model.dtype), model.config))
+
+    def weight(node: dict[str, Any], K: int) -> jax.Array:
+        q = _ints(spec, node["qweight"], K).astype(jnp.float32)  # [G, g, M]
+        w = q * node["scale"].astype(jnp.float32)[:, None, :]
+        return w.reshape(-1, w.shape[-1])[:K]  # [K, M]
+
+    def walk(shapes: Any, node: Any) -> Any:
+        if not isinstance(shapes, dict):
+            return jnp.asarray(node, dtype)
+        out = {}
+        for k, v in shapes.items():
+            if k == "kernel" and "qweight" in node:
+                out[k] = weight(node, v.shape[0]).astype(dtype)
+            elif k == "embedding" and "qweight" in node:
+                out[k] = weight(node, v.shape[1]).T.astype(dtype)  # [V, H]
+            else:
+                out[k] = walk(v, node[k])
+        return out
+
+    params = walk(dict(float_shapes), dict(model.params))
+    return Model(
+        config=model.config,
+        params=params,
+        tokenizer=model.tokenizer,
+        dtype=model.dtype,
+        name=f"{model.name}:dequantized",
+    )
+
+
 def _shape_and_int_dtype(a: Any) -> tuple[Any, ...]:
     """What the stored params of a SERVE module must match (float dtypes are free)."""
     is_float = jnp.issubdtype(a.dtype, jnp.floating)

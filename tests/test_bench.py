@@ -112,7 +112,9 @@ def test_the_tiny_suite_writes_the_report_results_and_plots(checkpoints, tmp_pat
         assert _number(res[key]) and res[key] > 0, key
     assert set(res["roofline_fraction"]) == {"batch1", "batch32"}
     assert all(0 < v for v in res["roofline_fraction"].values())
-    assert set(res["wire_bytes_per_token"]) == {"full", "sparse4", "sparse16", "onehot"}
+    assert set(res["wire_bytes_per_token"]) == {
+        "full", "sparse4", "sparse16", "full-f16", "sparse4-f16", "sparse16-f16", "onehot"
+    }  # fmt: skip
     m = res["machine"]
     assert m["cores"] >= 1 and m["memory_bytes"] > 0 and m["jax"] == jax.__version__
 
@@ -132,6 +134,8 @@ def test_the_tiny_suite_writes_the_report_results_and_plots(checkpoints, tmp_pat
     # Bytes per block follow the encodings' payloads: vocab floats > 16 pairs > 4 > ids only.
     up = {r["encoding"]: r["bytes_per_block_up"] for r in s["wirecost"]["rows"]}
     assert up["full"] > up["sparse16"] > up["sparse4"] > up["onehot"] > 0
+    # float16 q: about half the bytes of full q per block, and less for sparse.
+    assert up["full-f16"] < 0.6 * up["full"] and up["sparse16-f16"] < up["sparse16"]
     assert all(0 <= r["alpha"] <= 1 for r in s["wirecost"]["rows"])
     assert res["w4a16_bytes_ratio"] < 0.35
     assert s["peer"]["new_tokens"] > 0
@@ -153,6 +157,59 @@ def test_the_tiny_suite_writes_the_report_results_and_plots(checkpoints, tmp_pat
     for name in ("colocated", "peer", "capacity", "rtt", "batch", "wire"):
         png = out / "bench" / f"{name}.png"
         assert png.stat().st_size > 1000 and f"(bench/{name}.png)" in md
+
+
+REAL_REQUIRED = (
+    "plain_roofline_fraction",
+    "peer_plain_ratio",
+    "colocated_speedup",
+    "colocated_vs_analytic",
+    "peer_spec_ratio",
+    "alpha_t0",
+    "alpha_t07",
+    "draft_cost_ratio",
+    "capacity_factor_measured",
+    "capacity_factor_predicted",
+)
+
+
+def test_the_real_pass_adds_its_object_and_keeps_the_tiny_keys(checkpoints, tmp_path):
+    """`--pairs real` on a report already there: `results["real"]` gets every key the issue
+    lists (here with tiny stand-ins: a W4A16 draft, which the peer gets dequantized), the
+    tiny pair's keys and sections stay, and the report puts the real pair first."""
+    argv = ["--profile", "tiny", "--out", str(tmp_path), "--sections", "peer"]
+    argv += ["--target", checkpoints["target"], "--draft", checkpoints["draft"]]
+    assert _bench(argv) == 0
+    before = json.loads((tmp_path / "bench" / "results.json").read_text())
+    q = jaxspec.quantize(jaxspec.load(checkpoints["draft"]), "w4a16", 16)
+    jaxspec.save(q, tmp_path / "draft-w4a16")
+    argv = ["--profile", "tiny", "--out", str(tmp_path), "--pairs", "real", "--sections"]
+    argv += ["specbench,cost,colocated,peer,verifier,capacity"]  # wirecost, quality: the suite's
+    argv += ["--real-target", checkpoints["target"], "--real-draft", str(tmp_path / "draft-w4a16")]
+    assert _bench(argv) == 0
+    res = json.loads((tmp_path / "bench" / "results.json").read_text())
+    assert res["peer_plain_ratio"] == before["peer_plain_ratio"]
+    assert res["sections"]["peer"] == before["sections"]["peer"]
+    real = res["real"]
+    assert "--pairs real" in real["command"] and res["failures"] == {}
+    for key in REAL_REQUIRED:
+        assert _number(real[key]) and real[key] > 0, key
+    assert 0 <= real["alpha_t0"] <= 1 and real["mean_accepted_tokens_t0"] >= 1
+    assert set(real["verify_roofline_fraction"]) == {"1", "32"}
+    assert "wire_bytes_per_token" not in real and "quality" not in real["sections"]
+    s = real["sections"]
+    assert [r["category"] for r in s["specbench"]["rows"]] == [
+        "coding", "explanation", "summarization", "math", "rewriting"
+    ]  # fmt: skip
+    assert real["colocated_speedup"] == s["specbench"]["overall"]["speedup"]
+    assert real["draft_cost_ratio"] == (
+        s["cost"]["draft"]["s_per_token"] / s["cost"]["target"]["s_per_token"]
+    )
+    assert s["verifier"]["rows"][0]["kv_bytes"] > 0
+    assert real["models"]["draft_quantization"] and "w4a16" in real["models"]["draft_quantization"]
+    md = (tmp_path / "BENCHMARKS.md").read_text()
+    assert md.index("## The real pair") < md.index("## The tiny pair") < md.index("### 2. Peer")
+    assert "### Spec-Bench" in md and "| **overall** |" in md
 
 
 def test_check_same_tokens_names_the_first_difference():

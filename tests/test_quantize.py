@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxspec
-from jaxspec.quantize import pack_int4, quant_spec, unpack_int4
+from jaxspec.quantize import dequantize, pack_int4, quant_spec, unpack_int4
 from jaxspec.testing import byte_tokenizer, tiny_config, to_dtype
 
 # intermediate 72 and hidden 32: group 16 divides one and not the other (zero-padded groups).
@@ -256,3 +256,22 @@ def test_arguments_are_checked(models, quantized):
         jaxspec.quantize(quantized("tied", "w4a16", 16), "w4a16")
     with pytest.raises(ValueError, match="float32/bfloat16"):
         jaxspec.quantize(m.with_params(m.params, dtype=jnp.float64), "w4a16")
+
+
+@pytest.mark.parametrize(("variant", "group"), [("tied", 16), ("untied_bias", 7)])
+def test_dequantize_gives_the_oracle_weights_and_the_served_logits(
+    models, quantized, variant, group
+):
+    q = quantized(variant, "w4a16", group)
+    f = dequantize(q)
+    assert quant_spec(f) is None
+    want = oracle_model(models[variant], 4, group)
+    got_leaves = jax.tree_util.tree_leaves_with_path(f.params)
+    want_flat = dict(jax.tree_util.tree_leaves_with_path(want.params))
+    assert {p for p, _ in got_leaves} == set(want_flat)
+    for path, leaf in got_leaves:
+        assert leaf.dtype == jnp.float32
+        np.testing.assert_allclose(leaf, want_flat[path], rtol=1e-6, atol=1e-7, err_msg=str(path))
+    np.testing.assert_allclose(logits(f), logits(q), rtol=2e-3, atol=2e-3)
+    with pytest.raises(ValueError, match="quantized"):
+        dequantize(models[variant])

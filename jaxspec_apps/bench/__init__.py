@@ -1,8 +1,10 @@
 """`jaxspec bench`: the benchmark suite, one command for the whole report.
 
-    jaxspec bench                 # the full profile (~10 min on 2 cores): BENCHMARKS.md,
+    jaxspec bench                 # the full profile: the real pair (SmolLM2 + its W4A16
+                                  # draft) and the tiny pair; BENCHMARKS.md,
                                   # bench/results.json and bench/*.png in a new temporary
                                   # directory (printed), never over the committed report
+    jaxspec bench --pairs real --out .   # only the real pair, into the committed report
     jaxspec bench --out .         # into the current directory: rewrites the committed report
     jaxspec bench --quick         # tiny sizes, under two minutes: keeps the code from rotting
 
@@ -16,6 +18,8 @@ Sections (each module of this package measures one; `suite` runs them in order):
   verifier   the verify step's batch sweep against this machine's roofline
   wirecost   bytes per committed token on the gRPC wire for each draft encoding
   quality    the W4A16 draft against the unquantized one: bytes, perplexity, alpha
+The real pair adds `specbench` (Spec-Bench's per-category speedup and mean accepted tokens)
+and `cost` (each model's decode time against the roofline), `jaxspec_apps.bench.real`.
 
 Only numbers measured in the run are reported; speed is compared as ratios within the run.
 """
@@ -46,13 +50,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="directory for BENCHMARKS.md and bench/ (default: a new temporary directory, "
         "printed; `--out .` in the repository rewrites the committed report)",
     )
-    parser.add_argument("--target", default="default", help="target checkpoint (dir or name)")
-    parser.add_argument("--draft", default="default-draft", help="draft checkpoint")
+    parser.add_argument(
+        "--pairs",
+        choices=("tiny", "real", "both"),
+        default=None,
+        help="which pairs to measure: the tiny one, the real one (SmolLM2 and its draft; "
+        "added to the report already in --out), or both (the full profile's default)",
+    )
+    parser.add_argument("--target", default="default", help="tiny pair: target (dir or name)")
+    parser.add_argument("--draft", default="default-draft", help="tiny pair: draft")
+    parser.add_argument("--real-target", default="smollm2", help="real pair: target")
+    parser.add_argument("--real-draft", default="smollm2-draft", help="real pair: draft")
     parser.add_argument(
         "--sections",
         default=None,
         help="comma-separated subset of the sections (default: all); the report then has "
-        "only those",
+        "only those. With --pairs real, the real pair's sections (specbench, cost, colocated, "
+        "peer, verifier, capacity, latency, wirecost, quality)",
     )
 
 

@@ -1,5 +1,6 @@
-"""Benchmark sizes (stdlib only). `full` is the committed report; `quick` keeps CI honest in
-under two minutes; `tiny` is for tests with tiny random checkpoints."""
+"""Benchmark sizes (stdlib only). `full` is the committed report: the shipped tiny pair at
+these sizes, then the real pair (SmolLM2 and its W4A16 draft) at the `real` sizes; `quick`
+keeps CI honest in under two minutes; `tiny` is for tests with tiny random checkpoints."""
 
 from __future__ import annotations
 
@@ -44,10 +45,17 @@ class Profile:
     quality_seq_len: int = 256
     quality_prompts: int = 8
     quality_new_tokens: int = 48
+    # The real pair (`jaxspec_apps.bench.real`): Spec-Bench per category, and which profile
+    # sizes its pass (None: this profile's own).
+    specbench_per_category: int = 3
+    specbench_new_tokens: int = 128
+    real_prompt_tokens: int | None = None  # cut prompts to this many tokens (tiny models)
+    real_profile: bool = False  # the real pair's pass uses `REAL`'s sizes, else these
+    default_pairs: str = "tiny"  # what `--pairs` defaults to: tiny, real or both
 
 
 PROFILES = {
-    "full": Profile(name="full"),
+    "full": Profile(name="full", real_profile=True, default_pairs="both"),
     "quick": Profile(
         name="quick",
         repeats=1,
@@ -72,6 +80,8 @@ PROFILES = {
         quality_seq_len=64,
         quality_prompts=2,
         quality_new_tokens=8,
+        specbench_per_category=1,
+        specbench_new_tokens=16,
     ),
 }
 PROFILES["tiny"] = dataclasses.replace(
@@ -86,9 +96,43 @@ PROFILES["tiny"] = dataclasses.replace(
     latency_new_tokens=8,
     quality_new_tokens=8,
     quality_prompts=1,
+    specbench_new_tokens=8,
+    real_prompt_tokens=24,  # one prompt length: every prompt shares the compilations
     capacity_ns=(1,),  # one point: capacity_at is unit-tested; the machinery runs
     roofline_mib=8,
     roofline_n=256,
     wire_new_tokens=6,
     quality_seq_len=32,
 )
+
+# A 135M target on 2 cores: one prompt per category where the tiny pair takes four, no
+# sweep of gamma or mode (Spec-Bench's T = 0 table is the headline), fewer clients.
+REAL = Profile(
+    name="real",
+    repeats=1,
+    prompts=5,
+    new_tokens=128,
+    gammas=(4,),
+    modes=("sync",),
+    self_modes=(),
+    peer_prompts=3,
+    peer_new_tokens=128,
+    capacity_ns=(1, 4, 16),
+    capacity_new_tokens=32,
+    client_rate=5.0,
+    rtts_ms=(0, 20, 50, 100),
+    latency_new_tokens=32,
+    batches=(1, 4, 16),
+    batch_steps=4,
+    wire_prompts=2,
+    wire_new_tokens=32,
+    quality_windows=8,
+    quality_seq_len=256,
+    quality_prompts=4,
+    quality_new_tokens=48,
+)
+
+
+def real_sizes(p: Profile) -> Profile:
+    """The sizes of the real pair's pass in a run of profile `p`."""
+    return REAL if p.real_profile else p

@@ -11,23 +11,16 @@ import pathlib
 from typing import Any
 
 from jaxspec import analytic
-from jaxspec_apps.bench import latency
-
-
-def _x(v: float) -> str:
-    return f"{v:.2f}×"
-
-
-def _machine_line(r: dict[str, Any]) -> str:
-    m = r["machine"]
-    extra = ", ".join(f"{k} {m[k]}" for k in ("torch", "transformers") if k in m)
-    return (
-        f"{m['cores']} CPU cores ({m['processor']}), {m['memory_gib']} GiB memory, "
-        f"jax {m['jax']} ({m['jax_backend']}), Python {m['python']}"
-        + (f", {extra}" if extra else "")
-        + f"; {m['platform']}; 1-minute load average {m['load_average_1min_start']:.1f} at the "
-        f"start and {m['load_average_1min_end']:.1f} at the end (other work shared the cores)"
-    )
+from jaxspec_apps.bench import latency, real_report
+from jaxspec_apps.bench.report_tables import (
+    capacity_md,
+    headline_md,
+    machine_line,
+    peer_md,
+    ratio,
+    verifier_md,
+    wire_md,
+)
 
 
 def behind(r: dict[str, Any]) -> list[str]:
@@ -38,12 +31,12 @@ def behind(r: dict[str, Any]) -> list[str]:
         if pr["peer_plain_ratio"] < 1:
             out.append(
                 f"transformers' plain greedy decoding is faster than ours on these checkpoints "
-                f"({_x(1 / pr['peer_plain_ratio'])} our tokens/s)."
+                f"({ratio(1 / pr['peer_plain_ratio'])} our tokens/s)."
             )
         if pr["peer_spec_ratio"] < 1:
             out.append(
                 f"transformers' assisted generation is faster than our speculative decoding "
-                f"({_x(1 / pr['peer_spec_ratio'])} ours)."
+                f"({ratio(1 / pr['peer_spec_ratio'])} ours)."
             )
     if "colocated" in s:
         for label, rows in (
@@ -53,7 +46,7 @@ def behind(r: dict[str, Any]) -> list[str]:
             slow = [x for x in s["colocated"][rows] if x["speedup"] < 1]
             if slow:
                 cases = ", ".join(
-                    f"T={x['temperature']:g} γ={x['gamma']} {x['mode']} {_x(x['speedup'])}"
+                    f"T={x['temperature']:g} γ={x['gamma']} {x['mode']} {ratio(x['speedup'])}"
                     for x in slow
                 )
                 out.append(f"Speculative decoding with {label} is slower than plain in: {cases}.")
@@ -62,13 +55,13 @@ def behind(r: dict[str, Any]) -> list[str]:
         if c["capacity_factor_measured"] < c["capacity_factor_predicted"]:
             out.append(
                 f"Offloading the drafts gains fewer clients than the paper's model predicts "
-                f"({_x(c['capacity_factor_measured'])} measured vs "
-                f"{_x(c['capacity_factor_predicted'])} predicted)."
+                f"({ratio(c['capacity_factor_measured'])} measured vs "
+                f"{ratio(c['capacity_factor_predicted'])} predicted)."
             )
         if c["edge_over_cloud_ar"] < 1:
             out.append(
                 "At this per-client rate, edge-cloud speculative decoding sustains fewer clients "
-                f"than plain cloud decoding ({_x(c['edge_over_cloud_ar'])})."
+                f"than plain cloud decoding ({ratio(c['edge_over_cloud_ar'])})."
             )
     if "latency" in s:
         lat = s["latency"]
@@ -104,56 +97,9 @@ def _colocated_md(c: dict[str, Any]) -> list[str]:
         for x in c[key]:
             lines.append(
                 f"| {label} | {x['temperature']:g} | {x['gamma']} | {x['mode']} | "
-                f"{x['plain_tok_s']:.0f} | {x['spec_tok_s']:.0f} | {_x(x['speedup'])} | "
+                f"{x['plain_tok_s']:.0f} | {x['spec_tok_s']:.0f} | {ratio(x['speedup'])} | "
                 f"{x['alpha']:.3f} | {x['tokens_per_round']:.2f} |"
             )
-    return lines
-
-
-def _peer_md(pr: dict[str, Any]) -> list[str]:
-    names = {
-        "hf_plain": "transformers `generate` (plain greedy)",
-        "hf_assisted": "transformers assisted generation (default dynamic draft length)",
-        "hf_assisted_const": f"transformers assisted generation (constant {pr['gamma']} drafts)",
-        "ours_plain": "jaxspec `generate` (plain greedy)",
-        "ours_spec": f"jaxspec `generate(draft=…, gamma={pr['gamma']})` (sync)",
-    }
-    t = pr["tok_s"]
-    lines = ["| decoder | tokens/s | vs transformers plain |", "|---|---:|---:|"]
-    for k, label in names.items():
-        lines.append(f"| {label} | {t[k]:.0f} | {_x(t[k] / t['hf_plain'])} |")
-    return lines
-
-
-def _capacity_md(c: dict[str, Any]) -> list[str]:
-    lines = [
-        "| clients N | cloud AR tok/s per client | co-located SD | edge-cloud SD | edge α | "
-        "server ms per round (t_v) | drafting ms per position (t_d) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for pt in c["points"]:
-        rate, e = pt["per_client_tok_s"], pt["edge"]
-        lines.append(
-            f"| {pt['clients']} | {rate['cloud_ar']:.0f} | {rate['colocated']:.0f} | "
-            f"{rate['edge_cloud']:.0f} | {e['alpha']:.3f} | {e['t_v'] * 1e3:.2f} | "
-            f"{e['t_d'] * 1e3:.3f} |"
-        )
-    cap = c["capacity"]
-
-    def n(m: str) -> str:
-        return ("≥ " if cap[m]["censored"] else "") + f"{cap[m]['clients']:.1f}"
-
-    lines += [
-        "",
-        f"Clients sustained at {c['client_rate']:g} tokens/s each: cloud AR {n('cloud_ar')}, "
-        f"co-located SD {n('colocated')}, edge-cloud SD {n('edge_cloud')}. "
-        f"Edge-cloud / co-located = **{_x(c['capacity_factor_measured'])} measured** vs "
-        f"**{_x(c['capacity_factor_predicted'])} predicted** by 1 + γ·t_d/t_v at the batch-1 "
-        f"t_d = {c['t_d'] * 1e3:.3f} ms, t_v = {c['t_v'] * 1e3:.2f} ms "
-        f"({_x(c['capacity_factor_predicted_at_saturation'])} with t_d, t_v measured at "
-        f"N = {c['saturation_clients']}, where co-located SD saturates). "
-        f"Edge-cloud / cloud AR = {_x(c['edge_over_cloud_ar'])}.",
-    ]
     return lines
 
 
@@ -171,42 +117,21 @@ def _capacity_feasible(c: dict[str, Any], lat: dict[str, Any] | None) -> list[st
     ]
 
 
-def _verifier_md(v: dict[str, Any]) -> list[str]:
-    roof = v["roofline"]
-    lines = [
-        f"Machine roofline, measured in this run: read bandwidth "
-        f"{roof['bandwidth_Bps'] / 1e9:.1f} GB/s, float32 matmul "
-        f"{roof['flops_per_s'] / 1e9:.0f} GFLOP/s (ridge "
-        f"{roof['flops_per_s'] / roof['bandwidth_Bps']:.1f} FLOP/byte); γ = {v['gamma']}.",
-        "",
-        "| batch | step ms | verified tok/s | vs batch 1 | roofline predicts | roofline ms | "
-        "of roofline |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for x in v["rows"]:
-        lines.append(
-            f"| {x['batch']} | {x['step_s'] * 1e3:.2f} | {x['verified_tok_s']:.0f} | "
-            f"{_x(x['ratio_to_batch1'])} | {_x(x['roofline_ratio_to_batch1'])} | "
-            f"{x['roofline_s'] * 1e3:.2f} | {x['roofline_fraction']:.0%} |"
-        )
-    return lines
-
-
 def _verifier_note(rows: list[dict[str, Any]]) -> str:
     """What the batch sweep says against the bound, in words chosen by the numbers."""
     one, top = rows[0], max(rows, key=lambda x: x["ratio_to_batch1"])
     if top["ratio_to_batch1"] > top["roofline_ratio_to_batch1"]:
         return (
-            f"Batching scales past the bound's ratio ({_x(top['ratio_to_batch1'])} at "
-            f"{top['batch']} rows vs {_x(top['roofline_ratio_to_batch1'])}) because one row is "
+            f"Batching scales past the bound's ratio ({ratio(top['ratio_to_batch1'])} at "
+            f"{top['batch']} rows vs {ratio(top['roofline_ratio_to_batch1'])}) because one row is "
             f"far from the bound ({one['roofline_fraction']:.0%} of it: per-op and host "
             "overheads dominate), and rows share those overheads; the achieved fraction rises "
             f"to {top['roofline_fraction']:.0%}. The roofline ratio is small because this CPU "
             "turns compute-bound after a few rows (its ridge point is a few FLOP/byte)."
         )
     return (
-        f"Batching gains {_x(top['ratio_to_batch1'])} at {top['batch']} rows, below the "
-        f"{_x(top['roofline_ratio_to_batch1'])} the bound allows."
+        f"Batching gains {ratio(top['ratio_to_batch1'])} at {top['batch']} rows, below the "
+        f"{ratio(top['roofline_ratio_to_batch1'])} the bound allows."
     )
 
 
@@ -242,20 +167,6 @@ def _latency_note(lat: dict[str, Any]) -> str:
         + "."
         + extra
     )
-
-
-def _wire_md(w: dict[str, Any]) -> list[str]:
-    lines = [
-        "| encoding | bytes/token (up + down) | up | down | up bytes/block | α | tokens/round |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for x in w["rows"]:
-        lines.append(
-            f"| {x['encoding']} | {x['bytes_per_token']:.0f} | {x['bytes_up_per_token']:.0f} | "
-            f"{x['bytes_down_per_token']:.0f} | {x['bytes_per_block_up']:.0f} | "
-            f"{x['alpha']:.3f} | {x['tokens_per_round']:.2f} |"
-        )
-    return lines
 
 
 def _wire_note(rows: list[dict[str, Any]]) -> list[str]:
@@ -306,26 +217,24 @@ HEADLINE = [
 
 
 def _headline_md(r: dict[str, Any]) -> list[str]:
-    lines = ["| key | value | meaning |", "|---|---:|---|"]
-    for key, meaning in HEADLINE:
-        if key in r:
-            lines.append(f"| `{key}` | {r[key]:.3f} | {meaning} |")
+    middle = []
     if "roofline_fraction" in r:
         rf = r["roofline_fraction"]
-        lines.append(
+        middle.append(
             f"| `roofline_fraction` | {rf['batch1']:.2f} / {rf['batch32']:.2f} | the verify "
             "step's achieved share of the bound, batch 1 / batch 32 |"
         )
-    if "wire_bytes_per_token" in r:
-        wb = ", ".join(f"{k} {v:,.0f}" for k, v in r["wire_bytes_per_token"].items())
-        lines.append(f"| `wire_bytes_per_token` | {wb} | per encoding, up + down |")
-    return lines
+    return headline_md(HEADLINE, r, middle)
 
 
 # Sections that tools outside the suite write (one run of theirs each) and the report keeps:
 # each tool writes bench/<name>.md; `splice_section` puts it in BENCHMARKS.md between markers
 # naming the tool, and `markdown` carries those files over when the suite rewrites the report.
-TOOL_SECTIONS = {"target": "tools/bench_target.py", "adaptive": "tools/bench_adaptive.py"}
+TOOL_SECTIONS = {
+    "target": "tools/bench_target.py",
+    "adaptive": "tools/bench_adaptive.py",
+    "fleet": "tools/bench_fleet.py",
+}
 
 
 def _markers(name: str) -> tuple[str, str]:
@@ -383,10 +292,8 @@ def markdown(r: dict[str, Any], plots: dict[str, str], extra: dict[str, str] | N
         return ["", f"![{alt}]({plots[key]})"] if key in plots else []
 
     lines = [
-        "# Benchmarks",
-        "",
         f"Produced by `{r['command']}` (profile `{r['profile']}`, {r['wall_time_s'] / 60:.1f} min) "
-        f"on {_machine_line(r)}. Every number below was measured in that one run; speeds are "
+        f"on {machine_line(r)}. Every number below was measured in that one run; speeds are "
         "compared only as ratios within it. Target: "
         f"`{mdl['target']}` ({mdl['target_params']:,} parameters), draft: `{mdl['draft']}` "
         f"({mdl['draft_params']:,}); prompts are windows of {p['prompt_len']} tokens from the "
@@ -435,12 +342,12 @@ def markdown(r: dict[str, Any], plots: dict[str, str], extra: dict[str, str] | N
             "tokens. **All five decoders produced identical tokens on every prompt "
             f"(asserted).** Timed in turns, the best of {pr['repeats']} after a warm-up.",
             "",
-            *_peer_md(pr),
+            *peer_md(pr),
             "",
-            f"Ours ÷ theirs: plain **{_x(pr['peer_plain_ratio'])}**, speculative "
-            f"**{_x(pr['peer_spec_ratio'])}** (against the faster of transformers' two "
-            f"assisted settings). Speculative ÷ plain: ours {_x(pr['ours_spec_speedup'])}, "
-            f"transformers {_x(pr['hf_assisted_speedup'])}.",
+            f"Ours ÷ theirs: plain **{ratio(pr['peer_plain_ratio'])}**, speculative "
+            f"**{ratio(pr['peer_spec_ratio'])}** (against the faster of transformers' two "
+            f"assisted settings). Speculative ÷ plain: ours {ratio(pr['ours_spec_speedup'])}, "
+            f"transformers {ratio(pr['hf_assisted_speedup'])}.",
             *img("peer", "peer tokens/s"),
         ]
     if "capacity" in s:
@@ -459,7 +366,7 @@ def markdown(r: dict[str, Any], plots: dict[str, str], extra: dict[str, str] | N
             "N whose per-client rate meets the target, linear between measured N (≥ when even "
             "the largest N meets it).",
             "",
-            *_capacity_md(c),
+            *capacity_md(c),
             *_capacity_feasible(c, s.get("latency")),
             *img("capacity", "capacity"),
         ]
@@ -493,7 +400,7 @@ def markdown(r: dict[str, Any], plots: dict[str, str], extra: dict[str, str] | N
             "max(weight bytes ÷ read bandwidth, FLOPs ÷ matmul throughput), and "
             "*roofline predicts* is the tokens/s ratio to batch 1 that bound allows.",
             "",
-            *_verifier_md(s["verifier"]),
+            *verifier_md(s["verifier"]),
             "",
             _verifier_note(s["verifier"]["rows"]),
             *img("batch", "batch sweep"),
@@ -511,7 +418,7 @@ def markdown(r: dict[str, Any], plots: dict[str, str], extra: dict[str, str] | N
             "sent up and result sent down in real edge sessions (`edge.run_session` against "
             "`verify.LocalVerifier`), per committed token; HTTP/2 framing and TLS come on top.",
             "",
-            *_wire_md(w),
+            *wire_md(w),
             "",
             *_wire_note(w["rows"]),
             *img("wire", "bytes per token vs alpha"),
@@ -533,6 +440,23 @@ def markdown(r: dict[str, Any], plots: dict[str, str], extra: dict[str, str] | N
             "",
             *_quality_md(q),
         ]
+    if "real" in r:
+        # The real pair heads the report; the tiny pair's sections nest one level down.
+        tiny = [("#" + ln) if ln.startswith("##") else ln for ln in lines]
+        lines = [
+            "# Benchmarks",
+            "",
+            "Two pairs: the real one (SmolLM2-135M-Instruct and its shipped W4A16 draft), then "
+            "the tiny pair trained here, which runs in seconds and keeps every section honest.",
+            "",
+            *real_report.markdown(r["real"]),
+            "",
+            "## The tiny pair (5.4M parameters, trained here)",
+            "",
+            *tiny,
+        ]
+    else:
+        lines = ["# Benchmarks", "", *lines]
     for name, md in (extra or {}).items():
         lines += ["", _block(name, md).rstrip("\n")]
     lines += [
@@ -600,8 +524,8 @@ def plots(r: dict[str, Any], bench: pathlib.Path) -> dict[str, str]:
         ax.set_xlabel("concurrent clients N")
         ax.set_ylabel("tokens/s per client (server time)")
         ax.set_title(
-            f"capacity: measured {_x(c['capacity_factor_measured'])} vs predicted "
-            f"{_x(c['capacity_factor_predicted'])} (edge ÷ co-located)"
+            f"capacity: measured {ratio(c['capacity_factor_measured'])} vs predicted "
+            f"{ratio(c['capacity_factor_predicted'])} (edge ÷ co-located)"
         )
         ax.legend()
         save(fig, "capacity")

@@ -28,12 +28,13 @@ from jaxspec_apps.bench import (
     latency,
     peer,
     quality,
+    real,
     report,
     verifier,
     wirecost,
 )
 from jaxspec_apps.bench.common import GreedyMismatch, heldout_stream, machine, prompts_from
-from jaxspec_apps.bench.profile import PROFILES, SECTIONS, Profile
+from jaxspec_apps.bench.profile import PROFILES, SECTIONS, Profile, real_sizes
 
 
 def scheduler_len(p: Profile) -> int:
@@ -55,9 +56,19 @@ def _command(args: argparse.Namespace) -> str:
         words += ["--profile", args.profile]
     elif args.quick:
         words.append("--quick")
-    for flag, default in (("target", "default"), ("draft", "default-draft"), ("out", None)):
+    if getattr(args, "pairs", None):
+        words += ["--pairs", args.pairs]
+    for flag, default in (
+        ("target", "default"),
+        ("draft", "default-draft"),
+        ("real_target", "smollm2"),
+        ("real_draft", "smollm2-draft"),
+        ("out", None),
+    ):
+        if not hasattr(args, flag):
+            continue
         if getattr(args, flag) != default:
-            words += [f"--{flag}", str(getattr(args, flag))]
+            words += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if args.sections:
         words += ["--sections", args.sections]
     return shlex.join(words)
@@ -124,7 +135,7 @@ def run_suite(args: argparse.Namespace) -> int:
     name = args.profile or ("quick" if args.quick else "full")
     p = PROFILES[name]
     sections = SECTIONS if not args.sections else tuple(args.sections.split(","))
-    unknown = set(sections) - set(SECTIONS)
+    unknown = set(sections) - set(SECTIONS) if getattr(args, "pairs", None) != "real" else ()
     if unknown:
         raise ValueError(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
 
@@ -133,6 +144,24 @@ def run_suite(args: argparse.Namespace) -> int:
 
     out = output_dir(args.out)
     log(f"the report goes to {out.resolve()}" + ("" if args.out else " (--out to choose)"))
+    pairs = getattr(args, "pairs", None) or p.default_pairs
+    if pairs not in ("tiny", "real", "both"):
+        raise ValueError(f"--pairs must be tiny, real or both, got {pairs!r}")
+    previous = out / "bench" / "results.json"
+    if pairs == "real" and previous.is_file():
+        # Only the real pair: the tiny pair's figures of the report there are kept.
+        results = json.loads(previous.read_text())
+        results.pop("real", None)
+        results["skipped"].pop("real", None)
+        results["failures"] = {k: v for k, v in results["failures"].items() if "/" not in k}
+        run_real(args, p, results, log, strict=True)
+        write_outputs(results, out, log)
+        return 1 if results["failures"] else 0
+    if pairs == "real":
+        raise ValueError(
+            f"--pairs real adds the real pair to an existing report; {previous} is missing "
+            "(run --pairs both, or the tiny pair first)"
+        )
 
     target, draft = jaxspec.load(args.target), jaxspec.load(args.draft)
     stream = heldout_stream(target)
@@ -268,8 +297,50 @@ def run_suite(args: argparse.Namespace) -> int:
     results["machine"] = machine() | {"load_average_1min_start": load_start}
     results |= headline(results)
     results["wall_time_s"] = time.time() - t_start
+    if pairs == "both":
+        run_real(args, p, results, log, strict=False)
     write_outputs(results, out, log)
     return 1 if results["failures"] else 0
+
+
+def run_real(
+    args: argparse.Namespace,
+    p: Profile,
+    results: dict[str, Any],
+    log: Callable[[str], None],
+    *,
+    strict: bool,
+) -> None:
+    """The real pair's pass into `results["real"]`, its greedy mismatches into `failures`
+    as `real/<section>`. When the pair cannot be had (offline, no shipped draft) it is
+    `skipped` with the reason, or, `strict`, an error."""
+    t0, load0 = time.time(), os.getloadavg()[0]
+    target_name = getattr(args, "real_target", "smollm2")
+    draft_name = getattr(args, "real_draft", "smollm2-draft")
+    try:
+        for name in (target_name, draft_name):
+            peer.checkpoint_dir(name)  # fetches a remote target once; raises when it cannot
+        jaxspec.load(draft_name)
+    except Exception as e:  # any reason the pair is missing is reported
+        if strict:
+            raise
+        results["skipped"]["real"] = f"the real pair is not available here: {e}"
+        log(f"real pair: skipped, {e}")
+        return
+    sizes = real_sizes(p)
+    # --sections names the real pair's sections when only it runs, else the tiny pair's.
+    picked = tuple(args.sections.split(",")) if args.sections and strict else real.REAL_SECTIONS
+    res = real.run(target_name, draft_name, sizes, log, picked)
+    for section, err in res.pop("failures").items():
+        results["failures"][f"real/{section}"] = err
+    results["real"] = {
+        "command": _command(args),
+        "profile": sizes.name,
+        "profile_settings": dataclasses.asdict(sizes),
+        **res,
+        "machine": machine() | {"load_average_1min_start": load0},
+        "wall_time_s": time.time() - t0,
+    }
 
 
 def write_outputs(results: dict[str, Any], out: pathlib.Path, log: Callable[[str], None]) -> None:

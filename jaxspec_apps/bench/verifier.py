@@ -3,7 +3,8 @@
 For each batch size B (sessions verified in one step, each a block of gamma drafts), opens B
 sessions on one `verify.Scheduler`, then times `tick()`s: verified positions per second
 (B * (gamma + 1) / step time) as a ratio to B = 1, and the step time next to the roofline
-bound measured in the same run: max(weight bytes / read bandwidth, FLOPs / matmul FLOP/s).
+bound measured in the same run: max((weight + KV bytes) / read bandwidth, FLOPs / matmul
+FLOP/s), the KV bytes being every slot position the padded step attends over.
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ def step_flops(model: Any, rows: int, width: int, context: int) -> float:
     c = model.config
     attn = 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * context
     return rows * width * (2 * model.num_params() + attn)
+
+
+def kv_bytes(model: Any, rows: int, slot_len: int) -> int:
+    """Bytes of K and V one step reads: `rows` slots of `slot_len` positions in every layer
+    (a padded step attends over the whole slot, masked)."""
+    c = model.config
+    item = np.dtype(model.dtype).itemsize
+    return 2 * c.num_hidden_layers * rows * slot_len * c.num_key_value_heads * c.head_dim * item
 
 
 def make_scheduler(
@@ -116,7 +125,8 @@ def batch_sweep(
         for sid in sids:
             sched.close(sid)
         t = min(times)
-        mem_s = model.nbytes() / roof["bandwidth_Bps"]
+        kv = kv_bytes(model, b, sched.config.max_len)
+        mem_s = (model.nbytes() + kv) / roof["bandwidth_Bps"]
         context = prompt_len + (steps + 2) * (gamma + 1) // 2  # mean slot length while timed
         flop_s = step_flops(model, b, gamma + 1, context) / roof["flops_per_s"]
         rows.append(
@@ -126,6 +136,8 @@ def batch_sweep(
                 "verified_tok_s": b * (gamma + 1) / t,
                 "roofline_s": max(mem_s, flop_s),
                 "memory_floor_s": mem_s,
+                "weight_bytes": model.nbytes(),
+                "kv_bytes": kv,
                 "compute_floor_s": flop_s,
             }
         )

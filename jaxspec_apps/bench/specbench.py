@@ -1,0 +1,140 @@
+"""Spec-Bench's report on the real pair: per prompt category, at T = 0 and batch 1, the mean
+accepted tokens per round (tokens committed per verification, the bonus token included),
+the speedup over plain decoding and the acceptance at each draft position.
+
+The prompts are written here, not drawn from the distillation's prompt builder, so no
+training prompt can be among them (Spec-Bench's own categories, reduced to five that a 135M
+instruct model answers: coding, explanation, summarization of a given text, math word
+problems, rewriting). Greedy speculative tokens must equal plain greedy tokens
+(`GreedyMismatch`); both decoders are timed in turns after a warm-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jaxspec
+from jaxspec.text import chat_prompt, encode_prompt
+from jaxspec_apps.bench.colocated import _pooled
+from jaxspec_apps.bench.common import best_time, check_same_tokens
+
+PROMPTS: dict[str, tuple[str, ...]] = {
+    "coding": (
+        "Write a Python function that returns the n-th Fibonacci number.",
+        "Write a Python function that counts the vowels in a string.",
+        "Write a Python class for a stack with push, pop and peek methods.",
+    ),
+    "explanation": (
+        "Explain what a hash table is and why lookups are fast.",
+        "Explain the difference between a process and a thread.",
+        "Explain what recursion is, with a short example.",
+    ),
+    "summarization": (
+        "Summarize in two sentences: The city council met on Tuesday to discuss the new bike "
+        "lanes. Residents on Main Street complained that parking spaces would be lost, while "
+        "cyclists said the lanes would make the road safer. The council voted to build the "
+        "lanes on two streets first and to review the results after one year.",
+        "Summarize in two sentences: Honeybees live in colonies of up to sixty thousand bees. "
+        "A single queen lays the eggs, worker bees collect nectar and pollen, and drones mate "
+        "with queens from other colonies. In winter the workers cluster together and shiver "
+        "to keep the queen warm.",
+        "Summarize in one sentence: The library will close for three weeks in August while "
+        "the heating system is replaced. Books can be returned at the town hall during that "
+        "time, and the reading room will reopen with new chairs and longer opening hours.",
+    ),
+    "math": (
+        "A shop sells pencils at 3 for 45 cents. How much do 12 pencils cost? Explain step "
+        "by step.",
+        "Anna is 4 years older than her brother. In 6 years the sum of their ages will be "
+        "30. How old is Anna now? Explain step by step.",
+        "A tank holds 200 litres and a pump fills 8 litres per minute. How long does it take "
+        "to fill the tank from a quarter full? Explain step by step.",
+    ),
+    "rewriting": (
+        "Rewrite this sentence to be more formal: hey, the meeting got moved to friday "
+        "cause the boss is out.",
+        "Rewrite this paragraph in simple words for a child: Photosynthesis is the process "
+        "by which plants convert light energy into chemical energy stored in glucose.",
+        "Rewrite this sentence in the passive voice: The committee approved the new budget "
+        "after a long debate.",
+    ),
+}
+CATEGORIES = tuple(PROMPTS)
+
+
+def prompt_ids(model: Any, text: str) -> list[int]:
+    """The chat-formatted prompt (plain text when the model has no chat template)."""
+    try:
+        return list(chat_prompt(model, text))
+    except ValueError:
+        return list(encode_prompt(model, text))
+
+
+def category_prompts(model: Any, per_category: int) -> dict[str, list[list[int]]]:
+    """The first `per_category` prompts of each category, as token ids."""
+    return {c: [prompt_ids(model, t) for t in ps[:per_category]] for c, ps in PROMPTS.items()}
+
+
+def run(
+    target: Any,
+    draft: Any,
+    prompts: dict[str, Sequence[Sequence[int]]],
+    *,
+    new_tokens: int,
+    gamma: int,
+    repeats: int,
+) -> dict[str, Any]:
+    """One row per category and one over all: plain and speculative tokens/s (T = 0, batch
+    1, sync, stop tokens ignored so every answer is `new_tokens` long), the speedup, alpha,
+    mean accepted tokens per round and per-position acceptance."""
+    common = dict(temperature=0.0, stop_tokens=(), seed=0)
+    rows, all_stats = [], []
+    tot = {"plain_s": 0.0, "spec_s": 0.0, "tokens": 0}
+    for category, ps in prompts.items():
+        plain_s = spec_s = 0.0
+        tokens, stats = 0, []
+        for i, p in enumerate(ps):
+            p = [int(t) for t in p]
+            t_plain, plain = best_time(
+                lambda p=p: jaxspec.generate(target, p, new_tokens, **common), repeats
+            )
+            t_spec, spec = best_time(
+                lambda p=p: jaxspec.generate(
+                    target, p, new_tokens, draft=draft, gamma=gamma, mode="sync", **common
+                ),
+                repeats,
+            )
+            check_same_tokens(f"specbench {category} prompt {i}", spec.tokens, plain.tokens)
+            plain_s, spec_s = plain_s + t_plain, spec_s + t_spec
+            tokens += plain.stats.new_tokens
+            stats.append(spec.stats)
+        pooled = _pooled(stats)
+        rows.append(
+            {
+                "category": category,
+                "prompts": len(ps),
+                "new_tokens": tokens,
+                "plain_tok_s": tokens / plain_s,
+                "spec_tok_s": tokens / spec_s,
+                "speedup": plain_s / spec_s,
+                "mean_accepted_tokens": pooled["tokens_per_round"],
+                **pooled,
+            }
+        )
+        all_stats += stats
+        tot["plain_s"] += plain_s
+        tot["spec_s"] += spec_s
+        tot["tokens"] += tokens
+    pooled = _pooled(all_stats)
+    overall = {
+        "category": "overall",
+        "prompts": sum(r["prompts"] for r in rows),
+        "new_tokens": tot["tokens"],
+        "plain_tok_s": tot["tokens"] / tot["plain_s"],
+        "spec_tok_s": tot["tokens"] / tot["spec_s"],
+        "speedup": tot["plain_s"] / tot["spec_s"],
+        "mean_accepted_tokens": pooled["tokens_per_round"],
+        **pooled,
+    }
+    return {"gamma": gamma, "new_tokens": new_tokens, "rows": rows, "overall": overall}
