@@ -5,6 +5,8 @@ tolerance (float32 on both sides), and the same through `jaxspec.save` -> reload
 
 from __future__ import annotations
 
+import argparse
+
 import jax
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 import jaxspec
 from jaxspec import hub
+from jaxspec.quantize import quant_spec
 from jaxspec_apps import cli
 
 NEW = 24  # greedy tokens compared per prompt
@@ -21,10 +24,7 @@ PAD = 96  # every logits forward is padded to this length: one compile
 # (float32 both sides, different matmul orders). 10x margin.
 LOGIT_ATOL = 2e-3
 
-CHATS = [
-    "Write a Python function that checks whether a number is prime.",
-    "What is the capital of France?",
-]
+CHATS = ["What is the capital of France?"]  # a chat prompt and a plain one (suite time)
 PLAIN = ["The three primary colors are"]
 
 
@@ -73,7 +73,7 @@ def test_it_is_the_model_the_issue_names(smol):
 
 
 def test_chat_prompt_is_chatml(smol, prompts):
-    text = smol.tokenizer.decode(prompts[1])
+    text = smol.tokenizer.decode(prompts[0])
     assert text.startswith("<|im_start|>system\n")
     assert text.endswith(
         "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
@@ -82,9 +82,15 @@ def test_chat_prompt_is_chatml(smol, prompts):
         jaxspec.chat_prompt(smol, [{"text": "hi"}])
 
 
-def test_greedy_tokens_and_logits_match_transformers(smol, oracle, prompts):
-    for ids in prompts:
-        ours = list(jaxspec.generate(smol, ids, NEW, temperature=0.0).tokens)
+@pytest.fixture(scope="module")
+def answers(smol, prompts) -> list[list[int]]:
+    """Greedy answers, one batched call (one compilation; rows are independent:
+    tests/test_generate.py)."""
+    return [list(t) for t in jaxspec.generate(smol, prompts, NEW, temperature=0.0).tokens]
+
+
+def test_greedy_tokens_and_logits_match_transformers(smol, oracle, prompts, answers):
+    for ids, ours in zip(prompts, answers, strict=True):
         assert ours == _hf_greedy(oracle, ids), smol.tokenizer.decode(ours)
         seq = list(ids) + ours
         with torch.no_grad():
@@ -92,7 +98,7 @@ def test_greedy_tokens_and_logits_match_transformers(smol, oracle, prompts):
         got = _padded_logits(smol, seq)
         assert np.abs(got - ref).max() < LOGIT_ATOL
     # The chat answers are the model's, readable; one stops at the template's end token.
-    answer = jaxspec.generate(smol, prompts[1], NEW, temperature=0.0).tokens
+    answer = answers[0]
     assert "Paris" in jaxspec.decode_text(smol, answer) and answer[-1] == 2
 
 
@@ -133,7 +139,39 @@ def test_tokenizer_equals_transformers_gguf_tokenizer(smol):
         assert ours.encode(text, add_special_tokens=False) == ref.encode(
             text, add_special_tokens=False
         )
-    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": CHATS[1]}]
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": CHATS[0]}]
     kw = dict(add_generation_prompt=True, tokenize=True, return_dict=False)
     assert ours.apply_chat_template(chat, **kw) == ref.apply_chat_template(chat, **kw)
     assert (ours.bos_token, ours.eos_token, len(ours)) == (ref.bos_token, ref.eos_token, len(ref))
+
+
+def test_the_shipped_draft_speculates_for_smollm2_losslessly(smol, prompts, answers):
+    """`jaxspec.load("smollm2-draft")` (tools/distill_smollm2.py): SmolLM2's vocabulary and
+    tokenizer, stored packed at W4A16 and read back as stored; speculative decoding with it
+    gives the target's own greedy tokens, and its drafts are accepted."""
+    draft = jaxspec.load("smollm2-draft")
+    spec = quant_spec(draft)
+    assert spec is not None and (spec.scheme, spec.packed) == ("w4a16", True)
+    assert draft.config.vocab_size == smol.config.vocab_size
+    assert draft.nbytes() < smol.nbytes() / 20
+    assert draft.tokenizer.encode(CHATS[0]) == smol.tokenizer.encode(CHATS[0])
+    out = jaxspec.generate(smol, prompts, NEW, temperature=0.0, draft=draft, gamma=4)
+    assert [list(t) for t in out.tokens] == answers
+    # A weak draft (docs/benchmarks.md: alpha 0.13 on held-out chat prompts): 4 of 112 drafts
+    # accepted here when measured; a random draft of this vocabulary agrees with the target's
+    # argmax about never (1 in 49152 by chance).
+    assert out.stats.spec.accepted >= 2, out.stats.spec
+
+
+def test_the_demo_runs_the_real_pair_when_smollm2_is_here(smol):
+    """`jaxspec demo` (--pair auto) with SmolLM2 cached: its directory, the shipped draft,
+    chat prompts."""
+    from jaxspec_apps.demo import add_arguments
+    from jaxspec_apps.demo._pair import resolve_pair
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args([])
+    assert resolve_pair(args) is None
+    assert args.checkpoint == str(hub.model_dir(hub.SMOLLM2))
+    assert (args.draft, args.chat) == ("smollm2-draft", True)

@@ -39,8 +39,9 @@ from jaxspec.flags import (
 )
 from jaxspec.protocol import VerifierError
 from jaxspec.shapes import bucket
+from jaxspec_apps.demo._pair import PAIRS, resolve_pair
 from jaxspec_apps.demo._render import Dashboard, save_capture, summary
-from jaxspec_apps.demo._run import DEFAULT_PROMPTS, DemoResult, make_state, run_demo
+from jaxspec_apps.demo._run import CHAT_PROMPTS, DEFAULT_PROMPTS, DemoResult, make_state, run_demo
 from jaxspec_apps.demo._state import DemoState
 from verify.process import VerifierProcess
 
@@ -81,8 +82,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--verifier", default=None, help="host:port of a running verifier")
     p.add_argument("--token", default=None, help="bearer token for --verifier ($JAXSPEC_TOKEN)")
-    p.add_argument("--checkpoint", default="default", help="target the spawned verifier serves")
-    p.add_argument("--draft", default="default-draft", help="draft checkpoint or built-in name")
+    p.add_argument(
+        "--pair",
+        choices=PAIRS,
+        default="auto",
+        help="auto (default): SmolLM2-135M-Instruct and its shipped W4A16 draft when SmolLM2 "
+        "can be had (fetched once), else the shipped tiny pair; smollm2; tiny",
+    )
+    p.add_argument("--checkpoint", default=None, help="target the spawned verifier serves")
+    p.add_argument("--draft", default=None, help="draft checkpoint or built-in name")
     p.add_argument(
         "--quantize",
         default="w4a16",
@@ -130,8 +138,9 @@ def serve_args(args: argparse.Namespace) -> list[str]:
     """The spawned verifier's flags: one KV slot per tenant, the demo's gamma, enough length
     for the longest prompt (bytes bound its tokens) plus --tokens, the demo's compilation
     cache when one is named."""
-    prompts = args.prompt or DEFAULT_PROMPTS
-    need = max(len(p.encode()) for p in prompts) + args.tokens + 16
+    prompts = args.prompt or (CHAT_PROMPTS if args.chat else DEFAULT_PROMPTS)
+    template = 64 if args.chat else 0  # the chat template's system turn and markers
+    need = max(len(p.encode()) for p in prompts) + template + args.tokens + 16
     max_len = bucket(need, 512)
     out = ["--checkpoint", args.checkpoint, "--max-sessions", str(args.tenants)]
     out += ["--max-gamma", str(args.gamma), "--max-len", str(max_len), "--drain-timeout-s", "2"]
@@ -158,6 +167,9 @@ def run(
 
     _check(args)
     live = console.is_terminal if live is None else live
+    notice = resolve_pair(args)
+    if notice is not None:
+        console.print(f"jaxspec demo: {notice}", highlight=False)
     if state is None:
         state = make_state(args)
     result = DemoResult(state=state, interrupted=True)  # unless the run ends by itself

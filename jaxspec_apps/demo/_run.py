@@ -30,7 +30,8 @@ from edge.drafter import Drafter, load_drafter
 from edge.session import DelayedEndpoint, run_session
 from jaxspec.flags import draft_spec_from_args
 from jaxspec.protocol import DraftBlock, SessionConfig, SessionInfo, VerifyResult
-from jaxspec.text import encode_prompt
+from jaxspec.text import chat_prompt, encode_prompt
+from jaxspec_apps.demo._pair import resolve_pair
 from jaxspec_apps.demo._state import DemoSettings, DemoState, TenantView
 
 DEFAULT_PROMPTS = (
@@ -42,6 +43,20 @@ DEFAULT_PROMPTS = (
     "def quicksort(items):\n",
     "def parse_args(argv=None):\n",
     "async def fetch(session, url):\n",
+)
+# The real pair (SmolLM2 + its distilled draft) answers chat questions, one of each kind the
+# benchmarks measure: coding, explanation, summarization, math, rewriting.
+CHAT_PROMPTS = (
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Explain what a hash table is and why lookups in it are fast.",
+    "Summarize in two sentences: The Python standard library is very extensive, offering a "
+    "wide range of facilities. It contains built-in modules that provide access to system "
+    "functionality such as file I/O, as well as modules written in Python that provide "
+    "standardized solutions for many problems that occur in everyday programming.",
+    "A baker makes 24 rolls an hour for 6 hours and sells 100 of them. How many are left?",
+    "Rewrite this sentence in simpler words: The committee postponed its deliberations "
+    "pending the acquisition of further information.",
+    "What are the main differences between a list and a tuple in Python?",
 )
 STATS_EVERY_S = 0.25
 CHECK_TIMEOUT_S = 10.0  # the first Stats call to a --verifier (an address that drops packets)
@@ -103,7 +118,7 @@ def _compile_drafter(drafter: Drafter, configs: list[SessionConfig], depth: int)
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
-    given = args.prompt or list(DEFAULT_PROMPTS)
+    given = args.prompt or list(CHAT_PROMPTS if getattr(args, "chat", False) else DEFAULT_PROMPTS)
     return [given[i % len(given)] for i in range(args.tenants)]
 
 
@@ -122,7 +137,9 @@ def _configs(args: argparse.Namespace, state: DemoState, drafter: Drafter) -> li
         view.decode = decode
         configs.append(
             SessionConfig(
-                prompt=encode_prompt(drafter.model, view.prompt_text),
+                prompt=(chat_prompt if args.chat else encode_prompt)(
+                    drafter.model, view.prompt_text
+                ),
                 max_new_tokens=args.tokens,
                 temperature=args.temperature,
                 seed=args.seed + i,
@@ -134,7 +151,8 @@ def _configs(args: argparse.Namespace, state: DemoState, drafter: Drafter) -> li
 
 
 def make_state(args: argparse.Namespace, address: str = "", pid: int | None = None) -> DemoState:
-    """The screen's initial contents from the command line."""
+    """The screen's initial contents from the command line (the pair resolved first)."""
+    resolve_pair(args)
     settings = DemoSettings(
         tenants=args.tenants,
         mode=args.mode,

