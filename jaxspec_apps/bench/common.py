@@ -9,7 +9,7 @@ import platform
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pydoc_data.topics import topics
 from typing import Any
 
@@ -34,6 +34,44 @@ def check_same_tokens(label: str, got: Sequence[int], want: Sequence[int]) -> No
         f"{label}: greedy tokens differ at new token {i} (lengths {len(got)} vs {len(want)}): "
         f"{got[i : i + 5]} vs {want[i : i + 5]}"
     )
+
+
+def run_sections(
+    runners: Mapping[str, Callable[[], dict[str, Any]]],
+    sections: Sequence[str],
+    out: dict[str, Any],
+    log: Callable[[str], None],
+    prefix: str = "",
+) -> None:
+    """Run `sections` in order, each by its runner, into `out["sections"]` (with its `wall_s`).
+    A greedy mismatch goes to `out["failures"]`, a section that needs torch where it is not
+    installed (or that returns a `skipped` reason) to `out["skipped"]`; the others still run.
+    `prefix` starts each log line (which pair)."""
+    for section in sections:
+        t0 = time.time()
+        try:
+            if section == "peer":
+                import torch  # noqa: F401  (the peer runs on torch: the `test` extra)
+            data = runners[section]()
+        except GreedyMismatch as e:
+            out["failures"][section] = str(e)
+            log(f"{prefix}{section}: GREEDY MISMATCH: {e}")
+            continue
+        except ModuleNotFoundError as e:
+            if e.name != "torch":
+                raise
+            out.setdefault("skipped", {})[section] = (
+                f"{e.name} is not installed (pip install -e .[test])"
+            )
+            log(f"{prefix}{section}: skipped, {e.name} is not installed")
+            continue
+        if "skipped" in data:
+            out.setdefault("skipped", {})[section] = data["skipped"]
+            log(f"{prefix}{section}: skipped, {data['skipped']}")
+            continue
+        data["wall_s"] = time.time() - t0
+        out["sections"][section] = data
+        log(f"{prefix}{section}: done in {data['wall_s']:.0f} s")
 
 
 def best_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:

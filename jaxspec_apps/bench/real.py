@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pathlib
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +30,7 @@ from jaxspec_apps.bench import (
     verifier,
     wirecost,
 )
-from jaxspec_apps.bench.common import GreedyMismatch, best_time, heldout_stream, prompts_from
+from jaxspec_apps.bench.common import best_time, heldout_stream, prompts_from, run_sections
 from jaxspec_apps.bench.profile import Profile
 
 REAL_SECTIONS = (
@@ -270,22 +269,7 @@ def run(
         "wirecost": run_wirecost,
         "quality": run_quality,
     }
-    for section in sections:
-        t0 = time.time()
-        try:
-            data = runners[section]()
-        except GreedyMismatch as e:
-            res["failures"][section] = str(e)
-            log(f"real {section}: GREEDY MISMATCH: {e}")
-            continue
-        except ModuleNotFoundError as e:
-            if e.name != "torch":
-                raise
-            res.setdefault("skipped", {})[section] = "torch is not installed (.[test] extra)"
-            continue
-        data["wall_s"] = time.time() - t0
-        res["sections"][section] = data
-        log(f"real {section}: done in {data['wall_s']:.0f} s")
+    run_sections(runners, sections, res, log, prefix="real ")
     res |= headline(res)
     return res
 

@@ -33,7 +33,7 @@ from jaxspec_apps.bench import (
     verifier,
     wirecost,
 )
-from jaxspec_apps.bench.common import GreedyMismatch, heldout_stream, machine, prompts_from
+from jaxspec_apps.bench.common import heldout_stream, machine, prompts_from, run_sections
 from jaxspec_apps.bench.profile import PROFILES, SECTIONS, Profile, real_sizes
 
 
@@ -270,29 +270,7 @@ def run_suite(args: argparse.Namespace) -> int:
         "wirecost": run_wirecost,
         "quality": run_quality,
     }
-    for section in sections:
-        t0 = time.time()
-        try:
-            if section == "peer":
-                import torch  # noqa: F401  (the peer runs on torch: the `test` extra)
-            data = runners[section]()
-        except GreedyMismatch as e:
-            results["failures"][section] = str(e)
-            log(f"{section}: GREEDY MISMATCH: {e}")
-            continue
-        except ModuleNotFoundError as e:
-            if e.name not in ("torch",):
-                raise
-            results["skipped"][section] = f"{e.name} is not installed (pip install -e .[test])"
-            log(f"{section}: skipped, {e.name} is not installed")
-            continue
-        if "skipped" in data:
-            results["skipped"][section] = data["skipped"]
-            log(f"{section}: skipped, {data['skipped']}")
-            continue
-        data["wall_s"] = time.time() - t0
-        results["sections"][section] = data
-        log(f"{section}: done in {data['wall_s']:.0f} s")
+    run_sections(runners, sections, results, log)
 
     results["machine"] = machine() | {"load_average_1min_start": load_start}
     results |= headline(results)
