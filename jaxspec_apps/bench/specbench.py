@@ -89,11 +89,9 @@ def run(
     1, sync, stop tokens ignored so every answer is `new_tokens` long), the speedup, alpha,
     mean accepted tokens per round and per-position acceptance."""
     common = dict(temperature=0.0, stop_tokens=(), seed=0)
-    rows, all_stats = [], []
-    tot = {"plain_s": 0.0, "spec_s": 0.0, "tokens": 0}
+    rows, every = [], {"prompts": 0, "tokens": 0, "plain_s": 0.0, "spec_s": 0.0, "stats": []}
     for category, ps in prompts.items():
-        plain_s = spec_s = 0.0
-        tokens, stats = 0, []
+        cat = {"prompts": len(ps), "tokens": 0, "plain_s": 0.0, "spec_s": 0.0, "stats": []}
         for i, p in enumerate(ps):
             p = [int(t) for t in p]
             t_plain, plain = best_time(
@@ -106,35 +104,28 @@ def run(
                 repeats,
             )
             check_same_tokens(f"specbench {category} prompt {i}", spec.tokens, plain.tokens)
-            plain_s, spec_s = plain_s + t_plain, spec_s + t_spec
-            tokens += plain.stats.new_tokens
-            stats.append(spec.stats)
-        pooled = _pooled(stats)
-        rows.append(
-            {
-                "category": category,
-                "prompts": len(ps),
-                "new_tokens": tokens,
-                "plain_tok_s": tokens / plain_s,
-                "spec_tok_s": tokens / spec_s,
-                "speedup": plain_s / spec_s,
-                "mean_accepted_tokens": pooled["tokens_per_round"],
-                **pooled,
-            }
-        )
-        all_stats += stats
-        tot["plain_s"] += plain_s
-        tot["spec_s"] += spec_s
-        tot["tokens"] += tokens
-    pooled = _pooled(all_stats)
-    overall = {
-        "category": "overall",
-        "prompts": sum(r["prompts"] for r in rows),
-        "new_tokens": tot["tokens"],
-        "plain_tok_s": tot["tokens"] / tot["plain_s"],
-        "spec_tok_s": tot["tokens"] / tot["spec_s"],
-        "speedup": tot["plain_s"] / tot["spec_s"],
+            cat["plain_s"] += t_plain
+            cat["spec_s"] += t_spec
+            cat["tokens"] += plain.stats.new_tokens
+            cat["stats"].append(spec.stats)
+        rows.append(_row(category, cat))
+        for k in ("prompts", "tokens", "plain_s", "spec_s", "stats"):
+            every[k] += cat[k]
+    overall = _row("overall", every)
+    return {"gamma": gamma, "new_tokens": new_tokens, "rows": rows, "overall": overall}
+
+
+def _row(category: str, t: dict[str, Any]) -> dict[str, Any]:
+    """A table row from the totals `t` (prompts, tokens, plain_s, spec_s, the speculative
+    runs' stats) of a category, or of all of them."""
+    pooled = _pooled(t["stats"])
+    return {
+        "category": category,
+        "prompts": t["prompts"],
+        "new_tokens": t["tokens"],
+        "plain_tok_s": t["tokens"] / t["plain_s"],
+        "spec_tok_s": t["tokens"] / t["spec_s"],
+        "speedup": t["plain_s"] / t["spec_s"],
         "mean_accepted_tokens": pooled["tokens_per_round"],
         **pooled,
     }
-    return {"gamma": gamma, "new_tokens": new_tokens, "rows": rows, "overall": overall}
