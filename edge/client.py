@@ -59,6 +59,14 @@ _REASONS = (
 )
 
 
+def _status_lost(e: grpc.RpcError) -> bool:
+    """Whether grpc.aio reported a stream's end as its generic INTERNAL error, losing the
+    server's status (grpc/grpc#36066: a write that raced the end of the stream)."""
+    code = e.code() if hasattr(e, "code") else None
+    details = e.details() if hasattr(e, "details") else None
+    return code == grpc.StatusCode.INTERNAL and details == "Internal error from Core"
+
+
 def error_from_rpc(e: grpc.RpcError) -> VerifierError:
     """The protocol error for a failed call (a server going away reads as Unavailable)."""
     code = e.code() if hasattr(e, "code") else None
@@ -66,7 +74,7 @@ def error_from_rpc(e: grpc.RpcError) -> VerifierError:
     details = (e.details() if hasattr(e, "details") else None) or name
     if name == "CANCELLED":  # the server stopped under us (our own cancels never get here)
         name = "UNAVAILABLE"
-    if name == "INTERNAL" and details == "Internal error from Core":
+    if _status_lost(e):
         # grpc.aio replaces the real status with this one when a write races the end of
         # the stream (grpc/grpc#36066): a server that died or ended the stream. Reopen.
         name = "UNAVAILABLE"
@@ -221,6 +229,11 @@ class GrpcEndpoint:
             raise DeadlineExceeded(f"no session opened within {self.timeout_s} s") from None
         except grpc.RpcError as e:
             call.cancel()
+            if _status_lost(e):
+                # The server's refusal (a missing or wrong token: it answers before reading)
+                # was lost in the race: a unary call, whose status is kept, asks again and
+                # raises it; if that call succeeds, the stream really failed (Unavailable).
+                await self._unary(self.stub.Stats, pb.StatsRequest())
             raise error_from_rpc(e) from None
         except asyncio.CancelledError:
             call.cancel()
