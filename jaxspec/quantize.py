@@ -39,13 +39,15 @@ import dataclasses
 import functools
 import json
 import pathlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jaxspec import _aqt
+from jaxspec import _aqt, quant_methods
 from jaxspec.config import CheckpointError
 from jaxspec.model import Llama, Model, init_cache
 
@@ -58,6 +60,8 @@ SCHEMES: dict[str, tuple[int, int | None] | None] = {
 SCALE_DTYPE = _aqt.SCALE_DTYPE
 STORE_DTYPE = jnp.bfloat16  # everything that is not quantized
 QUANT_METHOD = "jaxspec-aqt"
+METHODS = ("gptq", "clip", "asym", "rtn")  # `quantize(method=...)`; quant_methods says how
+DEFAULT_METHOD = "gptq"  # the best measured on SmolLM2 (docs/quantization.md)
 FORMAT_VERSION = 1
 
 
@@ -90,16 +94,38 @@ def unpack_int4(packed: jax.Array, K: int) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class QuantSpec:
-    """Static description of a quantized model (hashable: it is part of the jit key)."""
+    """Static description of a quantized model (hashable: it is part of the jit key).
+
+    `method` "rtn" is symmetric absmax through AQT's own calibration; the others
+    (`jaxspec.quant_methods`) are asymmetric and store a float16 `minimum` beside the float16
+    `scale`. `head_bits` (None: as the rest) quantizes the token embedding / lm_head at other
+    bits; `bits` overrides the scheme's weight bits (set on the head's own spec)."""
 
     scheme: str
     group_size: int | None = None
     embeddings: bool = True
     packed: bool = True
+    method: str = "rtn"
+    head_bits: int | None = None
+    bits: int | None = None
 
     @property
     def weight_bits(self) -> int:
-        return SCHEMES[self.scheme][0]
+        return self.bits or SCHEMES[self.scheme][0]
+
+    @property
+    def asymmetric(self) -> bool:
+        return self.method != "rtn"
+
+    @property
+    def scale_dtype(self) -> Any:
+        return jnp.float16 if self.asymmetric else SCALE_DTYPE
+
+    def head(self) -> QuantSpec:
+        """The spec of the token embedding and lm_head."""
+        if self.head_bits is None:
+            return self
+        return dataclasses.replace(self, bits=self.head_bits, head_bits=None)
 
     @property
     def act_bits(self) -> int | None:
@@ -139,19 +165,45 @@ def _pad_cols(x: jax.Array, cols: int) -> jax.Array:
 
 
 class _Matmul(nn.Module):
-    """`x [N, Kp] @ w [Kp, M]` through AQT; owns the `AqtDotGeneral` (and what CONVERT froze)."""
+    """`x [N, Kp] @ w [Kp, M]` through AQT; owns the `AqtDotGeneral` (and what CONVERT froze).
+
+    Served asymmetric weights (`scale * q + offset`, `jaxspec.quant_methods`) go through the
+    same int dot, plus the offset's share: each group's sum of x times its offset."""
 
     spec: QuantSpec
     mode: str
     group: int
 
     @nn.compact
-    def __call__(self, x, w=None, served=None):
+    def __call__(self, x, w=None, served=None, minimum=None):
         s = self.spec
-        return _aqt.matmul(
+        y = _aqt.matmul(
             x, w, mode=self.mode, weight_bits=s.weight_bits, act_bits=s.act_bits,
             group=self.group, served=served,
         )  # fmt: skip
+        if minimum is None:
+            return y
+        return y + _offset_term(x, served[1], minimum, self.group, s.weight_bits)
+
+
+def _offset_term(x_NK, scale_GM, minimum_GM, group: int, bits: int) -> jax.Array:
+    """sum_g (sum of x over group g) * offset[g]: the offset's share of `x @ w` (float32)."""
+    N, K = x_NK.shape
+    xsum_NG = x_NK.astype(jnp.float32).reshape(N, K // group, group).sum(-1)
+    off = minimum_GM.astype(jnp.float32) + (2 ** (bits - 1)) * scale_GM.astype(jnp.float32)
+    return (xsum_NG @ off).astype(x_NK.dtype)
+
+
+def _served_params(module: nn.Module, spec: QuantSpec, K: int, M: int) -> tuple[Any, Any, Any]:
+    """Declare a served `[K, M]` weight's params: (qweight, scale, minimum or None)."""
+    _, G = spec.groups(K)
+    shape, dtype = spec.stored(K, M)
+    qweight = module.param("qweight", nn.initializers.zeros_init(), shape, dtype)
+    scale = module.param("scale", nn.initializers.ones_init(), (G, M), spec.scale_dtype)
+    if not spec.asymmetric:
+        return qweight, scale, None
+    minimum = module.param("minimum", nn.initializers.zeros_init(), (G, M), spec.scale_dtype)
+    return qweight, scale, minimum
 
 
 class QuantDense(nn.Module):
@@ -174,10 +226,8 @@ class QuantDense(nn.Module):
         x_NK = _pad_cols(x.reshape(-1, K).astype(self.dtype), G * g)
         matmul = _Matmul(self.spec, self.mode, g, name="matmul")
         if self.mode == "serve":
-            shape, dtype = self.spec.stored(K, M)
-            qweight = self.param("qweight", nn.initializers.zeros_init(), shape, dtype)
-            scale = self.param("scale", nn.initializers.ones_init(), (G, M), SCALE_DTYPE)
-            y = matmul(x_NK, served=(_ints(self.spec, qweight, K), scale))
+            qweight, scale, minimum = _served_params(self, self.spec, K, M)
+            y = matmul(x_NK, served=(_ints(self.spec, qweight, K), scale), minimum=minimum)
         else:
             kernel = self.param("kernel", nn.initializers.lecun_normal(), (K, M))
             y = matmul(x_NK, _pad_rows(kernel.astype(self.dtype), G * g))
@@ -204,11 +254,9 @@ class QuantEmbed(nn.Module):
 
     def setup(self) -> None:
         H, V = self.features, self.num_embeddings
-        g, G = self.spec.groups(H)
+        g, _ = self.spec.groups(H)
         if self.mode == "serve":
-            shape, dtype = self.spec.stored(H, V)
-            self.qweight = self.param("qweight", nn.initializers.zeros_init(), shape, dtype)
-            self.scale = self.param("scale", nn.initializers.ones_init(), (G, V), SCALE_DTYPE)
+            self.qweight, self.scale, self.minimum = _served_params(self, self.spec, H, V)
         else:
             self.embedding = self.param("embedding", nn.initializers.normal(1.0), (V, H))
         self.matmul = _Matmul(self.spec, self.mode, g)
@@ -225,6 +273,12 @@ class QuantEmbed(nn.Module):
         if self.mode == "serve":
             q = _ints(self.spec, jnp.take(self.qweight, flat, axis=1), H)  # [G, g, N]
             s = jnp.take(self.scale, flat, axis=1)  # [G, N]
+            if self.minimum is not None:
+                m = jnp.take(self.minimum, flat, axis=1).astype(self.dtype)
+                h = 2 ** (self.spec.weight_bits - 1)
+                q = q.astype(self.dtype) + h  # scale * (q + h) + minimum
+                table = q * s.astype(self.dtype)[:, None, :] + m[:, None, :]
+                return table.reshape(G * g, -1)[:H].T.reshape(*tokens.shape, H)
         elif self.mode == "train":
             q, s = _aqt.fake_quant_table(self._weight().reshape(G, g, -1), self.spec.weight_bits)
             q, s = jnp.take(q, flat, axis=2), jnp.take(s, flat, axis=1)
@@ -239,7 +293,8 @@ class QuantEmbed(nn.Module):
         g, G = self.spec.groups(H)
         x_NK = _pad_cols(x.reshape(-1, H).astype(self.dtype), G * g)
         if self.mode == "serve":
-            y = self.matmul(x_NK, served=(_ints(self.spec, self.qweight, H), self.scale))
+            served = (_ints(self.spec, self.qweight, H), self.scale)
+            y = self.matmul(x_NK, served=served, minimum=self.minimum)
         else:
             y = self.matmul(x_NK, self._weight())
         return y.astype(self.dtype).reshape(*x.shape[:-1], V)
@@ -265,7 +320,8 @@ class DenseFactory:
             raise ValueError("a quantized model takes no other dot_general_cls")
         if name == "lm_head" and not self.spec.embeddings:
             return nn.Dense(features, use_bias=use_bias, dtype=dtype, name=name)
-        return QuantDense(features, use_bias, dtype, self.spec, self.mode, name=name)
+        spec = self.spec.head() if name == "lm_head" else self.spec
+        return QuantDense(features, use_bias, dtype, spec, self.mode, name=name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,7 +334,8 @@ class EmbedFactory:
     def __call__(
         self, num_embeddings: int, features: int, *, dtype: Any = jnp.float32, name: str
     ) -> nn.Module:
-        return QuantEmbed(num_embeddings, features, dtype, self.spec, self.mode, name=name)
+        spec = self.spec.head()
+        return QuantEmbed(num_embeddings, features, dtype, spec, self.mode, name=name)
 
 
 # ----------------------------------------------------------------------------- quantize
@@ -309,9 +366,13 @@ def quantize(
     scheme: str,
     group_size: int | None = None,
     *,
+    method: str | None = None,
+    head_bits: int | None = None,
+    calibration: Sequence[Sequence[int]] | None = None,
     embeddings: bool = True,
     packed: bool = True,
     mode: str = "serve",
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> Model:
     """The model with quantized weights (see the module doc).
 
@@ -320,10 +381,18 @@ def quantize(
       scheme: "none" (the model itself), "w8a16", "w4a16" or "w4a4".
       group_size: inputs per scale along the contraction axis (e.g. 128 or 32); None is
         one scale per output channel.
+      method: how weights become ints: "gptq" (the default for w4a16/w8a16: the best
+        measured, docs/quantization.md), "clip", "asym" (`jaxspec.quant_methods`) or "rtn"
+        (symmetric absmax, AQT's calibration; the only one for w4a4 and mode="train").
+      head_bits: bits of the token embedding / lm_head (e.g. 8); None: as the other layers.
+      calibration: token sequences whose activations GPTQ's Hessians are taken on; None
+        builds them (`jaxspec.calibration`: chat prompts from CPython's own documentation
+        and the model's answers to them). Ignored by the other methods.
       embeddings: also quantize the token embedding and lm_head (else they stay bfloat16).
       packed: store int4 two per byte (False: one int4 per byte, for comparison).
       mode: "serve" (frozen ints, no float kernels) or "train" (float kernels, AQT
-        fake-quantization at every call: the reference the served model must match).
+        fake-quantization at every call: the reference the served "rtn" model must match).
+      progress: called as progress(stage, done, total) ("answers", "hessians", "weights").
 
     Returns:
       A `Model` usable wherever a model is (`generate` as target or draft, `save`, ...);
@@ -336,9 +405,19 @@ def quantize(
     if mode not in ("serve", "train"):
         raise ValueError(f"mode must be 'serve' or 'train', got {mode!r}")
     if model.dense_cls is not None or model.embed_cls is not None:
-        raise ValueError(f"model {model.name!r} is already quantized")
+        raise ValueError(
+            f"model {model.name!r} is already quantized (load its float checkpoint, or use it "
+            "as it is: a quantized model drafts and serves without quantize())"
+        )
     if model.dot_general_cls is not None:
         raise ValueError("quantize() needs a model without a custom dot_general_cls")
+    method = method or ("rtn" if scheme == "w4a4" or mode == "train" else DEFAULT_METHOD)
+    if method not in ("rtn", *quant_methods.METHODS):
+        raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
+    if method != "rtn" and (scheme == "w4a4" or mode == "train"):
+        raise ValueError(f"method {method!r} is for served w4a16/w8a16; w4a4 and train use rtn")
+    if head_bits not in (None, 4, 8):
+        raise ValueError(f"head_bits must be 4, 8 or None, got {head_bits!r}")
     if scheme == "none":
         return model
     dtypes = {jnp.dtype(model.dtype)} | {jnp.dtype(a.dtype) for a in jax.tree.leaves(model.params)}
@@ -346,7 +425,9 @@ def quantize(
         raise ValueError(
             f"AQT quantizes float32/bfloat16/float16 models, got {sorted(map(str, dtypes))}"
         )
-    spec = QuantSpec(scheme, group_size, embeddings, packed)
+    if head_bits == SCHEMES[scheme][0]:
+        head_bits = None
+    spec = QuantSpec(scheme, group_size, embeddings, packed, method, head_bits)
 
     def keep_or_store(path: Any, leaf: jax.Array) -> jax.Array:
         keys = tuple(str(p.key) for p in path)
@@ -354,6 +435,8 @@ def quantize(
 
     float_params = jax.tree_util.tree_map_with_path(keep_or_store, model.params)
     suffix = f"{scheme}" + ("" if group_size is None else f"-g{group_size}")
+    suffix += "" if method == "rtn" else f"-{method}"
+    suffix += "" if head_bits is None else f"-head{head_bits}"
     if mode == "train":
         m = _module(model, spec, "train")
         return model.with_params(
@@ -362,8 +445,16 @@ def quantize(
             embed_cls=m.embed_cls,
             name=f"{model.name}:{suffix}:train",
         )
+    if method == "rtn":
+        served = _convert(_module(model, spec, "convert"), spec, float_params)
+    else:
+        hessians = {}
+        if method == "gptq":
+            from jaxspec import calibration as calib
 
-    served = _convert(_module(model, spec, "convert"), spec, float_params)
+            seqs = calibration or calib.default_sequences(model, progress=progress)
+            hessians = calib.hessians(model, seqs, progress=progress)
+        served = _quantize_asym(spec, float_params, hessians, progress)
     m = _module(model, spec, "serve")
     expected = jax.tree.map(_shape_and_int_dtype, jax.eval_shape(lambda: _init(m, model.config)))
     if expected != jax.tree.map(_shape_and_int_dtype, served):
@@ -371,6 +462,51 @@ def quantize(
     return model.with_params(
         served, dense_cls=m.dense_cls, embed_cls=m.embed_cls, name=f"{model.name}:{suffix}"
     )
+
+
+def _quantize_asym(
+    spec: QuantSpec, float_params: Any, hessians: dict[tuple[str, ...], Any], progress: Any
+) -> Any:
+    """The served params of an asymmetric method: each quantized float weight replaced by
+    {qweight, scale, minimum} (`jaxspec.quant_methods`), layer by layer, in numpy."""
+    owners = [p for p in _flatten_paths(float_params) if _quantized_leaf(spec, p)]
+    done = 0
+
+    def store(path: tuple[str, ...], node: dict[str, Any]) -> dict[str, Any]:
+        nonlocal done
+        embed = "embedding" in node
+        s = spec.head() if embed or path[0] == "lm_head" else spec
+        w = np.asarray(node["embedding"], np.float32).T if embed else np.asarray(node["kernel"])
+        g, _ = s.groups(w.shape[0])
+        qz = quant_methods.quantize_weight(w, spec.method, s.weight_bits, g, hessians.get(path))
+        out = {k: v for k, v in node.items() if k not in ("kernel", "embedding")}
+        q = jnp.asarray(qz.q)
+        out["qweight"] = (
+            pack_int4(q) if s.weight_bits == 4 and s.packed else q.astype(s.stored(*w.shape)[1])
+        )
+        out["scale"] = jnp.asarray(qz.scale)
+        out["minimum"] = jnp.asarray(qz.minimum)
+        done += 1
+        if progress:
+            progress("weights", done, len(owners))
+        return out
+
+    def walk(node: Any, path: tuple[str, ...]) -> Any:
+        if isinstance(node, dict) and (
+            (_quantized_leaf(spec, (*path, "kernel")) and "kernel" in node)
+            or (_quantized_leaf(spec, (*path, "embedding")) and "embedding" in node)
+        ):
+            return store(path, node)
+        if isinstance(node, dict):
+            return {k: walk(v, (*path, k)) for k, v in node.items()}
+        return node
+
+    return walk(dict(float_params), ())
+
+
+def _flatten_paths(params: Any) -> list[tuple[str, ...]]:
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    return [tuple(str(p.key) for p in path) for path, _ in flat]
 
 
 def dequantize(model: Model, dtype: Any = jnp.float32) -> Model:
@@ -387,22 +523,28 @@ def dequantize(model: Model, dtype: Any = jnp.float32) -> Model:
         raise ValueError("dequantize wants a served quantized model (see jaxspec.quantize)")
     float_shapes = jax.eval_shape(lambda: _init(Llama(model.config, model.dtype), model.config))
 
-    def weight(node: dict[str, Any], K: int) -> jax.Array:
-        q = _ints(spec, node["qweight"], K).astype(jnp.float32)  # [G, g, M]
-        w = q * node["scale"].astype(jnp.float32)[:, None, :]
+    def weight(node: dict[str, Any], K: int, s: QuantSpec) -> jax.Array:
+        q = _ints(s, node["qweight"], K).astype(jnp.float32)  # [G, g, M]
+        scale = node["scale"].astype(jnp.float32)[:, None, :]
+        w = q * scale
+        if "minimum" in node:
+            w = (q + 2 ** (s.weight_bits - 1)) * scale + node["minimum"].astype(jnp.float32)[
+                :, None, :
+            ]
         return w.reshape(-1, w.shape[-1])[:K]  # [K, M]
 
-    def walk(shapes: Any, node: Any) -> Any:
+    def walk(shapes: Any, node: Any, path: tuple[str, ...] = ()) -> Any:
         if not isinstance(shapes, dict):
             return jnp.asarray(node, dtype)
         out = {}
+        head = spec.head() if path[:1] in (("lm_head",), ("embed_tokens",)) else spec
         for k, v in shapes.items():
             if k == "kernel" and "qweight" in node:
-                out[k] = weight(node, v.shape[0]).astype(dtype)
+                out[k] = weight(node, v.shape[0], head).astype(dtype)
             elif k == "embedding" and "qweight" in node:
-                out[k] = weight(node, v.shape[1]).T.astype(dtype)  # [V, H]
+                out[k] = weight(node, v.shape[1], head).T.astype(dtype)  # [V, H]
             else:
-                out[k] = walk(v, node[k])
+                out[k] = walk(v, node[k], (*path, k))
         return out
 
     params = walk(dict(float_shapes), dict(model.params))
@@ -446,18 +588,19 @@ def _convert(module: Llama, spec: QuantSpec, params: Any) -> Any:
 def _serve_params(spec: QuantSpec, float_params: Any, frozen: dict) -> Any:
     """Replace each quantized float weight by its stored ints and scales."""
 
-    def store(q_GgM: jax.Array, K: int) -> jax.Array:
+    def store(q_GgM: jax.Array, K: int, path: tuple[str, ...]) -> jax.Array:
+        s = spec.head() if path[0] in ("embed_tokens", "lm_head") else spec
         q = q_GgM.reshape(-1, q_GgM.shape[-1])[:K].astype(jnp.int8)
-        if spec.weight_bits == 4 and spec.packed:
+        if s.weight_bits == 4 and s.packed:
             return pack_int4(q)
-        return q.astype(spec.stored(K, q.shape[1])[1])
+        return q.astype(s.stored(K, q.shape[1])[1])
 
     def walk(node: Any, path: tuple[str, ...]) -> Any:
         if path in frozen:
             q, scale = frozen[path]
             out = {k: v for k, v in node.items() if k not in ("kernel", "embedding")}
             K = node["kernel"].shape[0] if "kernel" in node else node["embedding"].shape[1]
-            out["qweight"] = store(q, K)
+            out["qweight"] = store(q, K, path)
             out["scale"] = scale.astype(SCALE_DTYPE)
             return out
         if isinstance(node, dict):
@@ -511,7 +654,7 @@ def save_quantized(model: Model, path: Any) -> pathlib.Path:
         "quant_method": QUANT_METHOD,
         "format_version": FORMAT_VERSION,
         **spec.to_json(),
-        "scale_dtype": jnp.dtype(SCALE_DTYPE).name,
+        "scale_dtype": jnp.dtype(spec.scale_dtype).name,
         "layout": "see jaxspec/quantize.py",
     }
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -537,8 +680,13 @@ def load_quantized(
     if q.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{d}: unsupported {QUANT_METHOD} format {q.get('format_version')}")
     try:
-        spec = QuantSpec(q["scheme"], q["group_size"], bool(q["embeddings"]), bool(q["packed"]))
+        spec = QuantSpec(
+            q["scheme"], q["group_size"], bool(q["embeddings"]), bool(q["packed"]),
+            q.get("method", "rtn"), q.get("head_bits"), q.get("bits"),
+        )  # fmt: skip
         spec.weight_bits  # noqa: B018 (validates the scheme)
+        if spec.method not in METHODS:
+            raise KeyError(f"method {spec.method!r}")
     except (KeyError, TypeError) as e:
         raise CheckpointError(f"{d}: bad quantization_config {q}: {e}") from None
     config = LlamaConfig.from_hf(raw_cfg)

@@ -54,7 +54,9 @@ def quantized(models):
     def get(variant, scheme, group, packed=True, mode="serve"):
         key = (variant, scheme, group, packed, mode)
         if key not in cache:
-            cache[key] = jaxspec.quantize(models[variant], scheme, group, packed=packed, mode=mode)
+            cache[key] = jaxspec.quantize(
+                models[variant], scheme, group, method="rtn", packed=packed, mode=mode
+            )
         return cache[key]
 
     return get
@@ -173,10 +175,15 @@ def test_resident_bytes_of_w4a16_are_under_0_3x_bf16():
     assert bf16 == 2 * cfg.num_params
     ratios = {}
     for group in (None, 128, 32):
-        ratios[f"w4a16 g{group}"] = jaxspec.quantize(model, "w4a16", group).nbytes() / bf16
+        q = jaxspec.quantize(model, "w4a16", group, method="rtn")
+        ratios[f"w4a16 g{group}"] = q.nbytes() / bf16
     ratios["w4a16 g128 embeddings bf16"] = (
-        jaxspec.quantize(model, "w4a16", 128, embeddings=False).nbytes() / bf16
+        jaxspec.quantize(model, "w4a16", 128, method="rtn", embeddings=False).nbytes() / bf16
     )
+    # asymmetric: a float16 minimum beside each scale (method "asym": no calibration needed)
+    ratios["w4a16 g128 asym"] = jaxspec.quantize(model, "w4a16", 128, method="asym").nbytes()
+    ratios["w4a16 g128 asym"] /= bf16
+    assert ratios["w4a16 g128"] < ratios["w4a16 g128 asym"] <= 0.30
     print("resident bytes / bf16:", {k: round(v, 4) for k, v in ratios.items()})
     for group in (None, 128, 32):
         assert ratios[f"w4a16 g{group}"] <= 0.30
@@ -225,7 +232,7 @@ def test_quantized_drafts_are_lossless_and_self_speculation_accepts_more(models,
     self_draft = quantized("tied", "w4a16", 16)
     # Another model of the same architecture: the same module, one compilation for both.
     other = jaxspec.Model(config=target.config, params=jaxspec.init_params(target.config, 5))
-    other_draft = jaxspec.quantize(_spread(other), "w4a16", 16)
+    other_draft = jaxspec.quantize(_spread(other), "w4a16", 16, method="rtn")
     assert other_draft.module == self_draft.module
     alphas = {}
     for name, draft in (("self", self_draft), ("other", other_draft)):
@@ -236,8 +243,8 @@ def test_quantized_drafts_are_lossless_and_self_speculation_accepts_more(models,
 
 
 def test_the_same_spec_shares_compilations(models):
-    a = jaxspec.quantize(models["tied"], "w4a16", 16)
-    b = jaxspec.quantize(models["tied"], "w4a16", 16)
+    a = jaxspec.quantize(models["tied"], "w4a16", 16, method="rtn")
+    b = jaxspec.quantize(models["tied"], "w4a16", 16, method="rtn")
     assert a.module == b.module and hash(a.module) == hash(b.module)
     logits(a)
     before = jaxspec.forward._cache_size()

@@ -1,0 +1,159 @@
+"""The asymmetric quantizers (asym, clip, GPTQ), the int8 head, calibration data, and the
+packed copies of a model served through the same AQT int dot path."""
+
+from __future__ import annotations
+
+import importlib
+
+import jax
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec import calibration, quant_methods
+from jaxspec.quantize import dequantize, quant_spec
+from jaxspec.testing import tiny_config
+
+qmod = importlib.import_module("jaxspec.quantize")  # the package attribute is the function
+IDS = np.random.RandomState(1).randint(0, 64, (2, 6))
+
+
+def logits(model, ids=IDS):
+    pos = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+    out, _ = model(ids, pos, model.init_cache(ids.shape[0], 8))
+    return np.asarray(out)
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = tiny_config(tie_word_embeddings=True, intermediate_size=72)
+    params = jax.tree.map(lambda a: a * 3.0, jaxspec.init_params(cfg, 3))
+    return jaxspec.Model(config=cfg, params=params, name="tiny")  # prompts as bytes
+
+
+# ----------------------------------------------------------------------------- numpy methods
+
+
+def _q41(K: int, M: int, group: int, seed: int = 0) -> np.ndarray:
+    """A weight that is exactly GGUF Q4_1 at `group`: float16 d and m, q in 0..15, both ends
+    used in every block (what ggml's quantizer produces)."""
+    rng = np.random.default_rng(seed)
+    d = (rng.random((K // group, M)) * 0.01 + 1e-3).astype(np.float16).astype(np.float32)
+    m = (rng.standard_normal((K // group, M)) * 0.05).astype(np.float16).astype(np.float32)
+    q = rng.integers(0, 16, (K, M))
+    q[::group], q[1::group] = 0, 15
+    return (q * np.repeat(d, group, 0) + np.repeat(m, group, 0)).astype(np.float32)
+
+
+@pytest.mark.parametrize("method", quant_methods.METHODS)
+def test_a_q4_1_grid_comes_back_exactly(method):
+    """SmolLM2's GGUF is Q4_1 at group 32: every method finds that grid again, bit for bit
+    (a method storing offset = min + 8 scale in float16 instead of the minimum does not)."""
+    w = _q41(96, 40, 32)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((500, 96)) * (1 + 3 * rng.random(96))
+    got = quant_methods.quantize_weight(w, method, 4, 32, x.T @ x)
+    np.testing.assert_array_equal(got.dequant(32), w)
+    assert got.scale.dtype == got.minimum.dtype == np.float16
+    assert got.q.min() == -8 and got.q.max() == 7
+
+
+def _output_error(method: str, mutant: str | None = None) -> float:
+    """Mean squared error of x @ w after quantization, x with correlated, uneven features."""
+    rng = np.random.default_rng(0)
+    K, M = 128, 48
+    w = rng.standard_normal((K, M)).astype(np.float32) * 0.05
+    mix = rng.standard_normal((K, K)) * 0.3 + np.eye(K) * (1 + 4 * rng.random(K))
+    x = rng.standard_normal((2000, K)) @ mix
+    h = x.T @ x / len(x)
+    if mutant == "no_feedback":  # GPTQ whose error feedback is lost: the clip search alone
+        h = np.diag(np.diag(h))
+    got = quant_methods.quantize_weight(w, method, 4, 32, h)
+    return float(((x @ (w - got.dequant(32))) ** 2).mean())
+
+
+def test_gptq_beats_the_clipping_search_which_beats_min_max():
+    errs = {m: _output_error(m) for m in quant_methods.METHODS}
+    assert errs["gptq"] < 0.8 * errs["clip"] < 0.8 * errs["asym"], errs
+    # the mutant: without the off-diagonal Hessian, GPTQ has nothing to compensate with
+    assert _output_error("gptq", mutant="no_feedback") > 1.1 * errs["gptq"]
+
+
+def test_int8_groups_are_much_finer_than_int4():
+    w = np.random.default_rng(2).standard_normal((64, 16)).astype(np.float32)
+    e4 = np.abs(quant_methods.quantize_weight(w, "clip", 4, 32).dequant(32) - w).mean()
+    e8 = np.abs(quant_methods.quantize_weight(w, "clip", 8, 32).dequant(32) - w).mean()
+    assert e8 < e4 / 10
+
+
+# ----------------------------------------------------------------------------- models
+
+
+@pytest.fixture(scope="module")
+def calib(model):
+    return calibration.default_sequences(model, calibration.Plan(prompts=8, answer_tokens=8))
+
+
+@pytest.mark.parametrize(("method", "head_bits"), [("asym", None), ("clip", 8), ("gptq", None)])
+def test_served_logits_are_those_of_the_dequantized_weights(model, calib, method, head_bits):
+    q = jaxspec.quantize(model, "w4a16", 16, method=method, head_bits=head_bits, calibration=calib)
+    spec = quant_spec(q)
+    assert (spec.method, spec.head_bits) == (method, head_bits)
+    assert "kernel" not in str(jax.tree_util.tree_structure(q.params))
+    emb = q.params["embed_tokens"]
+    assert emb["qweight"].dtype == (np.int8 if head_bits == 8 else np.uint8)
+    assert emb["minimum"].dtype == emb["scale"].dtype == np.float16
+    got = logits(q)
+    np.testing.assert_allclose(got, logits(dequantize(q)), atol=2e-4, rtol=0)
+    assert np.abs(got - logits(model)).max() > 1e-3  # quantization really happened
+
+
+def test_asymmetric_checkpoints_load_as_stored(tmp_path, model, monkeypatch):
+    q = jaxspec.quantize(model, "w4a16", 16, method="clip", head_bits=8)
+    jaxspec.save(q, tmp_path / "q")
+    monkeypatch.setattr(quant_methods, "quantize_weight", lambda *a: pytest.fail("re-quantized"))
+    loaded = jaxspec.load(tmp_path / "q")
+    assert quant_spec(loaded) == quant_spec(q)
+    np.testing.assert_array_equal(logits(loaded), logits(q))
+
+
+def test_a_gptq_self_draft_keeps_greedy_tokens_and_accepts_more_than_min_max(model, calib):
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    plain = jaxspec.generate(model, prompts, 12, temperature=0)
+    errs = {}
+    for method in ("gptq", "asym"):
+        q = jaxspec.quantize(model, "w4a16", 16, method=method, calibration=calib)
+        out = jaxspec.generate(model, prompts, 12, temperature=0, draft=q, gamma=4)
+        assert out.tokens == plain.tokens
+        errs[method] = np.abs(logits(q) - logits(model)).mean()
+    assert errs["gptq"] < errs["asym"], errs
+
+
+def test_methods_and_heads_are_checked(model):
+    with pytest.raises(ValueError, match="unknown method"):
+        jaxspec.quantize(model, "w4a16", 16, method="awq")
+    with pytest.raises(ValueError, match="w4a4"):
+        jaxspec.quantize(model, "w4a4", 16, method="clip")
+    with pytest.raises(ValueError, match="head_bits"):
+        jaxspec.quantize(model, "w4a16", 16, method="clip", head_bits=3)
+    q = jaxspec.quantize(model, "w4a16", 16, method="asym")
+    with pytest.raises(ValueError, match="already quantized"):
+        jaxspec.quantize(q, "w4a16")
+
+
+def test_calibration_prompts_never_come_from_held_out_sources():
+    calib = calibration.chat_prompts(400, seed=0)
+    held = calibration.chat_prompts(400, seed=0, heldout=True)
+    assert len(calib) >= 250 and len(held) > 50
+    assert not {s for s, _ in calib} & {s for s, _ in held}
+    assert all(calibration.is_heldout(s) for s, _ in held)
+    assert calibration.chat_prompts(20, seed=0) == calib[:20]  # seeded
+
+
+def test_hessians_cover_every_linear_layer(model, calib):
+    hs = calibration.hessians(model, calib, calibration.Plan(window=16, batch=2))
+    assert len(hs) == model.config.num_hidden_layers * 7
+    h = hs[("layers_0", "mlp", "down_proj")]
+    assert h.shape == (72, 72)
+    np.testing.assert_allclose(h, h.T, rtol=1e-5, atol=1e-8)
+    assert np.all(np.linalg.eigvalsh(h) > -1e-6)  # X^T X is positive semi-definite
