@@ -81,6 +81,8 @@ def _resolve(path: PathLike) -> pathlib.Path:
         return builtin
     if hub.remote_model(str(path)) is not None:
         return hub.ensure(str(path))
+    if hub.quantized_copy(str(path)) is not None:
+        return hub.ensure_copy(str(path))
     if p.exists():
         raise CheckpointError(
             f"{p} is a file; jaxspec.load wants a checkpoint directory or a .gguf file"
@@ -126,7 +128,8 @@ def load(path: PathLike, *, dtype: Any = jnp.float32, tokenizer: bool = True) ->
       path: checkpoint directory or `.gguf` file; "default" / "default-draft" for the shipped
         tiny pair; "smollm2-draft" for the shipped W4A16 draft of SmolLM2; "smollm2" (alias
         of "smollm2-135m-instruct") for SmolLM2-135M-Instruct, fetched and converted on first
-        use (`jaxspec.hub`).
+        use (`jaxspec.hub`); "smollm2-w4a16" for its packed W4A16 copy, quantized once from
+        it on first use and cached beside it.
       dtype: parameter and activation dtype (float32 matches transformers' float32 logits).
       tokenizer: load the tokenizer with `transformers.AutoTokenizer` when one is present.
 

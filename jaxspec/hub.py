@@ -54,6 +54,76 @@ SMOLLM2 = RemoteModel(
     about="HuggingFaceTB/SmolLM2-135M-Instruct (Apache-2.0), Q4_1 GGUF dequantized to float32",
 )
 REMOTE = {m.name: m for m in (SMOLLM2,)}
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedCopy:
+    """A packed quantized copy of a fetchable model, built once from it on this machine
+    (`jaxspec.quantize` with these settings) and cached beside it."""
+
+    name: str
+    aliases: tuple[str, ...]
+    base: RemoteModel
+    scheme: str
+    group_size: int
+    method: str | None  # None: `jaxspec.quantize`'s default (the best measured)
+    about: str
+
+
+SMOLLM2_W4A16 = QuantizedCopy(
+    name="smollm2-135m-instruct-w4a16",
+    aliases=("smollm2-w4a16",),
+    base=SMOLLM2,
+    scheme="w4a16",
+    group_size=128,
+    method=None,
+    about="SmolLM2-135M-Instruct at W4A16 g128 (jaxspec.quantize's default method): its own draft",
+)
+COPIES = {m.name: m for m in (SMOLLM2_W4A16,)}
+_COPY_BY_NAME = {n: m for m in COPIES.values() for n in (m.name, *m.aliases)}
+
+
+def quantized_copy(name: str) -> QuantizedCopy | None:
+    """The quantized copy `name` (or an alias) stands for, or None."""
+    return _COPY_BY_NAME.get(str(name))
+
+
+def copy_dir(spec: QuantizedCopy) -> pathlib.Path:
+    return home() / "models" / spec.name
+
+
+def ensure_copy(name: str, progress: Progress | None = None) -> pathlib.Path:
+    """The checkpoint directory of quantized copy `name`, built (and its base pulled) first
+    if not cached. Written to a temporary directory and renamed into place, as `pull` does."""
+    from jaxspec.checkpoint import load, save
+
+    spec = quantized_copy(name)
+    if spec is None:
+        raise CheckpointError(f"no quantized copy named {name!r} (known: {sorted(_COPY_BY_NAME)})")
+    final = copy_dir(spec)
+    if (final / SOURCE_FILE).is_file():
+        return final
+    base = load(str(ensure(spec.base.name, progress)))
+    from jaxspec.quantize import quantize
+
+    q = quantize(base, spec.scheme, spec.group_size, method=spec.method, progress=progress)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=final.parent))
+    try:
+        out = work / spec.name
+        save(q, out)
+        record = {"base": spec.base.name, "quantized": q.name, "about": spec.about}
+        (out / SOURCE_FILE).write_text(json.dumps(record, indent=2))
+        if final.exists():
+            if (final / SOURCE_FILE).is_file():
+                return final
+            shutil.rmtree(final)
+        os.rename(out, final)
+        return final
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 _BY_NAME = {n: m for m in REMOTE.values() for n in (m.name, *m.aliases)}
 SOURCE_FILE = "jaxspec-source.json"  # written last into a converted model's directory
 
@@ -64,7 +134,8 @@ def remote_model(name: str) -> RemoteModel | None:
 
 
 def remote_names() -> list[str]:
-    return sorted(_BY_NAME)
+    """Every name `jaxspec.load` fetches or builds on first use."""
+    return sorted(_BY_NAME) + sorted(_COPY_BY_NAME)
 
 
 def home() -> pathlib.Path:

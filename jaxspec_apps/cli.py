@@ -18,7 +18,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 import jaxspec
 from jaxspec import hub
@@ -78,22 +84,36 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _pull(args: argparse.Namespace) -> int:
+    """Fetch and convert a model; for a model with a quantized copy (SmolLM2: its W4A16 self-
+    draft), build that too, so the first demo or bench does not wait for it."""
     spec = hub.remote_model(args.name)
-    if spec is None:
+    copy = hub.quantized_copy(args.name)
+    if spec is None and copy is None:
         raise ValueError(f"no fetchable model named {args.name!r} (known: {hub.remote_names()})")
-    if hub.is_pulled(spec):
-        print(f"{args.name}: already in {hub.model_dir(spec)}")
-        return 0
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()) as bar:
+    if spec is None:
+        spec = copy.base
+    copies = [copy] if copy else [c for c in hub.COPIES.values() if c.base == spec]
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+    ) as bar:
         tasks: dict[str, int] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
             if stage not in tasks:
-                tasks[stage] = bar.add_task(f"{stage} {spec.name}", total=total)
+                tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done, total=total)
 
-        d = hub.pull(args.name, source=args.source, progress=progress, verbose=True)
-    print(f"{args.name}: {spec.about}\n  ready in {d}")
+        if hub.is_pulled(spec):
+            print(f"{spec.aliases[0]}: already in {hub.model_dir(spec)}")
+        else:
+            d = hub.pull(spec.name, source=args.source, progress=progress, verbose=True)
+            print(f"{spec.aliases[0]}: {spec.about}\n  ready in {d}")
+        for c in copies:
+            done = (hub.copy_dir(c) / hub.SOURCE_FILE).is_file()
+            d = hub.ensure_copy(c.name, progress=progress)
+            print(
+                f"{c.aliases[0]}: {'already in' if done else c.about + chr(10) + '  ready in'} {d}"
+            )
     return 0
 
 

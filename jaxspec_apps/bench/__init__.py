@@ -60,7 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="default", help="tiny pair: target (dir or name)")
     parser.add_argument("--draft", default="default-draft", help="tiny pair: draft")
     parser.add_argument("--real-target", default="smollm2", help="real pair: target")
-    parser.add_argument("--real-draft", default="smollm2-draft", help="real pair: draft")
+    parser.add_argument(
+        "--real-draft",
+        default="smollm2-w4a16",
+        help="real pair: draft (smollm2-draft: the small one)",
+    )
     parser.add_argument(
         "--sections",
         default=None,

@@ -33,6 +33,8 @@ def checkpoint_dir(name: str) -> pathlib.Path:
         return BUILTIN_DIR / BUILTIN_NAMES[name]
     if hub.remote_model(name) is not None and not pathlib.Path(name).exists():
         return hub.ensure(name)
+    if hub.quantized_copy(name) is not None and not pathlib.Path(name).exists():
+        return hub.ensure_copy(name)
     return pathlib.Path(name)
 
 

@@ -85,10 +85,12 @@ def acceptance(
     prompts: list[list[int]],
     new_tokens: int,
     gamma: int,
+    temperatures: tuple[float, ...] = (0.0, 1.0),
 ) -> dict[str, float]:
-    """Measured alpha and tokens per round of co-located speculative decoding at T=0 and 1."""
+    """Measured alpha and tokens per round of co-located speculative decoding at each
+    temperature (keys `alpha_t0`, `alpha_t0.7`, ...)."""
     out = {}
-    for temp in (0.0, 1.0):
+    for temp in temperatures:
         res = jaxspec.generate(
             target, prompts, new_tokens, draft=draft, gamma=gamma, temperature=temp,
             seed=0, stop_tokens=[],

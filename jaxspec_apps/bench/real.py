@@ -1,5 +1,5 @@
-"""The real pair's pass of `jaxspec bench`: SmolLM2-135M-Instruct as the target and the
-shipped W4A16 draft (`smollm2-draft`), on chat prompts.
+"""The real pair's pass of `jaxspec bench`: SmolLM2-135M-Instruct as the float target and its
+own W4A16 copy as the draft (`smollm2-w4a16`, the papers' pair), on chat prompts.
 
 The sections are the suite's (co-located, peer, capacity, RTT, batch sweep, wire cost) plus
 Spec-Bench's per-category report (`specbench`), the decode cost of each model against the
@@ -33,6 +33,7 @@ from jaxspec_apps.bench import (
 from jaxspec_apps.bench.common import best_time, heldout_stream, prompts_from, run_sections
 from jaxspec_apps.bench.profile import Profile
 
+SMALL_DRAFT = "smollm2-draft"  # the distilled 14M draft for weak devices
 REAL_SECTIONS = (
     "specbench",
     "cost",
@@ -105,24 +106,20 @@ def hf_draft_dir(draft: Any, name: str) -> pathlib.Path:
 
 def quality_rows(
     target: Any,
-    draft: Any,
+    drafts: dict[str, Any],
     stream: np.ndarray,
     prompts: list[list[int]],
     p: Profile,
 ) -> dict[str, Any]:
-    """The W4A16 table on this model: the target itself at W4A16 (self-speculation's draft)
-    and the shipped draft, with held-out perplexity, agreement and alpha at T = 0 and 1."""
+    """The quality table on this model: each draft (the W4A16 self-draft, the small distilled
+    one) with held-out perplexity, agreement and alpha at T = 0 and 0.7."""
     win = {"heldout": quality.spread_windows(stream, p.quality_seq_len + 1, p.quality_windows)}
     evals = [
         (kind, b, rows, quality.target_logp(target.module, target.params, b))
         for kind, b, rows in quality.batches(win, min(4, p.quality_windows))
     ]
     rows = {}
-    for label, model in (
-        ("target (no draft: the reference)", target),
-        ("target at W4A16 g128 (self-speculation)", jaxspec.quantize(target, "w4a16", 128)),
-        ("shipped draft, W4A16", draft),
-    ):
+    for label, model in {"target (no draft: the reference)": target, **drafts}.items():
         row = {
             "params": model.num_params(),
             "resident_bytes": model.nbytes(),
@@ -130,7 +127,9 @@ def quality_rows(
             **quality.heldout_metrics(model, evals),
         }
         if model is not target:
-            row |= quality.acceptance(target, model, prompts, p.quality_new_tokens, p.gamma)
+            row |= quality.acceptance(
+                target, model, prompts, p.quality_new_tokens, p.gamma, temperatures=(0.0, 0.7)
+            )
         rows[label] = row
     return {
         "rows": rows,
@@ -253,7 +252,10 @@ def run(
 
     def run_quality() -> dict[str, Any]:
         qp = prompts_from(stream, p.quality_prompts, p.prompt_len, seed=2)
-        return quality_rows(target, draft, stream, qp, p)
+        drafts = {f"draft `{draft_name}`": draft}
+        if draft_name != SMALL_DRAFT:
+            drafts[f"small draft `{SMALL_DRAFT}`"] = jaxspec.load(SMALL_DRAFT)
+        return quality_rows(target, drafts, stream, qp, p)
 
     unknown = set(sections) - set(REAL_SECTIONS)
     if unknown:
@@ -308,6 +310,13 @@ def headline(res: dict[str, Any]) -> dict[str, Any]:
     if "capacity" in s:
         out["capacity_factor_measured"] = s["capacity"]["capacity_factor_measured"]
         out["capacity_factor_predicted"] = s["capacity"]["capacity_factor_predicted"]
+    if "quality" in s:
+        rows = list(s["quality"]["rows"].values())
+        ref, d = rows[0], rows[1]  # the target, then the pair's draft
+        out["selfdraft_alpha_t0"] = d["alpha_t0"]
+        out["selfdraft_alpha_t07"] = d["alpha_t0.7"]
+        out["selfdraft_agreement"] = d["greedy_agreement"]
+        out["selfdraft_ppl_ratio"] = d["ppl"] / ref["ppl"]
     if "wirecost" in s:
         out["wire_bytes_per_token"] = {
             r["encoding"]: r["bytes_per_token"] for r in s["wirecost"]["rows"]

