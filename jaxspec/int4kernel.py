@@ -76,6 +76,8 @@ def _load() -> dict:
                 lib.jaxspec_int4_isa.restype = ctypes.c_int
                 lib.jaxspec_int4_set_isa.restype = ctypes.c_int
                 lib.jaxspec_int4_set_isa.argtypes = [ctypes.c_int]
+                lib.jaxspec_int4_set_threads.restype = ctypes.c_int
+                lib.jaxspec_int4_set_threads.argtypes = [ctypes.c_int]
                 jax.ffi.register_ffi_target(
                     TARGET, jax.ffi.pycapsule(lib.JaxspecInt4Matmul), platform="cpu"
                 )
@@ -111,6 +113,15 @@ def set_isa(name: str) -> str:
     if lib is None:
         raise RuntimeError(status())
     return _ISA_NAMES[lib.jaxspec_int4_set_isa({"AVX2": 2, "scalar": 0}[name])]
+
+
+def set_threads(n: int) -> int:
+    """Caps the threads one call uses (the calling one included); 0 = the size of XLA's CPU
+    thread pool (the default). Benchmarks."""
+    lib = _load()["lib"]
+    if lib is None:
+        raise RuntimeError(status())
+    return lib.jaxspec_int4_set_threads(n)
 
 
 def status() -> str:

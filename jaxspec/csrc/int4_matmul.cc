@@ -58,6 +58,7 @@ int DetectIsa() {
 }
 
 std::atomic<int> g_isa{DetectIsa()};
+std::atomic<int> g_max_threads{0};  // 0: as many as XLA's pool has
 
 // ------------------------------------------------------------------ scale conversion
 
@@ -203,25 +204,90 @@ JAXSPEC_AVX2 void RowsAvx2(const Problem& p, const uint8_t* wt, int64_t k0, int6
   for (int c0 = 0; c0 < 8; c0 += C) BlockAvx2<R, C>(p, wt, k0, k1, g, n0, c0, sc, of, out_tile);
 }
 
-JAXSPEC_AVX2 void GroupAvx2(const Problem& p, const uint8_t* wt, int64_t k0, int64_t k1,
-                            int64_t g, const float* sc, const float* of, float* out_tile) {
-  int64_t n0 = 0;
-  while (n0 < p.N) {
-    const int64_t left = p.N - n0;
-    if (left >= 4) {
-      RowsAvx2<4, 2>(p, wt, k0, k1, g, n0, sc, of, out_tile);
-      n0 += 4;
-    } else if (left == 3) {
-      RowsAvx2<3, 4>(p, wt, k0, k1, g, n0, sc, of, out_tile);
-      n0 += 3;
-    } else if (left == 2) {
-      RowsAvx2<2, 4>(p, wt, k0, k1, g, n0, sc, of, out_tile);
-      n0 += 2;
-    } else {
-      RowsAvx2<1, 8>(p, wt, k0, k1, g, n0, sc, of, out_tile);
-      n0 += 1;
+// Rows n0.. of x (R of them) x column vectors [c0, c0 + C) of a float weight chunk `buf`
+// ([kc][64], already scaled), accumulated into out_tile.
+template <int R, int C>
+JAXSPEC_AVX2 void MicroAvx2(const float* buf, int64_t kc, const float* xr, int64_t ldx, int c0,
+                            float* o) {
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_loadu_ps(o + r * kTile + 8 * (c0 + c));
+  for (int64_t k = 0; k < kc; ++k) {
+    __m256 wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = _mm256_load_ps(buf + k * kTile + 8 * (c0 + c));
+    for (int r = 0; r < R; ++r) {
+      const __m256 xb = _mm256_broadcast_ss(xr + r * ldx + k);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xb, wv[c], acc[r][c]);
     }
   }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(o + r * kTile + 8 * (c0 + c), acc[r][c]);
+}
+
+template <int R, int C>
+JAXSPEC_AVX2 void MicroRowsAvx2(const float* buf, int64_t kc, const float* xr, int64_t ldx,
+                                float* o) {
+  for (int c0 = 0; c0 < 8; c0 += C) MicroAvx2<R, C>(buf, kc, xr, ldx, c0, o);
+}
+
+// Many rows: dequantize (with scale and offset) chunks of up to kChunk rows of the tile into
+// an L1 buffer once, then run a float register-blocked kernel over it for every row block.
+constexpr int64_t kChunk = 32;
+
+JAXSPEC_AVX2 void GroupBufferedAvx2(const Problem& p, const uint8_t* wt, int64_t k0, int64_t k1,
+                                    const float* sc, const float* of, float* out_tile) {
+  alignas(32) float buf[kChunk * kTile];
+  alignas(32) float bias[kTile];  // offset - 8 * scale: u = q + 8
+  for (int c = 0; c < kTile; ++c) bias[c] = of[c] - 8.0f * sc[c];
+  __m256 s[8];
+  for (int i = 0; i < 8; ++i) s[i] = _mm256_load_ps(sc + 8 * i);
+  const __m256i mask = _mm256_set1_epi32(15);
+  for (int64_t kb = k0; kb < k1; kb += kChunk) {
+    const int64_t kc = k1 - kb < kChunk ? k1 - kb : kChunk;
+    for (int64_t k = 0; k < kc; ++k) {
+      const __m256i v =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wt + (kb + k) * kRowBytes));
+      for (int i = 0; i < 8; ++i) {
+        const __m256i u = i == 0 ? v : _mm256_srli_epi32(v, 4 * i);
+        const __m256 wf = _mm256_cvtepi32_ps(_mm256_and_si256(u, mask));
+        _mm256_store_ps(buf + k * kTile + 8 * i,
+                        _mm256_fmadd_ps(wf, s[i], _mm256_load_ps(bias + 8 * i)));
+      }
+    }
+    int64_t n0 = 0;
+    while (n0 < p.N) {
+      const int64_t left = p.N - n0;
+      const float* xr = p.x + n0 * p.K + kb;
+      float* o = out_tile + n0 * kTile;
+      if (left >= 6) {
+        MicroRowsAvx2<6, 2>(buf, kc, xr, p.K, o);
+        n0 += 6;
+      } else if (left == 5) {
+        MicroRowsAvx2<5, 2>(buf, kc, xr, p.K, o);
+        n0 += 5;
+      } else if (left == 4) {
+        MicroRowsAvx2<4, 2>(buf, kc, xr, p.K, o);
+        n0 += 4;
+      } else if (left == 3) {
+        MicroRowsAvx2<3, 2>(buf, kc, xr, p.K, o);
+        n0 += 3;
+      } else if (left == 2) {
+        MicroRowsAvx2<2, 4>(buf, kc, xr, p.K, o);
+        n0 += 2;
+      } else {
+        MicroRowsAvx2<1, 8>(buf, kc, xr, p.K, o);
+        n0 += 1;
+      }
+    }
+  }
+}
+
+// One or two rows: no buffer; nibbles go from the load straight into FMAs.
+JAXSPEC_AVX2 void GroupAvx2(const Problem& p, const uint8_t* wt, int64_t k0, int64_t k1,
+                            int64_t g, const float* sc, const float* of, float* out_tile) {
+  if (p.N >= 3) return GroupBufferedAvx2(p, wt, k0, k1, sc, of, out_tile);
+  if (p.N == 2) return RowsAvx2<2, 4>(p, wt, k0, k1, g, 0, sc, of, out_tile);
+  RowsAvx2<1, 8>(p, wt, k0, k1, g, 0, sc, of, out_tile);
 }
 #endif
 
@@ -319,18 +385,23 @@ ffi::Error Int4MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   // Helpers only pay off when there is enough weight to stream (~256 KB and 2+ tiles).
   int64_t helpers = 0;
   if (T >= 2 && T * K * kRowBytes >= (256 << 10)) {
-    helpers = pool.num_threads() - 1;
+    const int64_t cap = g_max_threads.load(std::memory_order_relaxed);
+    helpers = (cap > 0 ? cap : pool.num_threads()) - 1;
     if (helpers > T - 1) helpers = T - 1;
     if (helpers < 0) helpers = 0;
   }
   for (int64_t h = 0; h < helpers; ++h) pool.Schedule([job] { job->Work(); });
   job->Work();
-  while (job->done.load(std::memory_order_acquire) < T) {
+  // Wait for tiles that helpers claimed: spin briefly, then yield the core (on a busy machine
+  // the helper may be waiting for this very core).
+  for (int spins = 0; job->done.load(std::memory_order_acquire) < T; ++spins) {
 #if JAXSPEC_X86
-    _mm_pause();
-#else
-    std::this_thread::yield();
+    if (spins < 4096) {
+      _mm_pause();
+      continue;
+    }
 #endif
+    std::this_thread::yield();
   }
   return ffi::Error::Success();
 }
@@ -357,4 +428,10 @@ extern "C" int jaxspec_int4_isa() { return g_isa.load(); }
 extern "C" int jaxspec_int4_set_isa(int isa) {
   g_isa.store(isa == kAvx2 ? DetectIsa() : kScalar);
   return g_isa.load();
+}
+
+// Caps the threads one call uses (caller included); 0 = the size of XLA's pool. Benchmarks.
+extern "C" int jaxspec_int4_set_threads(int n) {
+  g_max_threads.store(n < 0 ? 0 : n);
+  return g_max_threads.load();
 }
