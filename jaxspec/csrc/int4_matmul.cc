@@ -282,11 +282,10 @@ JAXSPEC_AVX2 void GroupBufferedAvx2(const Problem& p, const uint8_t* wt, int64_t
   }
 }
 
-// One or two rows: no buffer; nibbles go from the load straight into FMAs.
+// One row: no buffer; nibbles go from the load straight into FMAs.
 JAXSPEC_AVX2 void GroupAvx2(const Problem& p, const uint8_t* wt, int64_t k0, int64_t k1,
                             int64_t g, const float* sc, const float* of, float* out_tile) {
-  if (p.N >= 3) return GroupBufferedAvx2(p, wt, k0, k1, sc, of, out_tile);
-  if (p.N == 2) return RowsAvx2<2, 4>(p, wt, k0, k1, g, 0, sc, of, out_tile);
+  if (p.N >= 2) return GroupBufferedAvx2(p, wt, k0, k1, sc, of, out_tile);
   RowsAvx2<1, 8>(p, wt, k0, k1, g, 0, sc, of, out_tile);
 }
 #endif
