@@ -31,13 +31,16 @@ needs_kernel = pytest.mark.skipif(
 TOL = 1e-5
 
 # (N, K, M, group): N from 1 to 16 (and one past it), odd K, K not a multiple of the group,
-# M not a multiple of the 64-column tile, K smaller than one group.
+# M not a multiple of the 64-column tile, K smaller than one group. The kernel's AVX2 path
+# takes one row directly and more in blocks of 6/5/4/3/2/1 rows: N = 8 (6 + 2), 16 (6 + 6 +
+# 4), 3, 17 (6 + 6 + 5) and 7 (6 + 1) reach every block.
 BUCKETS = [
     (1, 576, 192, 64),
-    (5, 577, 130, 32),
+    (8, 577, 130, 32),
     (16, 129, 65, 128),
     (3, 7, 3, 32),
     (17, 200, 64, 128),
+    (7, 64, 70, 64),
 ]
 SCALE_DTYPES = [jnp.bfloat16, jnp.float16, jnp.float32]
 
