@@ -58,7 +58,7 @@ class OptionalBuildExt(build_ext):
 
 
 _include = _ffi_include_dir()
-_flags = ["-std=c++17", "-O3"]
+_flags = ["-std=c++17", "-O3", "-g0"]  # -g0: Python's CFLAGS add -g (a 1.3 MB library)
 if _include:  # -isystem: no warnings from the FFI headers
     _flags += ["-isystem", _include]
 
