@@ -381,9 +381,11 @@ ffi::Error Int4MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
     for (int64_t k = 0; k < K; ++k) p.xsum[n * G + k / group] += p.x[n * K + k];
   job->isa = g_isa.load(std::memory_order_relaxed);
 
-  // Helpers only pay off when there is enough weight to stream (~256 KB and 2+ tiles).
+  // Helpers only pay off with enough work: ~256 KB of weight to stream at one row; with many
+  // rows the kernel is compute-bound and smaller weights are worth splitting too.
   int64_t helpers = 0;
-  if (T >= 2 && T * K * kRowBytes >= (256 << 10)) {
+  const int64_t work = T * K * kRowBytes * (N > 2 ? N / 2 : 1);
+  if (T >= 2 && work >= (256 << 10)) {
     const int64_t cap = g_max_threads.load(std::memory_order_relaxed);
     helpers = (cap > 0 ? cap : pool.num_threads()) - 1;
     if (helpers > T - 1) helpers = T - 1;
