@@ -154,7 +154,9 @@ def unpack_checkpoint(qweight: np.ndarray, K: int) -> np.ndarray:
 
 def prepare(qweight: np.ndarray, K: int) -> np.ndarray:
     """Checkpoint layout uint8 [ceil(K/2), M] -> the kernel's tiled layout uint8 [T, K, 32]
-    (see the module docstring). Once, at load time, outside jit."""
+    (see the module docstring). Once, at load time, outside jit. Hand the result to jitted code
+    as an argument (a parameter), not as a closed-over constant: XLA would embed it in the
+    program."""
     q = unpack_checkpoint(qweight, K)
     M = q.shape[1]
     T = -(-M // TILE)
@@ -194,7 +196,8 @@ def matmul(x_NK, w_prepared, scale, offset=None, *, K: int, M: int, group: int) 
     """x f32[N, K] (or [..., K]) @ the int4 weight -> f32[N, M] (or [..., M]).
 
     `w_prepared` comes from `prepare`; scale and offset are [ceil(K/group), M] in bfloat16,
-    float16 or float32 (offset may be None). Usable under jax.jit; XLA:CPU only."""
+    float16 or float32 (offset may be None). Usable under jax.jit and in Flax modules; the
+    custom call is registered for XLA:CPU only (arrays on another backend fail to compile)."""
     if not available():
         raise RuntimeError(status())
     x = jnp.asarray(x_NK, jnp.float32)
