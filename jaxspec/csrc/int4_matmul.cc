@@ -12,13 +12,17 @@
 // K * 32 contiguous bytes, read front to back (a row-major [K, M] matrix has a row stride of
 // M/2 bytes, 24 KB for a 49152-wide head, which defeats the prefetcher).
 //
-// Per group of rows the kernel sums x[n, k] * u into float32 registers and then adds
-//   scale * (acc - 8 * xsum) + offset * xsum,   xsum = sum of x[n, k] over the group,
-// to the output: no float weight is ever written to memory. Output tiles are split over the
-// thread pool XLA hands the handler (the calling thread works too).
+// One row (drafting): per group of rows the kernel sums x[k] * u straight from the nibbles
+// into float32 registers and then adds
+//   scale * (acc - 8 * xsum) + offset * xsum,   xsum = sum of x[k] over the group,
+// to the output: no float weight is written anywhere. Two rows or more (verify blocks): each
+// chunk of 32 rows of a tile is dequantized once (scale * u + offset - 8 * scale) into a 8 KB
+// buffer that stays in L1, and a register-blocked float kernel runs over it for every block of
+// up to 6 rows. Output tiles are split over the thread pool XLA hands the handler (the calling
+// thread works too).
 //
-// Two code paths, chosen at run time: AVX2+FMA+F16C (function target attributes, so the
-// library is built with generic flags and loads on any x86-64), and a portable scalar one.
+// Two code paths, chosen at run time: AVX2+FMA (function target attributes, so the library is
+// built with generic flags and loads on any x86-64), and a portable scalar one.
 
 #include <atomic>
 #include <cstdint>
@@ -42,15 +46,13 @@ namespace {
 
 constexpr int kTile = 64;       // output columns per tile
 constexpr int kRowBytes = 32;   // bytes per (tile, k)
-constexpr int kMaxRows = 4;     // rows of x per register block
 
 enum Isa : int { kScalar = 0, kAvx2 = 2 };
 
 int DetectIsa() {
 #if JAXSPEC_X86 && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c")) {
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     return kAvx2;
   }
 #endif
@@ -157,7 +159,7 @@ void GroupScalar(const Problem& p, const uint8_t* wt, int64_t k0, int64_t k1, in
 // ------------------------------------------------------------------ AVX2 path
 
 #if JAXSPEC_X86 && (defined(__GNUC__) || defined(__clang__))
-#define JAXSPEC_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define JAXSPEC_AVX2 __attribute__((target("avx2,fma")))
 
 // Rows [n0, n0 + R) x column vectors [c0, c0 + C) (8 columns each) of one tile, k in [k0, k1).
 template <int R, int C>
@@ -422,7 +424,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecInt4Matmul, Int4MatmulImpl,
                                   .Attr<int64_t>("group")
                                   .Attr<int64_t>("has_offset"));
 
-// The code path in use: 2 = AVX2+FMA+F16C, 0 = scalar.
+// The code path in use: 2 = AVX2+FMA, 0 = scalar.
 extern "C" int jaxspec_int4_isa() { return g_isa.load(); }
 
 // Forces a path (tests): 0 = scalar; 2 = AVX2 if this CPU has it. Returns the path now in use.
