@@ -22,6 +22,10 @@ padded with q = 0). The 32 bytes of (t, k) are 8 little-endian uint32 words; nib
 bytes, streamed front to back), and one 256-bit load plus a shift and a mask gives 8 contiguous
 columns as int32 lanes.
 
+Threads: a call splits its output tiles over XLA's CPU thread pool (the calling thread works
+too); JAXSPEC_INT4_THREADS=n caps the threads per call (1: the calling thread only, for a host
+whose cores are busy with other work), or `set_threads(n)`.
+
 Pure module: imports only jax, numpy and the standard library.
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.machinery
+import os
 import pathlib
 import threading
 
@@ -81,6 +86,9 @@ def _load() -> dict:
                 jax.ffi.register_ffi_target(
                     TARGET, jax.ffi.pycapsule(lib.JaxspecInt4Matmul), platform="cpu"
                 )
+                threads = os.environ.get("JAXSPEC_INT4_THREADS", "").strip()
+                if threads.isdigit():
+                    lib.jaxspec_int4_set_threads(int(threads))
                 state["lib"] = lib
         except Exception as e:  # a broken or foreign build: report it, never raise
             state["lib"] = None

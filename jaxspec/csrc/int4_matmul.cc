@@ -399,7 +399,7 @@ ffi::Error Int4MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   // the helper may be waiting for this very core).
   for (int spins = 0; job->done.load(std::memory_order_acquire) < T; ++spins) {
 #if JAXSPEC_X86
-    if (spins < 4096) {
+    if (spins < 256) {  // a few microseconds
       _mm_pause();
       continue;
     }
