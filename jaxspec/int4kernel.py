@@ -1,0 +1,248 @@
+"""An int4 x float32 matmul for XLA:CPU (W4A16 decode), as an XLA FFI custom call.
+
+XLA:CPU rebuilds the float weight from int4 before each dot, which makes a W4A16 decode step
+slower than float32. `matmul` instead calls a C++ kernel (jaxspec/csrc/int4_matmul.cc,
+compiled at install into jaxspec/_int4*.so; AVX2+FMA with a scalar fallback chosen at run time)
+that dequantizes nibbles in registers and never writes a float weight. It is meant for a few
+rows (N <= 16: drafting and verify blocks); it accepts any N.
+
+    w = prepare(qweight, K)                      # once, at load time, outside jit
+    y = matmul(x, w, scale, offset, K=K, M=M, group=group)   # under jit
+
+Semantics (float32 accumulate), with q the int4 values of the checkpoint:
+    W[k, m] = f32(scale[k // group, m]) * q[k, m] + (f32(offset[k // group, m]) or 0)
+    result  = x @ W
+
+Checkpoint layout (jaxspec.quantize.pack_int4): uint8 [ceil(K/2), M]; row i holds q[i] in the
+low nibble and q[i + ceil(K/2)] in the high nibble (two's complement; zero pad for odd K).
+
+Kernel layout (`prepare`): uint8 [T, K, 32], T = ceil(M / 64) tiles of 64 output columns (M
+padded with q = 0). The 32 bytes of (t, k) are 8 little-endian uint32 words; nibble i (bits
+4i..4i+3) of word j holds q + 8 (0..15) for column 64 t + 8 i + j. Each tile is contiguous (K * 32
+bytes, streamed front to back), and one 256-bit load plus a shift and a mask gives 8 contiguous
+columns as int32 lanes.
+
+Threads: a call splits its output tiles over XLA's CPU thread pool (the calling thread works
+too); JAXSPEC_INT4_THREADS=n caps the threads per call (1: the calling thread only, for a host
+whose cores are busy with other work), or `set_threads(n)`.
+
+Pure module: imports only jax, numpy and the standard library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.machinery
+import os
+import pathlib
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+TILE = 64  # output columns per tile of the prepared layout
+TARGET = "jaxspec_int4_matmul"
+_HERE = pathlib.Path(__file__).resolve().parent
+_SCALE_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+_ISA_NAMES = {2: "AVX2", 0: "scalar"}
+
+_lock = threading.Lock()
+_state: dict | None = None  # {"lib": CDLL | None, "path": Path | None, "why": str}
+
+
+def _library_path() -> pathlib.Path | None:
+    """The built shared library next to this file (setuptools names it _int4<EXT_SUFFIX>)."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = _HERE / f"_int4{suffix}"
+        if path.is_file():
+            return path
+    found = sorted(_HERE.glob("_int4*.so"))
+    return found[0] if found else None
+
+
+def _load() -> dict:
+    global _state
+    with _lock:
+        if _state is not None:
+            return _state
+        state: dict = {"lib": None, "path": None, "why": ""}
+        try:
+            path = _library_path()
+            if path is None:
+                state["why"] = (
+                    "not built (no jaxspec/_int4*.so: no C++ compiler at install, or its build "
+                    "failed)"
+                )
+            else:
+                state["path"] = path
+                lib = ctypes.CDLL(str(path))
+                lib.jaxspec_int4_isa.restype = ctypes.c_int
+                lib.jaxspec_int4_set_isa.restype = ctypes.c_int
+                lib.jaxspec_int4_set_isa.argtypes = [ctypes.c_int]
+                lib.jaxspec_int4_set_threads.restype = ctypes.c_int
+                lib.jaxspec_int4_set_threads.argtypes = [ctypes.c_int]
+                jax.ffi.register_ffi_target(
+                    TARGET, jax.ffi.pycapsule(lib.JaxspecInt4Matmul), platform="cpu"
+                )
+                threads = os.environ.get("JAXSPEC_INT4_THREADS", "").strip()
+                if threads.isdigit():
+                    lib.jaxspec_int4_set_threads(int(threads))
+                state["lib"] = lib
+        except Exception as e:  # a broken or foreign build: report it, never raise
+            state["lib"] = None
+            state["why"] = f"failed to load ({type(e).__name__}: {e})"
+        _state = state
+        return state
+
+
+def available() -> bool:
+    """True when the compiled kernel is loaded and registered with XLA (lazy, once; never
+    raises)."""
+    try:
+        return _load()["lib"] is not None
+    except Exception:
+        return False
+
+
+def isa() -> str | None:
+    """The code path the kernel uses on this CPU ("AVX2" or "scalar"), None when not
+    available."""
+    if not available():
+        return None
+    return _ISA_NAMES.get(_load()["lib"].jaxspec_int4_isa(), "unknown")
+
+
+def set_isa(name: str) -> str:
+    """Forces the kernel's code path ("scalar", or "AVX2" when the CPU has it; tests and
+    benchmarks). Returns the path now in use."""
+    lib = _load()["lib"]
+    if lib is None:
+        raise RuntimeError(status())
+    return _ISA_NAMES[lib.jaxspec_int4_set_isa({"AVX2": 2, "scalar": 0}[name])]
+
+
+def set_threads(n: int) -> int:
+    """Caps the threads one call uses (the calling one included); 0 = the size of XLA's CPU
+    thread pool (the default). Benchmarks."""
+    lib = _load()["lib"]
+    if lib is None:
+        raise RuntimeError(status())
+    return lib.jaxspec_int4_set_threads(n)
+
+
+def status() -> str:
+    """One line for start-up and doctor output."""
+    try:
+        state = _load()
+        if state["lib"] is None:
+            return f"int4 kernel: {state['why']} - XLA dequant path"
+        path = state["path"]
+        try:
+            shown = path.relative_to(_HERE.parent)
+        except ValueError:
+            shown = path
+        return f"int4 kernel: {isa()} ({shown})"
+    except Exception as e:
+        return f"int4 kernel: unknown ({type(e).__name__}: {e}) - XLA dequant path"
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def unpack_checkpoint(qweight: np.ndarray, K: int) -> np.ndarray:
+    """Checkpoint layout uint8 [ceil(K/2), M] -> int8 q [K, M] in [-8, 7]."""
+    p = np.asarray(qweight, np.uint8)
+    if p.ndim != 2 or p.shape[0] != -(-K // 2):
+        raise ValueError(f"qweight must be uint8 [ceil(K/2)={-(-K // 2)}, M], got {p.shape}")
+    nibbles = np.concatenate([p & 0xF, p >> 4], axis=0)[:K]
+    return ((nibbles.astype(np.int8) ^ 8) - 8).astype(np.int8)
+
+
+def prepare(qweight: np.ndarray, K: int) -> np.ndarray:
+    """Checkpoint layout uint8 [ceil(K/2), M] -> the kernel's tiled layout uint8 [T, K, 32]
+    (see the module docstring). Once, at load time, outside jit. Hand the result to jitted code
+    as an argument (a parameter), not as a closed-over constant: XLA would embed it in the
+    program."""
+    q = unpack_checkpoint(qweight, K)
+    M = q.shape[1]
+    T = -(-M // TILE)
+    u = np.full((K, T * TILE), 8, np.uint32)  # q = 0 in the padding columns
+    u[:, :M] = q.astype(np.int32) + 8
+    u = u.reshape(K, T, 8, 8).transpose(1, 0, 3, 2)  # [T, K, j (word), i (nibble)]
+    words = np.zeros((T, K, 8), np.uint32)
+    for i in range(8):
+        words |= u[..., i] << np.uint32(4 * i)
+    return np.ascontiguousarray(words.astype("<u4")).view(np.uint8).reshape(T, K, 32)
+
+
+# ----------------------------------------------------------------------------- matmul
+
+
+def _check(scale, offset, K: int, M: int, group: int) -> None:
+    G = -(-K // group)
+    if tuple(scale.shape) != (G, M):
+        raise ValueError(f"scale must be [G={G}, M={M}], got {tuple(scale.shape)}")
+    if scale.dtype not in _SCALE_DTYPES:
+        raise ValueError(f"scale dtype must be bfloat16, float16 or float32, got {scale.dtype}")
+    if offset is not None:
+        if tuple(offset.shape) != (G, M):
+            raise ValueError(f"offset must be [G={G}, M={M}], got {tuple(offset.shape)}")
+        if offset.dtype not in _SCALE_DTYPES:
+            raise ValueError(f"offset dtype must be bf16, f16 or f32, got {offset.dtype}")
+
+
+@functools.cache
+def _call(N: int, M: int):
+    return jax.ffi.ffi_call(
+        TARGET, jax.ShapeDtypeStruct((N, M), jnp.float32), vmap_method="sequential"
+    )
+
+
+def matmul(x_NK, w_prepared, scale, offset=None, *, K: int, M: int, group: int) -> jax.Array:
+    """x f32[N, K] (or [..., K]) @ the int4 weight -> f32[N, M] (or [..., M]).
+
+    `w_prepared` comes from `prepare`; scale and offset are [ceil(K/group), M] in bfloat16,
+    float16 or float32 (offset may be None). Usable under jax.jit and in Flax modules; the
+    custom call is registered for XLA:CPU only (arrays on another backend fail to compile)."""
+    if not available():
+        raise RuntimeError(status())
+    x = jnp.asarray(x_NK, jnp.float32)
+    scale = jnp.asarray(scale)
+    offset = None if offset is None else jnp.asarray(offset)
+    _check(scale, offset, K, M, group)
+    if x.shape[-1] != K:
+        raise ValueError(f"x must be [..., K={K}], got {x.shape}")
+    T = -(-M // TILE)
+    if tuple(w_prepared.shape) != (T, K, 32):
+        raise ValueError(f"w_prepared must be [{T}, {K}, 32] (prepare), got {w_prepared.shape}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    out = _call(x2.shape[0], M)(
+        x2,
+        jnp.asarray(w_prepared, jnp.uint8),
+        scale,
+        scale if offset is None else offset,
+        K=np.int64(K),
+        M=np.int64(M),
+        group=np.int64(group),
+        has_offset=np.int64(offset is not None),
+    )
+    return out.reshape((*lead, M))
+
+
+def reference_matmul(x_NK, qweight, scale, offset=None, *, K: int, M: int, group: int) -> jax.Array:
+    """Pure-JAX `matmul` on the CHECKPOINT layout (unpack, dequantize, dot); for tests and as
+    the XLA path."""
+    x = jnp.asarray(x_NK, jnp.float32)
+    scale = jnp.asarray(scale)
+    offset = None if offset is None else jnp.asarray(offset)
+    _check(scale, offset, K, M, group)
+    p = jnp.asarray(qweight, jnp.uint8)
+    nibbles = jnp.concatenate([p & jnp.uint8(0xF), p >> jnp.uint8(4)], axis=0)[:K]
+    q = ((nibbles.astype(jnp.int8) ^ jnp.int8(8)) - jnp.int8(8)).astype(jnp.float32)
+    w = jnp.repeat(scale.astype(jnp.float32), group, axis=0)[:K] * q
+    if offset is not None:
+        w = w + jnp.repeat(offset.astype(jnp.float32), group, axis=0)[:K]
+    return jnp.matmul(x, w, precision=jax.lax.Precision.HIGHEST)
