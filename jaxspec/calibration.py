@@ -161,8 +161,16 @@ def _xtx(module: Any, params: Any, toks: jax.Array) -> Any:
     from jaxspec.model import init_cache
 
     cache = init_cache(module.config, B, T, module.dtype)
-    _, v = module.apply({"params": params}, toks, pos, toks > -1, cache, mutable=["hessian"])
-    return v["hessian"]
+    _, v = module.apply(
+        {"params": params}, toks, pos, toks > -1, cache, mutable=["hessian", "intermediates"],
+        capture_intermediates=lambda mdl, method: mdl.name == "norm" and method == "__call__",
+    )  # fmt: skip
+    out = dict(v["hessian"])
+    if module.config.tie_word_embeddings:  # the tied head's input: the final norm's output
+        x = v["intermediates"]["norm"]["__call__"][0]
+        x2 = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+        out["embed_tokens"] = {"xtx": x2.T @ x2}
+    return out
 
 
 def hessians(
@@ -170,7 +178,8 @@ def hessians(
     progress: Progress | None = None,
 ) -> dict[tuple[str, ...], np.ndarray]:  # fmt: skip
     """Each linear layer's H = X^T X / tokens (float64 [K, K]) over `seqs` packed into
-    windows, keyed by the layer's param path (e.g. ("layers_0", "mlp", "up_proj"))."""
+    windows, keyed by the layer's param path (e.g. ("layers_0", "mlp", "up_proj")); a tied
+    head's (the final norm's output) under ("embed_tokens",)."""
     from jaxspec.model import Llama
 
     module = Llama(model.config, model.dtype, None, _probe_factory, None)

@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import _aqt, quant_methods
+from jaxspec import _aqt, int4kernel, quant_methods
 from jaxspec.config import CheckpointError
 from jaxspec.model import Llama, Model, init_cache
 
@@ -89,6 +89,46 @@ def unpack_int4(packed: jax.Array, K: int) -> jax.Array:
     return (nibbles.astype(jnp.int8) ^ jnp.int8(8)) - jnp.int8(8)  # sign-extend 4 bits
 
 
+TILE = int4kernel.TILE  # output columns per tile of the tiled int4 layout
+KERNEL_MAX_ROWS = 16  # rows (tokens) up to which a served int4 matmul uses the int4 kernel
+
+
+def pack_tiles(q_KM: jax.Array) -> jax.Array:
+    """int values in [-8, 7] `[K, M]` -> the tiled layout uint8 `[ceil(M/64), K, 32]` that
+    the int4 kernel reads (`jaxspec.int4kernel`): for tile t and row k, 8 little-endian
+    uint32 words, nibble i of word j = q + 8 of column 64 t + 8 i + j (M padded with q = 0)."""
+    K, M = q_KM.shape
+    T = -(-M // TILE)
+    u = jnp.asarray(q_KM).astype(jnp.int32) + 8
+    u = jnp.pad(u, ((0, 0), (0, T * TILE - M)), constant_values=8).astype(jnp.uint8)
+    u = u.reshape(K, T, 8, 8).transpose(1, 0, 3, 2)  # [T, K, j (word), i (nibble)]
+    u = u.reshape(T, K, 8, 4, 2)  # nibble i = 2 b + h sits in byte b of its word
+    return (u[..., 0] | (u[..., 1] << jnp.uint8(4))).reshape(T, K, 32)
+
+
+def _tile_nibbles(tiles: jax.Array) -> jax.Array:
+    """uint8 `[..., K, 32]` tile rows -> int8 q `[..., K, 64]` (column 8 i + j of the tile)."""
+    b = tiles.reshape(*tiles.shape[:-1], 8, 4)  # [..., j, byte]
+    nib = jnp.stack([b & jnp.uint8(0xF), b >> jnp.uint8(4)], axis=-1)  # [..., j, byte, h]
+    nib = nib.reshape(*tiles.shape[:-1], 8, 8)  # [..., j, i]
+    q = jnp.swapaxes(nib, -1, -2).reshape(*tiles.shape[:-1], TILE)  # [..., 8 i + j]
+    return q.astype(jnp.int8) - jnp.int8(8)
+
+
+def unpack_tiles(tiles: jax.Array, M: int) -> jax.Array:
+    """Inverse of `pack_tiles`: uint8 `[T, K, 32]` -> int8 `[K, M]`."""
+    T, K, _ = tiles.shape
+    return _tile_nibbles(tiles).transpose(1, 0, 2).reshape(K, T * TILE)[:, :M]
+
+
+def take_tile_columns(tiles: jax.Array, cols: jax.Array) -> jax.Array:
+    """Columns `cols [N]` of a tiled weight as int8 `[K, N]` (the embedding lookup), reading
+    only their tiles."""
+    q = _tile_nibbles(jnp.take(tiles, cols // TILE, axis=0))  # [N, K, 64]
+    idx = jnp.broadcast_to((cols % TILE)[:, None, None], (*q.shape[:2], 1))
+    return jnp.take_along_axis(q, idx, axis=2)[..., 0].T
+
+
 # ----------------------------------------------------------------------------- layers
 
 
@@ -108,6 +148,8 @@ class QuantSpec:
     method: str = "rtn"
     head_bits: int | None = None
     bits: int | None = None
+    layout: str = "tiles"  # packed int4: "tiles" (pack_tiles), or "rows" (pack_int4, read only)
+    kernel: bool = True  # the int4 kernel where it applies (False: XLA's path, for comparison)
 
     @property
     def weight_bits(self) -> int:
@@ -136,24 +178,54 @@ class QuantSpec:
         g = K if self.group_size is None or self.group_size >= K else self.group_size
         return g, -(-K // g)
 
-    def stored(self, K: int, M: int) -> tuple[tuple[int, int], Any]:
+    @property
+    def tiled(self) -> bool:
+        return self.weight_bits == 4 and self.packed and self.layout == "tiles"
+
+    def stored(self, K: int, M: int) -> tuple[tuple[int, ...], Any]:
         """Shape and dtype of the stored ints of a `[K, M]` weight."""
+        if self.tiled:
+            return (-(-M // TILE), K, 32), jnp.uint8
         if self.weight_bits == 4 and self.packed:
             return (-(-K // 2), M), jnp.uint8
         return (K, M), _aqt.qvalue_dtype(self.weight_bits)
 
+    def pack(self, q_KM: jax.Array) -> jax.Array:
+        """int8 q `[K, M]` -> the stored ints."""
+        if self.tiled:
+            return pack_tiles(q_KM)
+        if self.weight_bits == 4 and self.packed:
+            return pack_int4(q_KM)
+        return q_KM.astype(self.stored(*q_KM.shape)[1])
+
+    def use_kernel(self, rows: int) -> bool:
+        """Whether a served matmul of `rows` rows runs on the int4 kernel (decided at trace)."""
+        return (
+            self.kernel and self.tiled and self.act_bits is None and rows <= KERNEL_MAX_ROWS
+            and int4kernel.available() and jax.default_backend() == "cpu"
+        )  # fmt: skip
+
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("kernel", "layout")}
+        return out | {"int4_layout": self.layout}  # "layout" is the file's pointer to the doc
 
 
-def _ints(spec: QuantSpec, qweight: jax.Array, K: int) -> jax.Array:
-    """Stored ints `[K or ceil(K/2), N]` -> int8 `[G, group, N]` (zero-padded to whole groups)."""
-    if spec.weight_bits == 4 and spec.packed:
+def _ints(spec: QuantSpec, qweight: jax.Array, K: int, M: int) -> jax.Array:
+    """Stored ints of a `[K, M]` weight -> int8 `[G, group, M]` (zero-padded to whole groups)."""
+    if spec.tiled:
+        q = unpack_tiles(qweight, M)
+    elif spec.weight_bits == 4 and spec.packed:
         q = unpack_int4(qweight, K)
     else:
         q = qweight.astype(jnp.int8)
+    return _grouped(spec, q)
+
+
+def _grouped(spec: QuantSpec, q_KM: jax.Array) -> jax.Array:
+    """int8 `[K, M]` -> `[G, group, M]`, zero-padded to whole groups."""
+    K = q_KM.shape[0]
     g, G = spec.groups(K)
-    return jnp.pad(q, ((0, G * g - K), (0, 0))).reshape(G, g, q.shape[1])
+    return jnp.pad(q_KM, ((0, G * g - K), (0, 0))).reshape(G, g, q_KM.shape[1])
 
 
 def _pad_rows(w: jax.Array, rows: int) -> jax.Array:
@@ -194,6 +266,23 @@ def _offset_term(x_NK, scale_GM, minimum_GM, group: int, bits: int) -> jax.Array
     return (xsum_NG @ off).astype(x_NK.dtype)
 
 
+def _served_matmul(spec, matmul, x_NK, qweight, scale, minimum, K: int, M: int) -> jax.Array:
+    """A served `x [N, Kp] @ w [K, M]`: the int4 kernel for a few rows where it is built
+    (`QuantSpec.use_kernel`), else AQT's int dot (`_Matmul`), the same numbers to float
+    rounding."""
+    N = x_NK.shape[0]
+    if not spec.use_kernel(N):
+        return matmul(x_NK, served=(_ints(spec, qweight, K, M), scale), minimum=minimum)
+    g, _ = spec.groups(K)
+    offset = None
+    if minimum is not None:
+        h = 2 ** (spec.weight_bits - 1)
+        offset = minimum.astype(jnp.float32) + h * scale.astype(jnp.float32)
+    x = x_NK[:, :K].astype(jnp.float32)
+    y = int4kernel.matmul(x, qweight, scale, offset, K=K, M=M, group=g)
+    return y.astype(x_NK.dtype)
+
+
 def _served_params(module: nn.Module, spec: QuantSpec, K: int, M: int) -> tuple[Any, Any, Any]:
     """Declare a served `[K, M]` weight's params: (qweight, scale, minimum or None)."""
     _, G = spec.groups(K)
@@ -227,7 +316,7 @@ class QuantDense(nn.Module):
         matmul = _Matmul(self.spec, self.mode, g, name="matmul")
         if self.mode == "serve":
             qweight, scale, minimum = _served_params(self, self.spec, K, M)
-            y = matmul(x_NK, served=(_ints(self.spec, qweight, K), scale), minimum=minimum)
+            y = _served_matmul(self.spec, matmul, x_NK, qweight, scale, minimum, K, M)
         else:
             kernel = self.param("kernel", nn.initializers.lecun_normal(), (K, M))
             y = matmul(x_NK, _pad_rows(kernel.astype(self.dtype), G * g))
@@ -261,6 +350,13 @@ class QuantEmbed(nn.Module):
             self.embedding = self.param("embedding", nn.initializers.normal(1.0), (V, H))
         self.matmul = _Matmul(self.spec, self.mode, g)
 
+    def _columns(self, cols: jax.Array) -> jax.Array:
+        """The table's columns `cols [N]` (one per token) as int8 `[G, group, N]`."""
+        if self.spec.tiled:
+            return _grouped(self.spec, take_tile_columns(self.qweight, cols))
+        H = self.features
+        return _ints(self.spec, jnp.take(self.qweight, cols, axis=1), H, cols.shape[0])
+
     def _weight(self) -> jax.Array:
         """The float table transposed and zero-padded: `[G * group, vocab]`."""
         g, G = self.spec.groups(self.features)
@@ -271,7 +367,7 @@ class QuantEmbed(nn.Module):
         flat = tokens.reshape(-1)
         g, G = self.spec.groups(H)
         if self.mode == "serve":
-            q = _ints(self.spec, jnp.take(self.qweight, flat, axis=1), H)  # [G, g, N]
+            q = self._columns(flat)  # [G, g, N]
             s = jnp.take(self.scale, flat, axis=1)  # [G, N]
             if self.minimum is not None:
                 m = jnp.take(self.minimum, flat, axis=1).astype(self.dtype)
@@ -293,8 +389,9 @@ class QuantEmbed(nn.Module):
         g, G = self.spec.groups(H)
         x_NK = _pad_cols(x.reshape(-1, H).astype(self.dtype), G * g)
         if self.mode == "serve":
-            served = (_ints(self.spec, self.qweight, H), self.scale)
-            y = self.matmul(x_NK, served=served, minimum=self.minimum)
+            y = _served_matmul(
+                self.spec, self.matmul, x_NK, self.qweight, self.scale, self.minimum, H, V
+            )
         else:
             y = self.matmul(x_NK, self._weight())
         return y.astype(self.dtype).reshape(*x.shape[:-1], V)
@@ -481,9 +578,7 @@ def _quantize_asym(
         qz = quant_methods.quantize_weight(w, spec.method, s.weight_bits, g, hessians.get(path))
         out = {k: v for k, v in node.items() if k not in ("kernel", "embedding")}
         q = jnp.asarray(qz.q)
-        out["qweight"] = (
-            pack_int4(q) if s.weight_bits == 4 and s.packed else q.astype(s.stored(*w.shape)[1])
-        )
+        out["qweight"] = s.pack(q)
         out["scale"] = jnp.asarray(qz.scale)
         out["minimum"] = jnp.asarray(qz.minimum)
         done += 1
@@ -524,7 +619,8 @@ def dequantize(model: Model, dtype: Any = jnp.float32) -> Model:
     float_shapes = jax.eval_shape(lambda: _init(Llama(model.config, model.dtype), model.config))
 
     def weight(node: dict[str, Any], K: int, s: QuantSpec) -> jax.Array:
-        q = _ints(s, node["qweight"], K).astype(jnp.float32)  # [G, g, M]
+        M = node["scale"].shape[1]
+        q = _ints(s, node["qweight"], K, M).astype(jnp.float32)  # [G, g, M]
         scale = node["scale"].astype(jnp.float32)[:, None, :]
         w = q * scale
         if "minimum" in node:
@@ -590,10 +686,7 @@ def _serve_params(spec: QuantSpec, float_params: Any, frozen: dict) -> Any:
 
     def store(q_GgM: jax.Array, K: int, path: tuple[str, ...]) -> jax.Array:
         s = spec.head() if path[0] in ("embed_tokens", "lm_head") else spec
-        q = q_GgM.reshape(-1, q_GgM.shape[-1])[:K].astype(jnp.int8)
-        if s.weight_bits == 4 and s.packed:
-            return pack_int4(q)
-        return q.astype(s.stored(K, q.shape[1])[1])
+        return s.pack(q_GgM.reshape(-1, q_GgM.shape[-1])[:K].astype(jnp.int8))
 
     def walk(node: Any, path: tuple[str, ...]) -> Any:
         if path in frozen:
@@ -683,7 +776,10 @@ def load_quantized(
         spec = QuantSpec(
             q["scheme"], q["group_size"], bool(q["embeddings"]), bool(q["packed"]),
             q.get("method", "rtn"), q.get("head_bits"), q.get("bits"),
+            q.get("int4_layout", "rows"),  # files from before the tiled layout
         )  # fmt: skip
+        if spec.layout not in ("rows", "tiles"):
+            raise KeyError(f"layout {spec.layout!r}")
         spec.weight_bits  # noqa: B018 (validates the scheme)
         if spec.method not in METHODS:
             raise KeyError(f"method {spec.method!r}")
@@ -715,6 +811,10 @@ def load_quantized(
         extra = sorted(names - set(expected))
         if extra:
             raise CheckpointError(f"{d}: unexpected tensors {extra[:5]}")
+    if spec.weight_bits == 4 and spec.packed and spec.layout == "rows":
+        spec = dataclasses.replace(spec, layout="tiles")  # what the int4 kernel reads
+        module = _module(shell, spec, "serve")
+        flat = _rows_to_tiles(flat, _flatten(jax.eval_shape(lambda: _init(module, config))))
     treedef = jax.tree.structure(jax.eval_shape(lambda: _init(module, config)))
     params = jax.tree.unflatten(treedef, [flat[k] for k in expected])
     return Model(
@@ -726,3 +826,15 @@ def load_quantized(
         dense_cls=module.dense_cls,
         embed_cls=module.embed_cls,
     )
+
+
+def _rows_to_tiles(flat: dict[str, Any], tiled: dict[str, Any]) -> dict[str, Any]:
+    """Packed int4 weights of the "rows" layout (`pack_int4`) in the "tiles" one (`pack_tiles`):
+    the same ints, re-laid once at load."""
+    out = dict(flat)
+    for key, want in tiled.items():
+        have = flat[key]
+        if key.endswith("qweight") and tuple(have.shape) != tuple(want.shape):
+            K = want.shape[1]
+            out[key] = pack_tiles(unpack_int4(have, K))
+    return out
