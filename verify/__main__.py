@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxspec
-from jaxspec.flags import add_cache_flag, use_compilation_cache
+from jaxspec.flags import add_cache_flag, port_arg, port_number, use_compilation_cache
 from jaxspec.model import Model
 from verify import multihost
 from verify.local import LocalVerifier
@@ -74,6 +74,20 @@ def _mesh_arg(text: str) -> tuple[int, int]:
     return data, model
 
 
+def _coordinator_arg(text: str) -> str:
+    """--coordinator: "auto", or host:port with a port in [1, 65535]."""
+    if text == "auto":
+        return text
+    host, sep, port = text.rpartition(":")
+    try:
+        if not sep or not host:
+            raise ValueError(f"--coordinator takes host:port or auto, got {text!r}")
+        port_number(port)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m verify", description="the jaxspec verifier")
     sub = p.add_subparsers(dest="command", required=True)
@@ -89,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve a non-loopback --host without --tenants or without TLS (refused otherwise)",
     )
-    s.add_argument("--port", type=int, default=50051, help="0 picks a free port")
+    s.add_argument(
+        "--port", type=port_arg(zero_picks_free=True), default=50051, help="0 picks a free port"
+    )
     s.add_argument("--tenants", default=None, help="TOML tenants file; without it: no auth")
     s.add_argument("--tls-cert", default=None, help="PEM certificate chain (enables TLS)")
     s.add_argument("--tls-key", default=None, help="PEM private key")
@@ -102,7 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--idle-timeout-s", type=float, default=300.0)
     s.add_argument("--drain-timeout-s", type=float, default=30.0, help="most time to drain")
     s.add_argument("--drain-min-s", type=float, default=0.5, help="least time NOT_SERVING")
-    s.add_argument("--metrics-port", type=int, default=None, help="Prometheus text over HTTP")
+    s.add_argument(
+        "--metrics-port",
+        type=port_arg(zero_picks_free=True),
+        default=None,
+        help="Prometheus text over HTTP on this port; 0 picks a free one",
+    )
     s.add_argument(
         "--metrics-host", default="127.0.0.1", help="metrics bind address (default: loopback)"
     )
@@ -110,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-warmup", action="store_true", help="compile lazily (tests, demos)")
     s.add_argument(
         "--coordinator",
+        type=_coordinator_arg,
         default=None,
         help="multi-host: host:port of process 0's jax.distributed coordinator, or auto "
         "(detected: TPU pod slices, SLURM, ...); docs/multihost.md",

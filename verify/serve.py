@@ -44,6 +44,14 @@ log = logging.getLogger("verify.serve")
 SERVICE = "jaxspec.v1.Verifier"
 
 
+# Request headers (metadata) above this many bytes (HPACK-decoded, 32 bytes a header on top
+# of its name and value) are refused by gRPC core before any of our code sees the call: an
+# HTTP/2 RST_STREAM, which a client reports as RESOURCE_EXHAUSTED with no message (RST_STREAM
+# carries none). The soft limit equals the hard one, so a request is refused or not whatever
+# the draw (gRPC refuses a random share of requests between the two).
+MAX_METADATA_BYTES = 16384
+
+
 def message_limit(vocab: int, max_gamma: int, prompt_len: int) -> int:
     """The largest valid message (a full-q block, or the longest prompt), with headroom."""
     block = max_gamma * (vocab * 4 + 16) + 256
@@ -204,12 +212,17 @@ async def bind(
     `tls` is (private key, certificate chain) in PEM; `metrics_port` (0: a free one) turns on
     the Prometheus endpoint on `metrics_host`, loopback unless said otherwise, whatever
     `host` is."""
+    for name, value in (("port", port), ("metrics_port", metrics_port)):
+        if value is not None and not 0 <= value <= 65535:
+            raise ValueError(f"{name} must be in [0, 65535] (0: a free one), got {value}")
     limit = message_limit(vocab, config.max_gamma, config.max_len)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
             ("grpc.so_reuseport", 0),
+            ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+            ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
         ]
     )
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"

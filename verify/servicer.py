@@ -45,7 +45,7 @@ from jaxspec.protocol import (
 )
 from verify.local import LocalVerifier
 from verify.metrics import ServiceMetrics
-from verify.tenants import RateLimits, Tenant, Tenants
+from verify.tenants import RateLimits, Tenant, Tenants, authorization_headers
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +136,12 @@ class VerifierService(pb_grpc.VerifierServicer):
         await context.abort(grpc.StatusCode[code], message)
 
     async def _auth(self, context: Any, method: str) -> Tenant:
-        tenant = self.tenants.identify(context.invocation_metadata())
+        metadata = context.invocation_metadata()
+        tenant = self.tenants.identify(metadata)
         if tenant is None:
-            await self._fail(context, method, "UNAUTHENTICATED", "missing or invalid token")
+            n = authorization_headers(metadata)
+            why = f"{n} authorization headers (send exactly one)" if n > 1 else ""
+            await self._fail(context, method, "UNAUTHENTICATED", why or "missing or invalid token")
         return tenant
 
     async def _decoded(self, request: Any, context: Any, method: str) -> None:

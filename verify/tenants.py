@@ -71,22 +71,28 @@ class Tenants:
         return cls(out)
 
     def identify(self, metadata: Any) -> Tenant | None:
-        """The caller's tenant from `authorization: Bearer <token>` metadata, else None."""
+        """The caller's tenant from exactly one `authorization: Bearer <token>` header, else
+        None (no header, a bad one, an unknown token, or more than one header). Without a
+        tenants file everyone is the anonymous tenant, whatever the headers."""
         if self.open:
             return self.anonymous
-        token = None
-        for key, value in metadata or ():
-            if key == "authorization" and isinstance(value, str):
-                scheme, _, rest = value.partition(" ")
-                if scheme.lower() == "bearer" and rest:
-                    token = rest.strip()
-        if token is None:
+        values = [value for key, value in metadata or () if key == "authorization"]
+        if len(values) != 1 or not isinstance(values[0], str):
+            return None  # none, or several: never "the last one wins"
+        scheme, _, rest = values[0].partition(" ")
+        token = rest.strip() if scheme.lower() == "bearer" else ""
+        if not token:
             return None
         digest = token_sha256(token)
         for known, tenant in self.by_hash.items():  # constant time per comparison
             if hmac.compare_digest(known, digest):
                 return tenant
         return None
+
+
+def authorization_headers(metadata: Any) -> int:
+    """How many `authorization` headers `metadata` holds (the refusal says so when > 1)."""
+    return sum(key == "authorization" for key, _ in metadata or ())
 
 
 def token_sha256(token: str) -> str:

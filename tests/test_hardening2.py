@@ -1,0 +1,173 @@
+"""Verifier hardening, second part (issue 29), against a real `python -m verify serve` on a
+loopback port (the shipped default target, three tenants, no TLS: loopback) shared by the
+module: one authorization header, non-empty refusals, ports checked by every command
+(docs/service.md, "Tenants", "Bad input", "Flags")."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import grpc
+import pytest
+
+from jaxspec.proto import verifier_pb2 as pb
+from jaxspec.proto import verifier_pb2_grpc as pb_grpc
+from tests import grpc_helpers as h
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TOKENS = {"alice": "alice-h2-token", "bob": "bob-h2-token", "ops": "ops-h2-token"}
+
+
+def write_tenants(path):
+    path.write_text(
+        f'[tenants.alice]\ntoken = "{TOKENS["alice"]}"\nmax_sessions = 2\n\n'
+        f'[tenants.bob]\ntoken = "{TOKENS["bob"]}"\nmax_sessions = 2\n\n'
+        f'[tenants.ops]\ntoken = "{TOKENS["ops"]}"\nmax_sessions = 1\nadmin = true\n'
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hardening2")
+    tenants = write_tenants(root / "tenants.toml")
+    server = h.spawn("default", "--tenants", str(tenants), env=h.server_env(root / "jax-cache"))
+    try:
+        yield dict(root=root, server=server, address=f"127.0.0.1:{server.port}")
+    finally:
+        log = server.log
+        assert server.stop() == 0, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+
+
+def bearer(tenant: str) -> tuple[str, str]:
+    return ("authorization", f"Bearer {TOKENS[tenant]}")
+
+
+def stub(world):
+    return pb_grpc.VerifierStub(grpc.insecure_channel(world["address"]))
+
+
+def stats_status(world, metadata) -> tuple[grpc.StatusCode, str]:
+    try:
+        stub(world).Stats(pb.StatsRequest(), metadata=metadata, timeout=20)
+    except grpc.RpcError as e:
+        return e.code(), e.details()
+    return grpc.StatusCode.OK, ""
+
+
+# ---- A: one authorization header, a message on every refusal ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("authorization", "Bearer wrong-token"), bearer("alice")],  # the last one is right
+        [bearer("alice"), ("authorization", "Bearer wrong-token")],
+        [bearer("alice"), bearer("alice")],
+        [bearer("alice"), bearer("bob")],
+    ],
+    ids=["wrong-then-right", "right-then-wrong", "right-twice", "two-tenants"],
+)
+def test_more_than_one_authorization_header_is_unauthenticated(world, headers):
+    code, details = stats_status(world, headers)
+    assert code == grpc.StatusCode.UNAUTHENTICATED, details
+    assert "2 authorization headers" in details
+    assert stats_status(world, [bearer("alice")]) == (grpc.StatusCode.OK, "")
+
+
+def test_every_refusal_of_ours_carries_a_message(world):
+    s = stub(world)
+    calls = [
+        lambda: s.Stats(pb.StatsRequest(), timeout=20),  # no token
+        lambda: s.Stats(pb.StatsRequest(), metadata=[("authorization", "Basic x")], timeout=20),
+        lambda: s.Stats(pb.StatsRequest(), metadata=[("authorization", "Bearer ")], timeout=20),
+        lambda: s.CloseSession(
+            pb.CloseSessionRequest(session_id="0" * 32), metadata=[bearer("alice")], timeout=20
+        ),
+        lambda: s.OpenSession(pb.OpenSessionRequest(), metadata=[bearer("alice")], timeout=20),
+    ]
+    for call in calls:
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() != grpc.StatusCode.UNKNOWN
+        assert e.value.details(), e.value.code()
+
+
+def filler(n: int, value_len: int) -> list[tuple[str, str]]:
+    return [(f"x-filler-{i:04d}", "v" * value_len) for i in range(n)]
+
+
+def test_request_headers_past_the_limit_are_refused_by_grpc_core_and_below_it_never(world):
+    # Above MAX_METADATA_BYTES (16 KiB): gRPC core's RST_STREAM before our code runs,
+    # RESOURCE_EXHAUSTED with no message (documented: an RST_STREAM carries none).
+    code, _ = stats_status(world, [bearer("alice"), *filler(1000, 8)])
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # About 12 KiB: between gRPC's default soft (8 KiB) and hard (16 KiB) limits, where gRPC
+    # refuses a random share of requests; with the soft limit at the hard one, never.
+    headers = [bearer("alice"), *filler(200, 20)]  # 200 x (14 + 20 + 32) bytes
+    for _ in range(20):
+        assert stats_status(world, headers) == (grpc.StatusCode.OK, "")
+    # ... and what is refused there is refused by us, with a message
+    code, details = stats_status(world, filler(200, 20))
+    assert code == grpc.StatusCode.UNAUTHENTICATED and details
+
+
+# ---- A: ports ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--port", "99999"],
+        ["serve", "--port", "-1"],
+        ["serve", "--port", "65536"],
+        ["serve", "--metrics-port", "70000"],
+        ["serve", "--metrics-port", "-5"],
+        ["serve", "--coordinator", "localhost:99999", "--num-processes", "2"],
+    ],
+)
+def test_verify_serve_refuses_a_port_outside_the_range(argv, capsys):
+    from verify.__main__ import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2
+    assert "65535" in capsys.readouterr().err
+
+
+def test_verify_serve_takes_port_zero_and_the_ends_of_the_range():
+    from verify.__main__ import build_parser
+
+    for port in ("0", "1", "65535"):
+        args = build_parser().parse_args(["serve", "--port", port, "--metrics-port", port])
+        assert args.port == int(port) and args.metrics_port == int(port)
+
+
+@pytest.mark.parametrize(
+    "verifier", ["localhost:99999", "localhost:0", "localhost:65536", "a:1,localhost:70000"]
+)
+def test_edge_generate_refuses_a_verifier_port_outside_the_range(verifier, capsys):
+    from edge.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--verifier", verifier, "--prompt", "x"])
+    assert e.value.code == 2
+    assert "65535" in capsys.readouterr().err
+
+
+def test_the_demo_and_the_load_generator_refuse_a_verifier_port_outside_the_range(capsys):
+    from jaxspec_apps.cli import main as jaxspec_main
+
+    spec = importlib.util.spec_from_file_location("load_gen", ROOT / "tools" / "load_gen.py")
+    load_gen = sys.modules["load_gen"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(load_gen)
+
+    assert jaxspec_main(["demo", "--verifier", "localhost:99999", "--plain"]) == 2
+    assert "65535" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        load_gen.main(["--verifier", "localhost:99999"])
+    assert e.value.code == 2
+    assert "65535" in capsys.readouterr().err
