@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 import sys
+import time
 
 import grpc
 import pytest
@@ -171,3 +172,85 @@ def test_the_demo_and_the_load_generator_refuse_a_verifier_port_outside_the_rang
         load_gen.main(["--verifier", "localhost:99999"])
     assert e.value.code == 2
     assert "65535" in capsys.readouterr().err
+
+
+# ---- B: Stats per tenant ------------------------------------------------------------------------
+
+PLAIN_CFG = h.config(prompt=(1, 2, 3), max_new_tokens=8, mode="sync", gamma=0, seed=5)
+
+
+def stats(world, tenant: str) -> pb.StatsResponse:
+    return stub(world).Stats(pb.StatsRequest(), metadata=[bearer(tenant)], timeout=20)
+
+
+def wait_for(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.05)
+
+
+def run_plain(world, tenant: str) -> tuple[int, ...]:
+    """A speculation-off session (no drafter to load) of `tenant`: its tokens."""
+    return h.run(h.session(world["address"], None, PLAIN_CFG, TOKENS[tenant])).tokens
+
+
+def test_a_tenant_sees_its_own_stats_and_an_admin_sees_the_verifier(world):
+    before = {t: stats(world, t) for t in TOKENS}
+    tokens = run_plain(world, "alice")
+    assert len(tokens) == PLAIN_CFG.max_new_tokens
+    held = stub(world).OpenSession(  # a live session of alice's while the others look
+        pb.OpenSessionRequest(prompt=[1, 2], max_new_tokens=4), metadata=[bearer("alice")]
+    )
+    try:
+        wait_for(lambda: stats(world, "alice").sessions == 1)  # the ended one is closed
+        after = {t: stats(world, t) for t in TOKENS}
+        alice, bob, ops = after["alice"], after["bob"], after["ops"]
+        assert alice.tokens_committed - before["alice"].tokens_committed == len(tokens)
+        assert alice.steps - before["alice"].steps >= 1
+        assert alice.sessions == 1
+        # bob sees nothing of alice's: not her tokens, steps or sessions, nor the load
+        assert (bob.tokens_committed, bob.steps, bob.sessions) == (
+            before["bob"].tokens_committed, before["bob"].steps, 0,
+        )  # fmt: skip
+        assert bob.last_step_s == 0.0 and bob.last_rows == 0 and bob.mean_occupancy == 0.0
+        assert bob.serving
+        # the admin sees the verifier: every tenant's tokens and sessions, the step figures
+        assert ops.tokens_committed - before["ops"].tokens_committed >= len(tokens)
+        assert ops.tokens_committed >= alice.tokens_committed
+        assert ops.sessions >= 1 and ops.steps >= alice.steps and ops.last_step_s > 0
+    finally:
+        stub(world).CloseSession(
+            pb.CloseSessionRequest(session_id=held.session_id), metadata=[bearer("alice")]
+        )
+
+
+def test_a_tenants_file_with_a_non_boolean_admin_is_refused(tmp_path):
+    from verify.tenants import Tenants
+
+    path = tmp_path / "t.toml"
+    path.write_text('[tenants.x]\ntoken = "x-token"\nadmin = "yes"\n')
+    with pytest.raises(ValueError, match="admin"):
+        Tenants.load(path)
+    path.write_text('[tenants.x]\ntoken = "x-token"\nadmin = true\n')
+    assert Tenants.load(path).by_hash.popitem()[1].admin
+
+
+@pytest.fixture(scope="module")
+def anonymous(tmp_path_factory):
+    """A server without a tenants file (loopback, no auth)."""
+    root = tmp_path_factory.mktemp("anonymous")
+    server = h.spawn("default", env=h.server_env(root / "jax-cache"))
+    try:
+        yield f"127.0.0.1:{server.port}"
+    finally:
+        assert server.stop() == 0, server.log[-3000:]
+
+
+def test_without_a_tenants_file_the_anonymous_caller_sees_everything(anonymous):
+    s = pb_grpc.VerifierStub(grpc.insecure_channel(anonymous))
+    before = s.Stats(pb.StatsRequest(), timeout=20)
+    tokens = h.run(h.session(anonymous, None, PLAIN_CFG)).tokens
+    after = s.Stats(pb.StatsRequest(), timeout=20)
+    assert after.tokens_committed - before.tokens_committed == len(tokens)
+    assert after.steps > before.steps and after.last_step_s > 0 and after.last_rows >= 1

@@ -250,6 +250,10 @@ class Scheduler:
         self.sessions: dict[str, Session] = {}
         self.free_slots = list(range(config.max_sessions))[::-1]
         self.tenant_tokens: collections.Counter[str] = collections.Counter()
+        # Per tenant, for its own Stats: verify steps that carried one of its blocks, and the
+        # tokens committed to its sessions (Metrics.steps / tokens_committed are all tenants').
+        self.tenant_steps: collections.Counter[str] = collections.Counter()
+        self.tenant_committed: collections.Counter[str] = collections.Counter()
         self.metrics = Metrics()
         self._ticket = 0
         # The last CLOSED_MEMORY sessions closed (by close, idle eviction): id -> tenant. The
@@ -503,6 +507,7 @@ class Scheduler:
         m.last_rows, m.last_bucket_rows, m.last_width = len(rows), R, W
         m.occupancy_sum += len(rows) / R
         m.rows_verified += len(rows)
+        self.tenant_steps.update({s.tenant for s in rows})
         out = []
         for i, (s, (ticket, b)) in enumerate(zip(rows, blocks, strict=True)):
             out.append((ticket, self._commit(s, b, res, i)))
@@ -535,6 +540,7 @@ class Scheduler:
         s.last_active = self.clock()
         self.tenant_tokens[s.tenant] += n + 1
         self.metrics.tokens_committed += len(cut)
+        self.tenant_committed[s.tenant] += len(cut)
         extra = len(emitted) > accepted
         return VerifyResult(
             epoch=b.epoch,

@@ -208,14 +208,17 @@ class VerifierService(pb_grpc.VerifierServicer):
         return pb.CloseSessionResponse()
 
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
-        await self._auth(context, "Stats")
+        tenant = await self._auth(context, "Stats")
         await self._decoded(request, context, "Stats")
-        return pb.StatsResponse(**self.stats())
+        return pb.StatsResponse(**self.stats(None if tenant.admin else tenant.name))
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, tenant: str | None = None) -> dict[str, Any]:
         """The scheduler's figures (the Stats RPC, and the metrics' gauges at scrape time,
         from another thread: the session table is copied before it is read); all zero, not
-        serving, while warming up."""
+        serving, while warming up. With `tenant` (a Stats caller that is not an admin) only
+        that tenant's own: its sessions, queued blocks, the steps that carried its blocks and
+        the tokens committed to it; the verifier-wide step figures (last step time, rows,
+        occupancy) are 0, since they tell of other tenants' load."""
         if self.verifier is None:
             return dict(
                 sessions=0, queued_blocks=0, steps=0, last_step_s=0.0, last_rows=0,
@@ -224,6 +227,15 @@ class VerifierService(pb_grpc.VerifierServicer):
         sch = self.verifier.scheduler
         m = sch.metrics
         sessions = list(sch.sessions.values())
+        if tenant is not None:
+            own = [s for s in sessions if s.tenant == tenant]
+            return dict(
+                sessions=len(own), queued_blocks=sum(len(s.queue) for s in own),
+                steps=sch.tenant_steps[tenant], last_step_s=0.0, last_rows=0,
+                last_bucket_rows=0, mean_occupancy=0.0,
+                tokens_committed=sch.tenant_committed[tenant],
+                serving=not self.draining.is_set(),
+            )  # fmt: skip
         return dict(
             sessions=len(sessions),
             queued_blocks=sum(len(s.queue) for s in sessions),

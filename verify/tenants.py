@@ -28,6 +28,7 @@ class Tenant:
     token_sha256: str  # never the token itself: nothing that could leak it is kept
     max_sessions: int = 16  # live sessions at once
     tokens_per_s: float = 0.0  # verified positions per second; 0 = unlimited
+    admin: bool = False  # Stats answers verifier-wide figures (else the tenant's own)
 
 
 class Tenants:
@@ -37,12 +38,14 @@ class Tenants:
     token = "..."            # or token_sha256 = "<hex>" to keep the secret out of the file
     max_sessions = 16        # live sessions at once
     tokens_per_s = 400       # verified positions per second (drafts + 1 per block), 0 = off
+    admin = false            # true: Stats answers verifier-wide figures, not the tenant's own
     """
 
     def __init__(self, tenants: list[Tenant] | None, anonymous: Tenant | None = None):
         self.open = tenants is None
         self.by_hash = {t.token_sha256: t for t in tenants or ()}
-        self.anonymous = anonymous or Tenant(ANONYMOUS, "", max_sessions=1 << 30)
+        # no file: the one anonymous caller is the whole verifier's only user, and sees it all
+        self.anonymous = anonymous or Tenant(ANONYMOUS, "", max_sessions=1 << 30, admin=True)
 
     @classmethod
     def load(cls, path: str | pathlib.Path) -> Tenants:
@@ -56,12 +59,15 @@ class Tenants:
             if not isinstance(t, dict) or ("token" in t) == ("token_sha256" in t):
                 raise ValueError(f"tenant {name!r} needs exactly one of token / token_sha256")
             digest = t.get("token_sha256") or token_sha256(str(t["token"]))
+            if not isinstance(t.get("admin", False), bool):
+                raise ValueError(f"tenant {name!r}: admin is true or false")
             out.append(
                 Tenant(
                     name=name,
                     token_sha256=digest.lower(),
                     max_sessions=int(t.get("max_sessions", 16)),
                     tokens_per_s=float(t.get("tokens_per_s", 0.0)),
+                    admin=t.get("admin", False),
                 )
             )
         if not out:
