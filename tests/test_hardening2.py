@@ -18,14 +18,20 @@ from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from tests import grpc_helpers as h
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TOKENS = {"alice": "alice-h2-token", "bob": "bob-h2-token", "ops": "ops-h2-token"}
+TOKENS = {
+    "alice": "alice-h2-token",
+    "bob": "bob-h2-token",
+    "ops": "ops-h2-token",
+    "hog": "hog-h2-token",
+}
 
 
 def write_tenants(path):
     path.write_text(
         f'[tenants.alice]\ntoken = "{TOKENS["alice"]}"\nmax_sessions = 2\n\n'
         f'[tenants.bob]\ntoken = "{TOKENS["bob"]}"\nmax_sessions = 2\n\n'
-        f'[tenants.ops]\ntoken = "{TOKENS["ops"]}"\nmax_sessions = 1\nadmin = true\n'
+        f'[tenants.ops]\ntoken = "{TOKENS["ops"]}"\nmax_sessions = 1\nadmin = true\n\n'
+        f'[tenants.hog]\ntoken = "{TOKENS["hog"]}"\nmax_sessions = 8\n'
     )
     return path
 
@@ -254,3 +260,68 @@ def test_without_a_tenants_file_the_anonymous_caller_sees_everything(anonymous):
     after = s.Stats(pb.StatsRequest(), timeout=20)
     assert after.tokens_committed - before.tokens_committed == len(tokens)
     assert after.steps > before.steps and after.last_step_s > 0 and after.last_rows >= 1
+
+
+# ---- C: fair slots, stale blocks ----------------------------------------------------------------
+
+
+def test_overcommitted_session_caps_are_named_at_start(tmp_path):
+    from verify.tenants import Tenants
+
+    path = tmp_path / "t.toml"
+    path.write_text(
+        '[tenants.a]\ntoken = "a-token"\nmax_sessions = 6\n\n'
+        '[tenants.b]\ntoken = "b-token"\nmax_sessions = 3\n\n'
+        '[tenants.c]\ntoken = "c-token"\nmax_sessions = 9\n'
+    )
+    tenants = Tenants.load(path)
+    assert tenants.overcommitted(18) is None
+    why = tenants.overcommitted(8)
+    assert "sum to 18" in why and "a 6, b 3, c 9" in why and "alone above the pool: c" in why
+    assert Tenants(None).overcommitted(1) is None
+
+
+def test_the_server_warns_of_overcommitted_caps(world):
+    # this module's tenants (2 + 2 + 1 + the hog's 8) against 8 slots
+    log = world["server"].log
+    assert "max_sessions sum to 13, above the 8 slots" in log, log[-2000:]
+    assert "hog 8" in log
+
+
+def test_a_slot_hog_sending_stale_blocks_is_evicted_and_another_tenant_gets_the_slot():
+    import jaxspec
+    from jaxspec.protocol import DraftBlock, NotFound, ResourceExhausted
+    from verify.scheduler import Scheduler, SchedulerConfig
+
+    clock = [0.0]
+    config = SchedulerConfig(
+        max_sessions=2, max_len=64, max_gamma=2, row_buckets=(1, 2), idle_timeout_s=10
+    )
+    sched = Scheduler(jaxspec.load("default"), config, clock=lambda: clock[0])
+    cfg = h.config(prompt=(1, 2, 3), max_new_tokens=8, gamma=2, encoding="onehot")
+    hog = [sched.open(cfg, "hog").session_id for _ in range(2)]  # the whole pool
+    sched.tick()  # prefill: progress
+    for _ in range(8):  # 24 s of stale blocks: never a block that does work
+        clock[0] += 3.0
+        for sid in hog:
+            if sid in sched.sessions:
+                sched.submit(DraftBlock(session_id=sid, epoch=0, start=9, tokens=(5, 6)), "hog")
+        answered = sched.tick()
+        assert all(r.stale for _, r in answered)
+        if clock[0] <= config.idle_timeout_s:
+            with pytest.raises(ResourceExhausted):  # the hog holds every slot, for now
+                sched.open(cfg, "alice")
+    assert not any(sid in sched.sessions for sid in hog)
+    with pytest.raises(NotFound, match="evicted: no progress for 10 s"):
+        sched.submit(DraftBlock(session_id=hog[0], epoch=0, start=3, tokens=(5, 6)), "hog")
+    with pytest.raises(NotFound, match="unknown session"):  # another tenant learns nothing
+        sched.submit(DraftBlock(session_id=hog[0], epoch=0, start=3, tokens=(5, 6)), "alice")
+    alice = sched.open(cfg, "alice").session_id
+    sched.tick()
+    sched.submit(DraftBlock(session_id=alice, epoch=0, start=3, tokens=(5, 6)), "alice")
+    (_, result), *_ = sched.tick()
+    assert not result.stale and result.tokens  # a verified block: progress
+    clock[0] += 9.0
+    sched.submit(DraftBlock(session_id=alice, epoch=0, start=3, tokens=(5, 6)), "alice")
+    sched.tick()  # stale (start 3 is behind): alice is 9 s without progress, not evicted
+    assert alice in sched.sessions

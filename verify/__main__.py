@@ -252,6 +252,9 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
         tenants = Tenants(None)
         log.warning("no --tenants file: every caller is accepted as tenant %r", ANONYMOUS)
     config = scheduler_config_from_args(args)  # bad flags fail before anything is bound
+    overcommitted = tenants.overcommitted(config.max_sessions)
+    if overcommitted is not None:  # allowed (slots are shared first come), but said at start
+        log.warning("%s", overcommitted)
     cache = use_compilation_cache(args)
     log.info("compilation cache: %s", cache or "off")
     model = None

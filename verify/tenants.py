@@ -76,6 +76,24 @@ class Tenants:
             raise ValueError("two tenants share a token")
         return cls(out)
 
+    def overcommitted(self, slots: int) -> str | None:
+        """Why the tenants' live-session caps do not fit a pool of `slots` (their sum, or one
+        cap, above it), naming each tenant and its cap; None when they fit (or no file)."""
+        if self.open:
+            return None
+        tenants = sorted(self.by_hash.values(), key=lambda t: t.name)
+        total = sum(t.max_sessions for t in tenants)
+        if total <= slots:
+            return None
+        caps = ", ".join(f"{t.name} {t.max_sessions}" for t in tenants)
+        over = [t.name for t in tenants if t.max_sessions > slots]
+        alone = f"; alone above the pool: {', '.join(over)}" if over else ""
+        return (
+            f"the tenants' max_sessions sum to {total}, above the {slots} slots of "
+            f"--max-sessions ({caps}{alone}): when the pool is full a tenant below its cap "
+            "is refused RESOURCE_EXHAUSTED until a slot frees"
+        )
+
     def identify(self, metadata: Any) -> Tenant | None:
         """The caller's tenant from exactly one `authorization: Bearer <token>` header, else
         None (no header, a bad one, an unknown token, or more than one header). Without a
