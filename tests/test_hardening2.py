@@ -9,6 +9,7 @@ import importlib.util
 import pathlib
 import sys
 import time
+import urllib.request
 
 import grpc
 import pytest
@@ -40,7 +41,10 @@ def write_tenants(path):
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("hardening2")
     tenants = write_tenants(root / "tenants.toml")
-    server = h.spawn("default", "--tenants", str(tenants), env=h.server_env(root / "jax-cache"))
+    server = h.spawn(
+        "default", "--tenants", str(tenants), "--metrics-port", "0",
+        "--write-timeout-s", str(WRITE_TIMEOUT_S), env=h.server_env(root / "jax-cache"),
+    )  # fmt: skip
     try:
         yield dict(root=root, server=server, address=f"127.0.0.1:{server.port}")
     finally:
@@ -325,3 +329,60 @@ def test_a_slot_hog_sending_stale_blocks_is_evicted_and_another_tenant_gets_the_
     sched.submit(DraftBlock(session_id=alice, epoch=0, start=3, tokens=(5, 6)), "alice")
     sched.tick()  # stale (start 3 is behind): alice is 9 s without progress, not evicted
     assert alice in sched.sessions
+
+
+# ---- D: bounded memory against a client that reads nothing --------------------------------------
+
+WRITE_TIMEOUT_S = 5.0  # the module server's --write-timeout-s
+
+
+def metric(world, name: str, **labels) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    host, port = h.metrics_address(world["server"])
+    text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return 0.0
+
+
+def test_a_client_that_reads_no_answer_holds_bounded_memory_and_loses_its_slot(world):
+    import numpy as np
+
+    from jaxspec import wire
+    from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
+    from tests.h2_client import NonReadingClient
+    from verify.servicer import MAX_UNANSWERED
+
+    reference = run_plain(world, "bob")
+    vocab, gamma = 4096, 4  # the shipped target's vocabulary; full q: 64 KiB a block
+    cfg = SessionConfig(prompt=(1, 2, 3), max_new_tokens=16, draft=DraftSpec(gamma=gamma))
+    opener = pb.VerifyRequest(open=wire.config_to_proto(cfg)).SerializeToString()
+    stale = DraftBlock(  # a start far ahead of the session: stale, never any work
+        session_id="", epoch=0, start=60, tokens=(5,) * gamma,
+        q=np.full((gamma, vocab), 1.0 / vocab, np.float32),
+    )  # fmt: skip
+    block = pb.VerifyRequest(block=wire.block_to_proto(stale)).SerializeToString()
+    rejected = metric(world, "jaxspec_rejected_requests_total", method="Verify",
+                      status="RESOURCE_EXHAUSTED")  # fmt: skip
+    hostile = NonReadingClient(world["server"].port, TOKENS["hog"])
+    try:
+        cap = 64 << 20  # unbounded reading takes all of it in a second or two
+        sent = hostile.push(opener, block, cap=cap, stall_s=1.0)
+        # The server stopped reading: about its stream window (4 MiB) plus MAX_UNANSWERED
+        # blocks went in (5-6 MB measured; unbounded reading took 50-100 MB here)
+        assert sent < 2 * (4 << 20) + MAX_UNANSWERED * len(block), sent
+        assert metric(world, "jaxspec_unanswered_blocks") <= MAX_UNANSWERED
+        assert stats(world, "hog").sessions == 1  # ... and it still holds its slot
+        # another tenant's session meanwhile keeps exactly its tokens
+        assert run_plain(world, "bob") == reference
+        # unread for WRITE_TIMEOUT_S: the stream is ended, the slot freed
+        wait_for(lambda: stats(world, "hog").sessions == 0, timeout_s=WRITE_TIMEOUT_S + 30)
+        assert metric(world, "jaxspec_unanswered_blocks") == 0
+        after = metric(world, "jaxspec_rejected_requests_total", method="Verify",
+                       status="RESOURCE_EXHAUSTED")  # fmt: skip
+        assert after == rejected + 1
+    finally:
+        hostile.close()

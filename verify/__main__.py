@@ -57,6 +57,7 @@ from verify.serve import (
     checkpoint_vocab,
     insecure_public_reason,
 )
+from verify.servicer import WRITE_TIMEOUT_S
 from verify.step import make_mesh
 from verify.tenants import ANONYMOUS, Tenants
 
@@ -116,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-gamma", type=int, default=8, help="largest drafts per block")
     s.add_argument("--max-sparse-k", type=int, default=16)
     s.add_argument("--idle-timeout-s", type=float, default=300.0)
+    s.add_argument(
+        "--write-timeout-s",
+        type=float,
+        default=WRITE_TIMEOUT_S,
+        help="a Verify stream whose client reads no answer this long is ended, its session "
+        "closed (default %(default)s)",
+    )
     s.add_argument("--drain-timeout-s", type=float, default=30.0, help="most time to drain")
     s.add_argument("--drain-min-s", type=float, default=0.5, help="least time NOT_SERVING")
     s.add_argument(
@@ -252,6 +260,8 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
         tenants = Tenants(None)
         log.warning("no --tenants file: every caller is accepted as tenant %r", ANONYMOUS)
     config = scheduler_config_from_args(args)  # bad flags fail before anything is bound
+    if not args.write_timeout_s > 0:
+        raise ValueError(f"--write-timeout-s must be > 0, got {args.write_timeout_s}")
     overcommitted = tenants.overcommitted(config.max_sessions)
     if overcommitted is not None:  # allowed (slots are shared first come), but said at start
         log.warning("%s", overcommitted)
@@ -272,6 +282,7 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
         reflection=args.reflection,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        write_timeout_s=args.write_timeout_s,
     )
     if lockstep is not None:  # a dead process: NOT_SERVING, then exit 3 (verify.multihost)
         lockstep.on_failure = functools.partial(

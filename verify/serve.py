@@ -36,7 +36,7 @@ from jaxspec.proto import verifier_pb2 as pb
 from verify.local import LocalVerifier
 from verify.metrics import MetricsServer, serve_metrics
 from verify.scheduler import SchedulerConfig
-from verify.servicer import VerifierService, add_to_server
+from verify.servicer import WRITE_TIMEOUT_S, VerifierService, add_to_server
 from verify.tenants import Tenants
 
 log = logging.getLogger("verify.serve")
@@ -50,6 +50,12 @@ SERVICE = "jaxspec.v1.Verifier"
 # carries none). The soft limit equals the hard one, so a request is refused or not whatever
 # the draw (gRPC refuses a random share of requests between the two).
 MAX_METADATA_BYTES = 16384
+
+
+def stream_window(limit: int) -> int:
+    """The receive window of a stream (bytes gRPC core takes ahead of the handler): 4 MiB, or
+    two of the largest messages if more."""
+    return max(4 << 20, 2 * limit)
 
 
 def message_limit(vocab: int, max_gamma: int, prompt_len: int) -> int:
@@ -203,6 +209,7 @@ async def bind(
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
     evict_every_s: float = 5.0,
+    write_timeout_s: float = WRITE_TIMEOUT_S,
 ) -> Server:
     """Listen on host:port (0 picks a free port) for a verifier of `config` over a target of
     `vocab` tokens (the message limit), warming up: health NOT_SERVING and every RPC but
@@ -211,7 +218,8 @@ async def bind(
 
     `tls` is (private key, certificate chain) in PEM; `metrics_port` (0: a free one) turns on
     the Prometheus endpoint on `metrics_host`, loopback unless said otherwise, whatever
-    `host` is."""
+    `host` is. `write_timeout_s`: a Verify stream whose client reads no answer this long is
+    ended (`verify.servicer.WRITE_TIMEOUT_S`)."""
     for name, value in (("port", port), ("metrics_port", metrics_port)):
         if value is not None and not 0 <= value <= 65535:
             raise ValueError(f"{name} must be in [0, 65535] (0: a free one), got {value}")
@@ -223,6 +231,12 @@ async def bind(
             ("grpc.so_reuseport", 0),
             ("grpc.max_metadata_size", MAX_METADATA_BYTES),
             ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
+            # Flow control: a fixed per-stream receive window, not one grown by BDP probes
+            # (on loopback those let gRPC core buffer 50-100 MB of a stream whose handler
+            # reads nothing); with MAX_UNANSWERED blocks read ahead, a client that never
+            # reads its answers holds at most this much plus those blocks.
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.http2.lookahead_bytes", stream_window(limit)),
         ]
     )
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
@@ -234,7 +248,9 @@ async def bind(
             bound = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
     except RuntimeError:
         raise OSError(f"cannot listen on {address}: {_why_not_bound(host, port)}") from None
-    service = VerifierService(tenants or Tenants(None), config.row_buckets)
+    service = VerifierService(
+        tenants or Tenants(None), config.row_buckets, write_timeout_s=write_timeout_s
+    )
     add_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
