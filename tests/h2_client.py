@@ -75,3 +75,32 @@ class NonReadingClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def rapid_resets(port: int, token: str | None, n: int) -> None:
+    """`n` Verify streams on one connection, each HEADERS then RST_STREAM at once (the
+    "rapid reset" pattern), then the connection closes."""
+    import h2.errors
+
+    sock = socket.create_connection(("127.0.0.1", port))
+    conn = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+    )
+    conn.initiate_connection()
+    headers = [
+        (":method", "POST"), (":scheme", "http"), (":path", "/jaxspec.v1.Verifier/Verify"),
+        (":authority", f"127.0.0.1:{port}"), ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]  # fmt: skip
+    if token is not None:
+        headers.append(("authorization", f"Bearer {token}"))
+    try:
+        for _ in range(n):
+            stream = conn.get_next_available_stream_id()
+            conn.send_headers(stream, headers)
+            conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
+            sock.sendall(conn.data_to_send())
+        while select.select([sock], [], [], 1.0)[0] and sock.recv(1 << 16):
+            pass  # what the server answers, until it has nothing more to say for a second
+    finally:
+        sock.close()

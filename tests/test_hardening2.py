@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import socket
 import sys
 import time
 import urllib.request
@@ -386,3 +387,77 @@ def test_a_client_that_reads_no_answer_holds_bounded_memory_and_loses_its_slot(w
         assert after == rejected + 1
     finally:
         hostile.close()
+
+
+# ---- E: quiet logs, handshake timeout -----------------------------------------------------------
+
+HANDSHAKE_TIMEOUT_S = 2.0  # the TLS server's --handshake-timeout-s
+
+
+def test_rapid_resets_leave_no_pending_task_lines_and_the_server_serves(world):
+    from tests.h2_client import rapid_resets
+
+    server = world["server"]
+    before = server.log.count("\n")
+    for token in (TOKENS["hog"], None):  # a tenant's streams, and refused ones
+        rapid_resets(server.port, token, 2000)
+    assert len(run_plain(world, "bob")) == PLAIN_CFG.max_new_tokens
+    log = server.log
+    assert "Task was destroyed but it is pending" not in log, log[-2000:]
+    assert log.count("\n") - before < 20, log[-2000:]
+
+
+def test_the_rate_limited_log_lets_a_burst_through_then_counts_what_it_dropped():
+    import logging
+
+    from verify.serve import RateLimitedLog
+
+    now = [0.0]
+    f = RateLimitedLog(burst=3, window_s=60.0, clock=lambda: now[0])
+
+    def record(msg="Task was destroyed but it is pending!"):
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, None, None)
+
+    assert [f.filter(record()) for _ in range(10)] == [True] * 3 + [False] * 7
+    assert f.filter(record("another kind"))  # counted apart
+    now[0] = 61.0
+    r = record()
+    assert f.filter(r) and "7 similar messages dropped before" in r.getMessage()
+
+
+def closed_by_server(port: int, wait_s: float = 30.0) -> bool:
+    """Connect and send nothing: whether the server closes the connection within `wait_s`."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(wait_s)
+        try:
+            return sock.recv(1 << 16) == b""
+        except TimeoutError:
+            return False
+        except ConnectionResetError:
+            return True
+
+
+@pytest.fixture(scope="module")
+def tls_port(tmp_path_factory):
+    """A TLS server (the shipped target, no tenants: loopback)."""
+    root = tmp_path_factory.mktemp("tls")
+    cert, key = h.self_signed(root)
+    server = h.spawn(
+        "default", "--tls-cert", str(cert), "--tls-key", str(key),
+        "--handshake-timeout-s", str(HANDSHAKE_TIMEOUT_S), env=h.server_env(root / "jax-cache"),
+    )  # fmt: skip
+    try:
+        yield server.port
+    finally:
+        assert server.stop() == 0, server.log[-3000:]
+
+
+def test_a_tls_connection_that_never_finishes_its_handshake_is_closed(tls_port):
+    assert closed_by_server(tls_port)
+    with socket.create_connection(("127.0.0.1", tls_port)) as sock:  # a ClientHello cut short
+        sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+        sock.settimeout(30.0)
+        try:
+            assert sock.recv(1 << 16) == b""
+        except ConnectionResetError:
+            pass

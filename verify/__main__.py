@@ -52,10 +52,12 @@ from verify.scheduler import (
     warmup_shapes,
 )
 from verify.serve import (
+    HANDSHAKE_TIMEOUT_S,
     Server,
     bind,
     checkpoint_vocab,
     insecure_public_reason,
+    rate_limit_client_caused_logs,
 )
 from verify.servicer import WRITE_TIMEOUT_S
 from verify.step import make_mesh
@@ -122,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=WRITE_TIMEOUT_S,
         help="a Verify stream whose client reads no answer this long is ended, its session "
+        "closed (default %(default)s)",
+    )
+    s.add_argument(
+        "--handshake-timeout-s",
+        type=float,
+        default=HANDSHAKE_TIMEOUT_S,
+        help="a connection that has not finished its TLS / HTTP/2 handshake this long is "
         "closed (default %(default)s)",
     )
     s.add_argument("--drain-timeout-s", type=float, default=30.0, help="most time to drain")
@@ -260,8 +269,9 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
         tenants = Tenants(None)
         log.warning("no --tenants file: every caller is accepted as tenant %r", ANONYMOUS)
     config = scheduler_config_from_args(args)  # bad flags fail before anything is bound
-    if not args.write_timeout_s > 0:
-        raise ValueError(f"--write-timeout-s must be > 0, got {args.write_timeout_s}")
+    for flag in ("write_timeout_s", "handshake_timeout_s"):
+        if not getattr(args, flag) > 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
     overcommitted = tenants.overcommitted(config.max_sessions)
     if overcommitted is not None:  # allowed (slots are shared first come), but said at start
         log.warning("%s", overcommitted)
@@ -283,6 +293,7 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         write_timeout_s=args.write_timeout_s,
+        handshake_timeout_s=args.handshake_timeout_s,
     )
     if lockstep is not None:  # a dead process: NOT_SERVING, then exit 3 (verify.multihost)
         lockstep.on_failure = functools.partial(
@@ -382,6 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
     logging.getLogger("verify").setLevel(logging.INFO)
+    rate_limit_client_caused_logs()
     lockstep = None
     try:
         if is_multihost(args):

@@ -52,6 +52,44 @@ SERVICE = "jaxspec.v1.Verifier"
 MAX_METADATA_BYTES = 16384
 
 
+# A connection that has not finished its handshake (TCP accepted, then TLS and the HTTP/2
+# preface and settings) within this time is closed (gRPC's default: 120 s).
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+class RateLimitedLog(logging.Filter):
+    """At most `burst` records of one kind (logger and message template) per `window_s`
+    seconds; the first one let through after some were dropped says how many. For loggers
+    whose records a client can cause in bulk (asyncio's, gRPC's), so that a flood of bad
+    connections cannot fill the log; nothing of ours is dropped."""
+
+    def __init__(self, burst: int = 5, window_s: float = 60.0, clock=time.monotonic):
+        super().__init__()
+        self.burst, self.window_s, self.clock = burst, window_s, clock
+        self._seen: dict[tuple[str, str], list[float]] = {}  # kind -> [window start, n, dropped]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg))
+        now = self.clock()
+        state = self._seen.get(key)
+        if state is None or now - state[0] >= self.window_s:
+            dropped = state[2] if state else 0
+            state = self._seen[key] = [now, 0, 0]
+            if dropped:
+                record.msg = f"{record.msg} ({int(dropped)} similar messages dropped before)"
+        state[1] += 1
+        if state[1] > self.burst:
+            state[2] += 1
+            return False
+        return True
+
+
+def rate_limit_client_caused_logs(burst: int = 5, window_s: float = 60.0) -> None:
+    """Put a `RateLimitedLog` on the loggers a client can make write (asyncio, gRPC's)."""
+    for name in ("asyncio", "grpc._cython.cygrpc", "grpc.aio", "grpc._server"):
+        logging.getLogger(name).addFilter(RateLimitedLog(burst, window_s))
+
+
 def stream_window(limit: int) -> int:
     """The receive window of a stream (bytes gRPC core takes ahead of the handler): 4 MiB, or
     two of the largest messages if more."""
@@ -210,6 +248,7 @@ async def bind(
     metrics_host: str = "127.0.0.1",
     evict_every_s: float = 5.0,
     write_timeout_s: float = WRITE_TIMEOUT_S,
+    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
 ) -> Server:
     """Listen on host:port (0 picks a free port) for a verifier of `config` over a target of
     `vocab` tokens (the message limit), warming up: health NOT_SERVING and every RPC but
@@ -219,7 +258,8 @@ async def bind(
     `tls` is (private key, certificate chain) in PEM; `metrics_port` (0: a free one) turns on
     the Prometheus endpoint on `metrics_host`, loopback unless said otherwise, whatever
     `host` is. `write_timeout_s`: a Verify stream whose client reads no answer this long is
-    ended (`verify.servicer.WRITE_TIMEOUT_S`)."""
+    ended (`verify.servicer.WRITE_TIMEOUT_S`); `handshake_timeout_s`: a connection that has
+    not finished its TLS and HTTP/2 handshake this long is closed."""
     for name, value in (("port", port), ("metrics_port", metrics_port)):
         if value is not None and not 0 <= value <= 65535:
             raise ValueError(f"{name} must be in [0, 65535] (0: a free one), got {value}")
@@ -236,6 +276,7 @@ async def bind(
             # reads nothing); with MAX_UNANSWERED blocks read ahead, a client that never
             # reads its answers holds at most this much plus those blocks.
             ("grpc.http2.bdp_probe", 0),
+            ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
             ("grpc.http2.lookahead_bytes", stream_window(limit)),
         ]
     )
