@@ -97,10 +97,15 @@ FLEET_SERVICE_CONFIG = json.dumps(
 )
 
 
+MAX_PORT = 65535  # TCP ports are 1..65535 (0 is "any" for a listener, never a peer)
+
+
 def _split_host_port(address: str) -> tuple[str, str]:
     host, sep, port = address.strip().rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"a verifier address is host:port, got {address!r}")
+    if not 1 <= int(port) <= MAX_PORT:
+        raise ValueError(f"a verifier's port is in [1, {MAX_PORT}], got {address!r}")
     return host.strip("[]"), port
 
 

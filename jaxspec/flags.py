@@ -129,6 +129,34 @@ def gamma_or_auto(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer or {AUTO!r}, got {text!r}") from None
 
 
+MAX_PORT = 65535
+
+
+def port_number(text: str, *, zero_picks_free: bool = False) -> int:
+    """A TCP port: an integer in [1, 65535], or 0 where the command documents that 0 picks a
+    free one (`zero_picks_free`); `ValueError` naming the range otherwise."""
+    low = 0 if zero_picks_free else 1
+    try:
+        port = int(text)
+    except (TypeError, ValueError):
+        port = None
+    if port is None or not low <= port <= MAX_PORT:
+        raise ValueError(f"a port is an integer in [{low}, {MAX_PORT}], got {text!r}")
+    return port
+
+
+def port_arg(*, zero_picks_free: bool = False):
+    """argparse `type=` for a port flag (a bad one: the usual argparse error, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            return port_number(text, zero_picks_free=zero_picks_free)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
 def add_draft_flags(
     parser: argparse.ArgumentParser,
     *,

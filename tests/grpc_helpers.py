@@ -22,7 +22,12 @@ from jaxspec.testing import write_random_checkpoint
 from verify import LocalVerifier, SchedulerConfig
 from verify.process import VerifierProcess
 
-TOKENS = {"alice": "alice-secret-token", "bob": "bob-secret-token", "carol": "carol-token"}
+TOKENS = {
+    "alice": "alice-secret-token",
+    "bob": "bob-secret-token",
+    "carol": "carol-token",
+    "ops": "ops-secret-token",  # admin: its Stats are the whole verifier's
+}
 SERVER_FLAGS = ["--max-sessions", "8", "--max-gamma", "4", "--max-len", "128", "--no-warmup"]
 
 
@@ -38,7 +43,8 @@ def write_tenants(path: pathlib.Path) -> pathlib.Path:
     path.write_text(
         f'[tenants.alice]\ntoken = "{TOKENS["alice"]}"\n\n'
         f'[tenants.bob]\ntoken = "{TOKENS["bob"]}"\nmax_sessions = 4\n\n'
-        f'[tenants.carol]\ntoken = "{TOKENS["carol"]}"\nmax_sessions = 1\ntokens_per_s = 40\n'
+        f'[tenants.carol]\ntoken = "{TOKENS["carol"]}"\nmax_sessions = 1\ntokens_per_s = 40\n\n'
+        f'[tenants.ops]\ntoken = "{TOKENS["ops"]}"\nmax_sessions = 1\nadmin = true\n'
     )
     return path
 

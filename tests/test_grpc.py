@@ -65,7 +65,8 @@ def stub(world):
 
 
 def live_sessions(world) -> int:
-    return stub(world).Stats(pb.StatsRequest(), metadata=h.auth("alice")).sessions
+    """Every tenant's live sessions (the admin tenant's Stats)."""
+    return stub(world).Stats(pb.StatsRequest(), metadata=h.auth("ops")).sessions
 
 
 BOB_CFG = h.BOB_CFG

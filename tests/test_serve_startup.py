@@ -265,7 +265,8 @@ def test_compilation_cache_directory_flag_then_environment_then_per_user(tmp_pat
 def test_the_example_tenants_file_loads_and_authenticates():
     tenants = Tenants.load(ROOT / "docs" / "tenants.example.toml")
     by_name = {t.name: t for t in tenants.by_hash.values()}
-    assert set(by_name) == {"alice", "bob", "batch-jobs"}
+    assert set(by_name) == {"alice", "bob", "batch-jobs", "ops"}
+    assert [n for n, t in by_name.items() if t.admin] == ["ops"]
     assert (by_name["alice"].max_sessions, by_name["alice"].tokens_per_s) == (16, 400.0)
     assert (by_name["bob"].max_sessions, by_name["bob"].tokens_per_s) == (4, 0.0)
     for name, token in [

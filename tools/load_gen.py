@@ -20,7 +20,7 @@ import pathlib
 import sys
 import time
 
-from edge.client import GrpcEndpoint
+from edge.client import GrpcEndpoint, channel_target
 from edge.drafter import Drafter, load_drafter
 from edge.session import run_session
 
@@ -176,7 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        channel_target(args.verifier)  # a malformed address, a port outside [1, 65535]
+    except ValueError as e:
+        parser.error(str(e))
     summary = asyncio.run(run_load(args))
     for k, v in summary.items():
         print(f"{k:>22}: {v}")

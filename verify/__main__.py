@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxspec
-from jaxspec.flags import add_cache_flag, use_compilation_cache
+from jaxspec.flags import add_cache_flag, port_arg, port_number, use_compilation_cache
 from jaxspec.model import Model
 from verify import multihost
 from verify.local import LocalVerifier
@@ -52,11 +52,14 @@ from verify.scheduler import (
     warmup_shapes,
 )
 from verify.serve import (
+    HANDSHAKE_TIMEOUT_S,
     Server,
     bind,
     checkpoint_vocab,
     insecure_public_reason,
+    rate_limit_client_caused_logs,
 )
+from verify.servicer import WRITE_TIMEOUT_S
 from verify.step import make_mesh
 from verify.tenants import ANONYMOUS, Tenants
 
@@ -74,6 +77,20 @@ def _mesh_arg(text: str) -> tuple[int, int]:
     return data, model
 
 
+def _coordinator_arg(text: str) -> str:
+    """--coordinator: "auto", or host:port with a port in [1, 65535]."""
+    if text == "auto":
+        return text
+    host, sep, port = text.rpartition(":")
+    try:
+        if not sep or not host:
+            raise ValueError(f"--coordinator takes host:port or auto, got {text!r}")
+        port_number(port)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m verify", description="the jaxspec verifier")
     sub = p.add_subparsers(dest="command", required=True)
@@ -89,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve a non-loopback --host without --tenants or without TLS (refused otherwise)",
     )
-    s.add_argument("--port", type=int, default=50051, help="0 picks a free port")
+    s.add_argument(
+        "--port", type=port_arg(zero_picks_free=True), default=50051, help="0 picks a free port"
+    )
     s.add_argument("--tenants", default=None, help="TOML tenants file; without it: no auth")
     s.add_argument("--tls-cert", default=None, help="PEM certificate chain (enables TLS)")
     s.add_argument("--tls-key", default=None, help="PEM private key")
@@ -100,9 +119,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-gamma", type=int, default=8, help="largest drafts per block")
     s.add_argument("--max-sparse-k", type=int, default=16)
     s.add_argument("--idle-timeout-s", type=float, default=300.0)
+    s.add_argument(
+        "--write-timeout-s",
+        type=float,
+        default=WRITE_TIMEOUT_S,
+        help="a Verify stream whose client reads no answer this long is ended, its session "
+        "closed (default %(default)s)",
+    )
+    s.add_argument(
+        "--handshake-timeout-s",
+        type=float,
+        default=HANDSHAKE_TIMEOUT_S,
+        help="a connection that has not finished its TLS / HTTP/2 handshake this long is "
+        "closed (default %(default)s)",
+    )
     s.add_argument("--drain-timeout-s", type=float, default=30.0, help="most time to drain")
     s.add_argument("--drain-min-s", type=float, default=0.5, help="least time NOT_SERVING")
-    s.add_argument("--metrics-port", type=int, default=None, help="Prometheus text over HTTP")
+    s.add_argument(
+        "--metrics-port",
+        type=port_arg(zero_picks_free=True),
+        default=None,
+        help="Prometheus text over HTTP on this port; 0 picks a free one",
+    )
     s.add_argument(
         "--metrics-host", default="127.0.0.1", help="metrics bind address (default: loopback)"
     )
@@ -110,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-warmup", action="store_true", help="compile lazily (tests, demos)")
     s.add_argument(
         "--coordinator",
+        type=_coordinator_arg,
         default=None,
         help="multi-host: host:port of process 0's jax.distributed coordinator, or auto "
         "(detected: TPU pod slices, SLURM, ...); docs/multihost.md",
@@ -230,6 +269,12 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
         tenants = Tenants(None)
         log.warning("no --tenants file: every caller is accepted as tenant %r", ANONYMOUS)
     config = scheduler_config_from_args(args)  # bad flags fail before anything is bound
+    for flag in ("write_timeout_s", "handshake_timeout_s"):
+        if not getattr(args, flag) > 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+    overcommitted = tenants.overcommitted(config.max_sessions)
+    if overcommitted is not None:  # allowed (slots are shared first come), but said at start
+        log.warning("%s", overcommitted)
     cache = use_compilation_cache(args)
     log.info("compilation cache: %s", cache or "off")
     model = None
@@ -247,6 +292,8 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
         reflection=args.reflection,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        write_timeout_s=args.write_timeout_s,
+        handshake_timeout_s=args.handshake_timeout_s,
     )
     if lockstep is not None:  # a dead process: NOT_SERVING, then exit 3 (verify.multihost)
         lockstep.on_failure = functools.partial(
@@ -346,6 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
     logging.getLogger("verify").setLevel(logging.INFO)
+    rate_limit_client_caused_logs()
     lockstep = None
     try:
         if is_multihost(args):

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_wsgi_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_wsgi_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -113,6 +113,12 @@ class ServiceMetrics:
             PREFIX + "batch_rows",
             "live rows per verify step",
             buckets=[float(b) for b in sorted(row_buckets)],
+            registry=r,
+        )
+        self.unanswered = Gauge(
+            PREFIX + "unanswered_blocks",
+            "blocks read from Verify streams and not yet answered (each stream holds at most "
+            "verify.servicer.MAX_UNANSWERED)",
             registry=r,
         )
         r.register(_StatsCollector(stats))

@@ -175,7 +175,7 @@ class SchedulerConfig:
     prefill_chunk: int = 64  # prompt positions prefilled per row per tick
     max_queue_per_session: int = 8  # blocks in flight per session
     max_pending: int = 4096  # blocks queued over all sessions
-    idle_timeout_s: float = 300.0  # a session idle this long is evicted
+    idle_timeout_s: float = 300.0  # a session without progress this long is evicted
 
     def __post_init__(self) -> None:
         positive = ("max_sessions", "max_len", "max_sparse_k", "prefill_chunk",
@@ -250,11 +250,18 @@ class Scheduler:
         self.sessions: dict[str, Session] = {}
         self.free_slots = list(range(config.max_sessions))[::-1]
         self.tenant_tokens: collections.Counter[str] = collections.Counter()
+        # Per tenant, for its own Stats: verify steps that carried one of its blocks, and the
+        # tokens committed to its sessions (Metrics.steps / tokens_committed are all tenants').
+        self.tenant_steps: collections.Counter[str] = collections.Counter()
+        self.tenant_committed: collections.Counter[str] = collections.Counter()
         self.metrics = Metrics()
         self._ticket = 0
         # The last CLOSED_MEMORY sessions closed (by close, idle eviction): id -> tenant. The
         # service answers a second close of one of them OK for its own tenant (a normal end).
         self.closed: collections.OrderedDict[str, str] = collections.OrderedDict()
+        # The last CLOSED_MEMORY sessions evicted for making no progress: id -> tenant (their
+        # next block's NOT_FOUND says so).
+        self.evicted: collections.OrderedDict[str, str] = collections.OrderedDict()
 
     # ---- sessions ------------------------------------------------------------------------
 
@@ -336,6 +343,11 @@ class Scheduler:
     def get(self, session_id: str, tenant: str = "default") -> Session:
         """The session, if it exists AND belongs to `tenant` (else exactly like unknown)."""
         s = self.sessions.get(session_id)
+        if s is None and self.evicted.get(session_id) == tenant:
+            raise NotFound(
+                f"the session was evicted: no progress for {self.config.idle_timeout_s:g} s "
+                "(no block verified; stale blocks do not count)"
+            )
         if s is None or s.tenant != tenant:
             raise NotFound("unknown session")
         return s
@@ -361,11 +373,19 @@ class Scheduler:
         return out
 
     def evict_idle(self) -> list[tuple[int, VerifyResult]]:
+        """Drop every session that made no progress for `idle_timeout_s`: progress is being
+        opened, a prefill chunk, or a verified block. A stale block is no progress, so a
+        client cannot hold a slot by sending blocks that do no work; queued blocks do not
+        keep a session either (a valid one is verified at the next step). Their queued blocks
+        are answered stale."""
         now = self.clock()
         out = []
         for s in list(self.sessions.values()):
-            if not s.queue and now - s.last_active > self.config.idle_timeout_s:
+            if now - s.last_active > self.config.idle_timeout_s:
                 out += self._drop(s)
+                self.evicted[s.id] = s.tenant
+                while len(self.evicted) > CLOSED_MEMORY:
+                    self.evicted.popitem(last=False)
         return out
 
     # ---- blocks --------------------------------------------------------------------------
@@ -383,8 +403,7 @@ class Scheduler:
         if self.pending() >= c.max_pending:
             raise ResourceExhausted("the verifier is overloaded")
         self._ticket += 1
-        s.queue.append((self._ticket, block))
-        s.last_active = self.clock()
+        s.queue.append((self._ticket, block))  # no progress yet: `last_active` stays
         return self._ticket
 
     def _validate_block(self, s: Session, b: DraftBlock) -> None:
@@ -503,6 +522,7 @@ class Scheduler:
         m.last_rows, m.last_bucket_rows, m.last_width = len(rows), R, W
         m.occupancy_sum += len(rows) / R
         m.rows_verified += len(rows)
+        self.tenant_steps.update({s.tenant for s in rows})
         out = []
         for i, (s, (ticket, b)) in enumerate(zip(rows, blocks, strict=True)):
             out.append((ticket, self._commit(s, b, res, i)))
@@ -535,6 +555,7 @@ class Scheduler:
         s.last_active = self.clock()
         self.tenant_tokens[s.tenant] += n + 1
         self.metrics.tokens_committed += len(cut)
+        self.tenant_committed[s.tenant] += len(cut)
         extra = len(emitted) > accepted
         return VerifyResult(
             epoch=b.epoch,
@@ -632,6 +653,7 @@ class Scheduler:
             valid[i, : hi - lo] = True
             slots[i] = s.slot
             s.prefilled = hi
+            s.last_active = self.clock()  # a prefill chunk is progress
         self.cache = self._prefill(
             self.params, self.cache, jnp.asarray(tokens), jnp.asarray(positions),
             jnp.asarray(valid), jnp.asarray(slots),

@@ -36,12 +36,64 @@ from jaxspec.proto import verifier_pb2 as pb
 from verify.local import LocalVerifier
 from verify.metrics import MetricsServer, serve_metrics
 from verify.scheduler import SchedulerConfig
-from verify.servicer import VerifierService, add_to_server
+from verify.servicer import WRITE_TIMEOUT_S, VerifierService, add_to_server
 from verify.tenants import Tenants
 
 log = logging.getLogger("verify.serve")
 
 SERVICE = "jaxspec.v1.Verifier"
+
+
+# Request headers (metadata) above this many bytes (HPACK-decoded, 32 bytes a header on top
+# of its name and value) are refused by gRPC core before any of our code sees the call: an
+# HTTP/2 RST_STREAM, which a client reports as RESOURCE_EXHAUSTED with no message (RST_STREAM
+# carries none). The soft limit equals the hard one, so a request is refused or not whatever
+# the draw (gRPC refuses a random share of requests between the two).
+MAX_METADATA_BYTES = 16384
+
+
+# A connection that has not finished its handshake (TCP accepted, then TLS and the HTTP/2
+# preface and settings) within this time is closed (gRPC's default: 120 s).
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+class RateLimitedLog(logging.Filter):
+    """At most `burst` records of one kind (logger and message template) per `window_s`
+    seconds; the first one let through after some were dropped says how many. For loggers
+    whose records a client can cause in bulk (asyncio's, gRPC's), so that a flood of bad
+    connections cannot fill the log; nothing of ours is dropped."""
+
+    def __init__(self, burst: int = 5, window_s: float = 60.0, clock=time.monotonic):
+        super().__init__()
+        self.burst, self.window_s, self.clock = burst, window_s, clock
+        self._seen: dict[tuple[str, str], list[float]] = {}  # kind -> [window start, n, dropped]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg))
+        now = self.clock()
+        state = self._seen.get(key)
+        if state is None or now - state[0] >= self.window_s:
+            dropped = state[2] if state else 0
+            state = self._seen[key] = [now, 0, 0]
+            if dropped:
+                record.msg = f"{record.msg} ({int(dropped)} similar messages dropped before)"
+        state[1] += 1
+        if state[1] > self.burst:
+            state[2] += 1
+            return False
+        return True
+
+
+def rate_limit_client_caused_logs(burst: int = 5, window_s: float = 60.0) -> None:
+    """Put a `RateLimitedLog` on the loggers a client can make write (asyncio, gRPC's)."""
+    for name in ("asyncio", "grpc._cython.cygrpc", "grpc.aio", "grpc._server"):
+        logging.getLogger(name).addFilter(RateLimitedLog(burst, window_s))
+
+
+def stream_window(limit: int) -> int:
+    """The receive window of a stream (bytes gRPC core takes ahead of the handler): 4 MiB, or
+    two of the largest messages if more."""
+    return max(4 << 20, 2 * limit)
 
 
 def message_limit(vocab: int, max_gamma: int, prompt_len: int) -> int:
@@ -195,6 +247,8 @@ async def bind(
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
     evict_every_s: float = 5.0,
+    write_timeout_s: float = WRITE_TIMEOUT_S,
+    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
 ) -> Server:
     """Listen on host:port (0 picks a free port) for a verifier of `config` over a target of
     `vocab` tokens (the message limit), warming up: health NOT_SERVING and every RPC but
@@ -203,13 +257,27 @@ async def bind(
 
     `tls` is (private key, certificate chain) in PEM; `metrics_port` (0: a free one) turns on
     the Prometheus endpoint on `metrics_host`, loopback unless said otherwise, whatever
-    `host` is."""
+    `host` is. `write_timeout_s`: a Verify stream whose client reads no answer this long is
+    ended (`verify.servicer.WRITE_TIMEOUT_S`); `handshake_timeout_s`: a connection that has
+    not finished its TLS and HTTP/2 handshake this long is closed."""
+    for name, value in (("port", port), ("metrics_port", metrics_port)):
+        if value is not None and not 0 <= value <= 65535:
+            raise ValueError(f"{name} must be in [0, 65535] (0: a free one), got {value}")
     limit = message_limit(vocab, config.max_gamma, config.max_len)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
             ("grpc.so_reuseport", 0),
+            ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+            ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
+            # Flow control: a fixed per-stream receive window, not one grown by BDP probes
+            # (on loopback those let gRPC core buffer 50-100 MB of a stream whose handler
+            # reads nothing); with MAX_UNANSWERED blocks read ahead, a client that never
+            # reads its answers holds at most this much plus those blocks.
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
+            ("grpc.http2.lookahead_bytes", stream_window(limit)),
         ]
     )
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
@@ -221,7 +289,9 @@ async def bind(
             bound = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
     except RuntimeError:
         raise OSError(f"cannot listen on {address}: {_why_not_bound(host, port)}") from None
-    service = VerifierService(tenants or Tenants(None), config.row_buckets)
+    service = VerifierService(
+        tenants or Tenants(None), config.row_buckets, write_timeout_s=write_timeout_s
+    )
     add_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -45,14 +45,27 @@ from jaxspec.protocol import (
 )
 from verify.local import LocalVerifier
 from verify.metrics import ServiceMetrics
-from verify.tenants import RateLimits, Tenant, Tenants
+from verify.tenants import RateLimits, Tenant, Tenants, authorization_headers
 
 log = logging.getLogger(__name__)
+
+# A Verify stream reads at most this many blocks ahead of its answers (stale ones included;
+# above the scheduler's 8 blocks in flight a session may have): at the bound it stops reading,
+# and HTTP/2 flow control pushes back on the client. A client that does not read its answers
+# thus holds a bounded amount of the server's memory.
+MAX_UNANSWERED = 16
+# A stream whose next answer cannot be written (the client reads none) for this long is ended
+# RESOURCE_EXHAUSTED and its session closed (--write-timeout-s).
+WRITE_TIMEOUT_S = 30.0
 
 WARMING_UP = (
     "the verifier is warming up (loading the target, compiling its batch shapes): "
     "retry when grpc.health.v1 says SERVING"
 )
+
+
+class WriteTimeout(ResourceExhausted):
+    """A Verify stream's client read no answer for the write timeout."""
 
 
 class Undecodable:
@@ -110,7 +123,18 @@ class VerifierService(pb_grpc.VerifierServicer):
     Prometheus registry, its rows histogram over `row_buckets`) counts what happens, and the
     verifier given to `attach` does the work (None until then: warming up)."""
 
-    def __init__(self, tenants: Tenants, row_buckets: Sequence[int]):
+    def __init__(
+        self,
+        tenants: Tenants,
+        row_buckets: Sequence[int],
+        *,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
+        max_unanswered: int = MAX_UNANSWERED,
+    ):
+        if not write_timeout_s > 0 or max_unanswered < 1:
+            raise ValueError("write_timeout_s must be > 0 and max_unanswered >= 1")
+        self.write_timeout_s = write_timeout_s
+        self.max_unanswered = max_unanswered
         self.verifier: LocalVerifier | None = None
         self.tenants = tenants
         self.rate_limits = RateLimits()
@@ -136,9 +160,12 @@ class VerifierService(pb_grpc.VerifierServicer):
         await context.abort(grpc.StatusCode[code], message)
 
     async def _auth(self, context: Any, method: str) -> Tenant:
-        tenant = self.tenants.identify(context.invocation_metadata())
+        metadata = context.invocation_metadata()
+        tenant = self.tenants.identify(metadata)
         if tenant is None:
-            await self._fail(context, method, "UNAUTHENTICATED", "missing or invalid token")
+            n = authorization_headers(metadata)
+            why = f"{n} authorization headers (send exactly one)" if n > 1 else ""
+            await self._fail(context, method, "UNAUTHENTICATED", why or "missing or invalid token")
         return tenant
 
     async def _decoded(self, request: Any, context: Any, method: str) -> None:
@@ -205,14 +232,17 @@ class VerifierService(pb_grpc.VerifierServicer):
         return pb.CloseSessionResponse()
 
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
-        await self._auth(context, "Stats")
+        tenant = await self._auth(context, "Stats")
         await self._decoded(request, context, "Stats")
-        return pb.StatsResponse(**self.stats())
+        return pb.StatsResponse(**self.stats(None if tenant.admin else tenant.name))
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, tenant: str | None = None) -> dict[str, Any]:
         """The scheduler's figures (the Stats RPC, and the metrics' gauges at scrape time,
         from another thread: the session table is copied before it is read); all zero, not
-        serving, while warming up."""
+        serving, while warming up. With `tenant` (a Stats caller that is not an admin) only
+        that tenant's own: its sessions, queued blocks, the steps that carried its blocks and
+        the tokens committed to it; the verifier-wide step figures (last step time, rows,
+        occupancy) are 0, since they tell of other tenants' load."""
         if self.verifier is None:
             return dict(
                 sessions=0, queued_blocks=0, steps=0, last_step_s=0.0, last_rows=0,
@@ -221,6 +251,15 @@ class VerifierService(pb_grpc.VerifierServicer):
         sch = self.verifier.scheduler
         m = sch.metrics
         sessions = list(sch.sessions.values())
+        if tenant is not None:
+            own = [s for s in sessions if s.tenant == tenant]
+            return dict(
+                sessions=len(own), queued_blocks=sum(len(s.queue) for s in own),
+                steps=sch.tenant_steps[tenant], last_step_s=0.0, last_rows=0,
+                last_bucket_rows=0, mean_occupancy=0.0,
+                tokens_committed=sch.tenant_committed[tenant],
+                serving=not self.draining.is_set(),
+            )  # fmt: skip
         return dict(
             sessions=len(sessions),
             queued_blocks=sum(len(s.queue) for s in sessions),
@@ -233,19 +272,38 @@ class VerifierService(pb_grpc.VerifierServicer):
             serving=not self.draining.is_set(),
         )
 
-    async def Verify(
-        self, request_iterator: AsyncIterator[pb.DraftBlock], context: Any
-    ) -> AsyncIterator[pb.VerifyResult]:
+    async def _write(self, context: Any, response: pb.VerifyResponse) -> None:
+        """Send one answer, or `WriteTimeout` when the client reads none for the timeout."""
+        try:
+            await asyncio.wait_for(context.write(response), self.write_timeout_s)
+        except TimeoutError:
+            raise WriteTimeout(
+                f"the client read no answer for {self.write_timeout_s:g} s: stream ended, "
+                "session closed"
+            ) from None
+
+    async def Verify(self, request_iterator: AsyncIterator[pb.DraftBlock], context: Any) -> None:
         """One session: opened by the first message (or named by it), then blocks up,
         results down in order. Errors end the stream with their status after every earlier
         block's result (a session from OpenSession stays for a new stream, one the stream
         opened is closed with it); the end of the stream — half-close, cancel, a vanished
-        client — closes the session."""
+        client — closes the session. At most `max_unanswered` blocks are read ahead of their
+        answers; an answer the client does not read for `write_timeout_s` ends the stream
+        (RESOURCE_EXHAUSTED) and closes its session whoever opened it. Every task started
+        here is awaited or cancelled before the handler returns."""
         tenant = await self._auth(context, "Verify")
         verifier = await self._ready(context, "Verify")
+        # The response headers on their own (not flow-controlled, sent at once): an answer
+        # that cannot be written then holds only its message, and the status can still be
+        # sent after it (`_write`'s timeout; gRPC refuses a second headers operation).
+        await context.send_initial_metadata(())
         endpoint = verifier.for_tenant(tenant.name)
         # (block, received at, future of its result), ("opened", info), an error, or None
         items: asyncio.Queue[Any] = asyncio.Queue()
+        # One permit per block read and not yet answered: without one the reader reads
+        # nothing more (gRPC core then stops opening the stream's flow-control window).
+        room = asyncio.Semaphore(self.max_unanswered)
+        tasks: set[asyncio.Future] = set()  # the blocks' verify tasks
         session: list[str] = []  # the stream's session id, once known
         opened = [False]  # the session was opened by this stream: it ends with it
         counts = [0, 0]  # this stream's blocks taken, answered
@@ -268,7 +326,13 @@ class VerifierService(pb_grpc.VerifierServicer):
 
         async def read() -> None:
             try:
-                async for msg in request_iterator:
+                messages = aiter(request_iterator)
+                while True:
+                    await room.acquire()  # the permit of the block this message may be
+                    try:
+                        msg = await anext(messages)
+                    except StopAsyncIteration:
+                        break
                     if self.draining.is_set():
                         raise Unavailable("the verifier is draining: resume the session")
                     received = time.perf_counter()
@@ -282,6 +346,7 @@ class VerifierService(pb_grpc.VerifierServicer):
                         session.append(info.session_id)
                         opened[0] = True
                         self.bound.add(info.session_id)
+                        room.release()  # not a block
                         items.put_nowait(("opened", info))
                         continue
                     if kind != "block":
@@ -299,8 +364,10 @@ class VerifierService(pb_grpc.VerifierServicer):
                         raise InvalidArgument("a Verify stream carries one session")
                     await self.rate_limits.take(tenant, len(block.tokens) + 1)
                     fut = asyncio.ensure_future(verify(block))
-                    items.put_nowait((block, received, fut))
+                    tasks.add(fut)
                     counts[0] += 1
+                    self.metrics.unanswered.inc()
+                    items.put_nowait((block, received, fut))
                 items.put_nowait(None)
             except VerifierError as e:
                 items.put_nowait(e)
@@ -314,8 +381,33 @@ class VerifierService(pb_grpc.VerifierServicer):
 
         reader = asyncio.ensure_future(read())
         drain = asyncio.ensure_future(self.draining.wait())
+        get: asyncio.Future | None = None
         self.streams += 1
-        keep = False  # True: the stream failed on bad input, the session stays
+        ended = [False]
+
+        async def end(keep: bool) -> None:
+            """Once: stop reading, cancel and await every task of the stream, give the slot
+            back unless `keep` (the stream failed on bad input: a session from OpenSession
+            stays for another stream). Before any status is sent: a status waits behind
+            answers the client has not read, maybe for ever."""
+            if ended[0]:
+                return
+            ended[0] = True
+            self.bound.difference_update(session)
+            self.streams -= 1
+            pending = [t for t in (reader, drain, get, *tasks) if t is not None]
+            for t in pending:  # blocks whose answers will never be sent among them
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            self.metrics.unanswered.dec(counts[0] - counts[1])
+            if self.draining.is_set():
+                self.unanswered_draining += counts[0] - counts[1]
+            if not keep and session and not self.draining.is_set():
+                # Ended, cancelled, disconnected or past its deadline (a killed client can
+                # look like a half-close): nobody will send or read more, so the slot goes
+                # back to the pool now.
+                await self._close_quietly(endpoint, session[0])
+
         try:
             while True:
                 if items.empty() and drain.done() and reader.done():
@@ -326,7 +418,7 @@ class VerifierService(pb_grpc.VerifierServicer):
                     get.cancel()
                     # Draining: stop reading; answer what was taken, then end the stream.
                     reader.cancel()
-                    await asyncio.gather(reader, return_exceptions=True)
+                    await asyncio.gather(reader, get, return_exceptions=True)
                     continue
                 item = get.result()
                 if item is None:  # half-closed, or a vanished client seen as one
@@ -334,10 +426,13 @@ class VerifierService(pb_grpc.VerifierServicer):
                 if isinstance(item, VerifierError):
                     raise item
                 if item[0] == "opened":
-                    yield pb.VerifyResponse(opened=wire.info_to_proto(item[1]))
+                    await self._write(
+                        context, pb.VerifyResponse(opened=wire.info_to_proto(item[1]))
+                    )
                     continue
                 block, received, fut = item
                 res = await fut
+                tasks.discard(fut)
                 self.metrics.count_block(
                     tenant.name,
                     stale=res.stale,
@@ -348,25 +443,23 @@ class VerifierService(pb_grpc.VerifierServicer):
                 self.metrics.block_seconds.labels(tenant.name).observe(
                     time.perf_counter() - received
                 )
-                yield pb.VerifyResponse(result=wire.result_to_proto(res))
+                await self._write(context, pb.VerifyResponse(result=wire.result_to_proto(res)))
                 self.answered_draining += self.draining.is_set()
                 counts[1] += 1
+                self.metrics.unanswered.dec()
+                room.release()
         except VerifierError as e:
-            keep = not opened[0]  # from OpenSession: it stays, for another stream
-            self.bound.difference_update(session)  # ... at once, even before the status
-            await self._fail(context, "Verify", e.code, str(e))
+            # from OpenSession: it stays, for another stream (not if its answers went unread)
+            await end(keep=not opened[0] and not isinstance(e, WriteTimeout))
+            try:
+                await self._fail(context, "Verify", e.code, str(e))
+            except grpc.aio.InternalError:
+                # The status waited behind unread answers and the client went away meanwhile
+                # (gRPC's ExecuteBatchError): nobody is left to tell.
+                if not isinstance(e, WriteTimeout):
+                    raise
         finally:
-            self.bound.difference_update(session)
-            self.streams -= 1
-            drain.cancel()
-            reader.cancel()
-            if self.draining.is_set():
-                self.unanswered_draining += counts[0] - counts[1]
-            if not keep and session and not self.draining.is_set():
-                # Ended, cancelled, disconnected or past its deadline (a killed client can
-                # look like a half-close): nobody will send or read more, so the slot goes
-                # back to the pool now.
-                await self._close_quietly(endpoint, session[0])
+            await end(keep=False)
 
     @staticmethod
     async def _close_quietly(endpoint: LocalVerifier, session_id: str) -> None:

@@ -28,6 +28,7 @@ class Tenant:
     token_sha256: str  # never the token itself: nothing that could leak it is kept
     max_sessions: int = 16  # live sessions at once
     tokens_per_s: float = 0.0  # verified positions per second; 0 = unlimited
+    admin: bool = False  # Stats answers verifier-wide figures (else the tenant's own)
 
 
 class Tenants:
@@ -37,12 +38,14 @@ class Tenants:
     token = "..."            # or token_sha256 = "<hex>" to keep the secret out of the file
     max_sessions = 16        # live sessions at once
     tokens_per_s = 400       # verified positions per second (drafts + 1 per block), 0 = off
+    admin = false            # true: Stats answers verifier-wide figures, not the tenant's own
     """
 
     def __init__(self, tenants: list[Tenant] | None, anonymous: Tenant | None = None):
         self.open = tenants is None
         self.by_hash = {t.token_sha256: t for t in tenants or ()}
-        self.anonymous = anonymous or Tenant(ANONYMOUS, "", max_sessions=1 << 30)
+        # no file: the one anonymous caller is the whole verifier's only user, and sees it all
+        self.anonymous = anonymous or Tenant(ANONYMOUS, "", max_sessions=1 << 30, admin=True)
 
     @classmethod
     def load(cls, path: str | pathlib.Path) -> Tenants:
@@ -56,12 +59,15 @@ class Tenants:
             if not isinstance(t, dict) or ("token" in t) == ("token_sha256" in t):
                 raise ValueError(f"tenant {name!r} needs exactly one of token / token_sha256")
             digest = t.get("token_sha256") or token_sha256(str(t["token"]))
+            if not isinstance(t.get("admin", False), bool):
+                raise ValueError(f"tenant {name!r}: admin is true or false")
             out.append(
                 Tenant(
                     name=name,
                     token_sha256=digest.lower(),
                     max_sessions=int(t.get("max_sessions", 16)),
                     tokens_per_s=float(t.get("tokens_per_s", 0.0)),
+                    admin=t.get("admin", False),
                 )
             )
         if not out:
@@ -70,23 +76,47 @@ class Tenants:
             raise ValueError("two tenants share a token")
         return cls(out)
 
+    def overcommitted(self, slots: int) -> str | None:
+        """Why the tenants' live-session caps do not fit a pool of `slots` (their sum, or one
+        cap, above it), naming each tenant and its cap; None when they fit (or no file)."""
+        if self.open:
+            return None
+        tenants = sorted(self.by_hash.values(), key=lambda t: t.name)
+        total = sum(t.max_sessions for t in tenants)
+        if total <= slots:
+            return None
+        caps = ", ".join(f"{t.name} {t.max_sessions}" for t in tenants)
+        over = [t.name for t in tenants if t.max_sessions > slots]
+        alone = f"; alone above the pool: {', '.join(over)}" if over else ""
+        return (
+            f"the tenants' max_sessions sum to {total}, above the {slots} slots of "
+            f"--max-sessions ({caps}{alone}): when the pool is full a tenant below its cap "
+            "is refused RESOURCE_EXHAUSTED until a slot frees"
+        )
+
     def identify(self, metadata: Any) -> Tenant | None:
-        """The caller's tenant from `authorization: Bearer <token>` metadata, else None."""
+        """The caller's tenant from exactly one `authorization: Bearer <token>` header, else
+        None (no header, a bad one, an unknown token, or more than one header). Without a
+        tenants file everyone is the anonymous tenant, whatever the headers."""
         if self.open:
             return self.anonymous
-        token = None
-        for key, value in metadata or ():
-            if key == "authorization" and isinstance(value, str):
-                scheme, _, rest = value.partition(" ")
-                if scheme.lower() == "bearer" and rest:
-                    token = rest.strip()
-        if token is None:
+        values = [value for key, value in metadata or () if key == "authorization"]
+        if len(values) != 1 or not isinstance(values[0], str):
+            return None  # none, or several: never "the last one wins"
+        scheme, _, rest = values[0].partition(" ")
+        token = rest.strip() if scheme.lower() == "bearer" else ""
+        if not token:
             return None
         digest = token_sha256(token)
         for known, tenant in self.by_hash.items():  # constant time per comparison
             if hmac.compare_digest(known, digest):
                 return tenant
         return None
+
+
+def authorization_headers(metadata: Any) -> int:
+    """How many `authorization` headers `metadata` holds (the refusal says so when > 1)."""
+    return sum(key == "authorization" for key, _ in metadata or ())
 
 
 def token_sha256(token: str) -> str:

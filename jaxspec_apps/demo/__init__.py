@@ -132,6 +132,10 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--seconds must be >= 0")
     if args.prompt is not None and not all(p for p in args.prompt):
         raise ValueError("--prompt must not be empty")
+    if args.verifier is not None:
+        from edge.client import channel_target
+
+        channel_target(args.verifier)  # a malformed address, a port outside [1, 65535]
 
 
 def serve_args(args: argparse.Namespace) -> list[str]:
