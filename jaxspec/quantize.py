@@ -444,6 +444,16 @@ def quant_spec(model: Model) -> QuantSpec | None:
     return f.spec if isinstance(f, DenseFactory) else None
 
 
+def with_kernel(model: Model, enabled: bool) -> Model:
+    """The served quantized `model` with the int4 kernel on or off (off: XLA's unpack and AQT's
+    int dot everywhere). Same params; a different static module (its own compilations)."""
+    spec = quant_spec(model)
+    if spec is None or model.dense_cls.mode != "serve":
+        raise ValueError("with_kernel wants a served quantized model (see jaxspec.quantize)")
+    m = _module(model, dataclasses.replace(spec, kernel=enabled), "serve")
+    return model.with_params(model.params, dense_cls=m.dense_cls, embed_cls=m.embed_cls)
+
+
 def _module(model: Model, spec: QuantSpec, mode: str) -> Llama:
     embed = EmbedFactory(spec, mode) if spec.embeddings else None
     return Llama(model.config, model.dtype, None, DenseFactory(spec, mode), embed)

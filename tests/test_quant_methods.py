@@ -152,7 +152,8 @@ def test_calibration_prompts_never_come_from_held_out_sources():
 
 def test_hessians_cover_every_linear_layer(model, calib):
     hs = calibration.hessians(model, calib, calibration.Plan(window=16, batch=2))
-    assert len(hs) == model.config.num_hidden_layers * 7
+    assert len(hs) == model.config.num_hidden_layers * 7 + 1  # + the tied head's input
+    assert hs[("embed_tokens",)].shape == (32, 32)
     h = hs[("layers_0", "mlp", "down_proj")]
     assert h.shape == (72, 72)
     np.testing.assert_allclose(h, h.T, rtol=1e-5, atol=1e-8)
