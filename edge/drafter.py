@@ -254,14 +254,19 @@ class Drafter:
         return append(state, jnp.asarray(rows, jnp.int32), tokens, jnp.asarray(counts, jnp.int32))
 
 
+START_METHOD = "asym"  # quantizing at start-up: no calibration (seconds, not minutes)
+
+
 def load_drafter(name: str, quantize: str, spec: DraftSpec) -> Drafter:
     """The edge's draft model from a checkpoint or built-in name, as a `Drafter` of `spec`.
 
     `quantize` is a `jaxspec.quantize` scheme ("w4a16", as a device would hold it, or
-    "w8a16"), or "none" to keep the weights as stored. A checkpoint stored quantized (the
-    shipped `smollm2-draft` is W4A16) is used as stored.
+    "w8a16"), or "none" to keep the weights as stored. A float checkpoint is quantized at
+    start-up by `START_METHOD` (no calibration); a checkpoint stored quantized (`smollm2-w4a16`,
+    built once by the calibrated default method, or the shipped `smollm2-draft`) is used as
+    stored.
     """
     model = load(name)
     if quantize != "none" and quant_spec(model) is None:
-        model = quantize_model(model, quantize)
+        model = quantize_model(model, quantize, method=START_METHOD)
     return Drafter(model, spec)

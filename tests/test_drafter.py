@@ -31,7 +31,7 @@ def model():
     """A W4A16 draft (the edge's format) with weights spread far from uniform."""
     cfg = tiny_config(tie_word_embeddings=True)
     params = jax.tree.map(lambda a: 3 * a, jaxspec.init_params(cfg, 0))
-    return jaxspec.quantize(jaxspec.Model(config=cfg, params=params), "w4a16", 16)
+    return jaxspec.quantize(jaxspec.Model(config=cfg, params=params), "w4a16", 16, method="rtn")
 
 
 @pytest.fixture(scope="module")

@@ -43,13 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         d = pathlib.Path(tempfile.mkdtemp(prefix="jaxspec-adaptive-"))
         target = jaxspec.load(write_random_checkpoint(d / "t", seed=0))
-        drafts = {"self": jaxspec.quantize(target, "w4a16", 16)}
+        drafts = {"self": jaxspec.quantize(target, "w4a16", 16, method="asym")}
         prompts = [[1, 2, 3, 4, 5, 6, 7, 8]][: args.prompts]
     else:
         target = jaxspec.load("default")
         drafts = {
-            "self (target at W4A16)": jaxspec.quantize(target, "w4a16", 128),
-            "shipped draft at W4A16": jaxspec.quantize(jaxspec.load("default-draft"), "w4a16", 128),
+            "self (target at W4A16)": jaxspec.quantize(target, "w4a16", 128, method="asym"),
+            "shipped draft at W4A16": jaxspec.quantize(
+                jaxspec.load("default-draft"), "w4a16", 128, method="asym"
+            ),
         }
         prompts = prompts_from(heldout_stream(target), args.prompts, 32, seed=3)
     longest = max(map(len, prompts))

@@ -548,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     draft = jaxspec.Model(config=config, params=params, tokenizer=tok, name="smollm2-draft")
     if args.keep_float is not None:
         jaxspec.save(draft, args.keep_float)
-    shipped = jaxspec.quantize(draft, "w4a16", 64, embeddings=plan.table == "int4")
+    shipped = jaxspec.quantize(draft, "w4a16", 64, method="rtn", embeddings=plan.table == "int4")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix="distill-", dir=args.out.parent))
     jaxspec.save(shipped, staging)

@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     candidates += [narrow(target, w, k) for w in widths for k in layers]
     for m in candidates:
         f32 = seconds_per_token(m, prompt, args.new_tokens, args.repeats) / t_target
-        q = jaxspec.quantize(m, "w4a16", 64)
+        q = jaxspec.quantize(m, "w4a16", 64, method="rtn")
         w4 = seconds_per_token(q, prompt, args.new_tokens, args.repeats) / t_target
-        qe = jaxspec.quantize(m, "w4a16", 64, embeddings=False)
+        qe = jaxspec.quantize(m, "w4a16", 64, method="rtn", embeddings=False)
         w4e = seconds_per_token(qe, prompt, args.new_tokens, args.repeats) / t_target
         print(
             f"| {m.name} | {m.num_params() / 1e6:.1f} | {f32:.3f} | {w4:.3f} | "

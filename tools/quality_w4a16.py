@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         base_ppl = None
         for v in variants:
             t0 = time.time()
-            model = jaxspec.quantize(base, v.scheme, v.group, embeddings=v.embeddings)
+            model = jaxspec.quantize(base, v.scheme, v.group, method="rtn", embeddings=v.embeddings)
             held = heldout_metrics(model, evals)
             base_ppl = held["ppl"] if v.scheme == "none" else base_ppl
             row = {
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     speed = {}
     for family, base in families[:1] if args.tiny else families:  # tiny: compile less
         bf16 = to_dtype(base, jnp.bfloat16)
-        models = {"bf16": bf16, "w4a16 g128": jaxspec.quantize(bf16, "w4a16", 128)}
+        models = {"bf16": bf16, "w4a16 g128": jaxspec.quantize(bf16, "w4a16", 128, method="rtn")}
         rates = drafter_speed(models, speed_prompt, s)
         speed[family] = {
             "tokens_per_s": rates,

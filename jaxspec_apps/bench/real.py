@@ -14,11 +14,13 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 import jaxspec
 from jaxspec import analytic
-from jaxspec.quantize import dequantize, quant_spec
+from jaxspec.quantize import dequantize, quant_spec, with_kernel
 from jaxspec.shapes import bucket
 from jaxspec_apps.bench import (
     capacity,
@@ -63,15 +65,30 @@ def decode_s_per_token(model: Any, prompt: list[int], new: int, repeats: int) ->
     return (long - short) / (new - 8)
 
 
+def cost_variants(target: Any, draft: Any, small: Any | None) -> dict[str, Any]:
+    """The models whose decode cost the cost section compares with the pair's: the target in
+    bfloat16, and each int4 draft on XLA's path (unpack + dot) next to the int4 kernel's."""
+    bf16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), target.params)
+    out = {"target bf16": target.with_params(bf16, dtype=jnp.bfloat16)}
+    for name, m in (("draft", draft), ("small draft", small)):
+        if m is not None and quant_spec(m) is not None and quant_spec(m).tiled:
+            out[f"{name} (XLA int4 path)"] = with_kernel(m, False)
+    if small is not None:
+        out["small draft"] = small
+    return out
+
+
 def cost(
-    target: Any, draft: Any, prompt: list[int], new: int, repeats: int, roof: dict[str, float]
-) -> dict[str, Any]:
+    target: Any, draft: Any, prompt: list[int], new: int, repeats: int, roof: dict[str, float],
+    extras: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Time per token of each model's plain decode loop, the draft's share of the target's
     (`draft_cost_ratio`) and each against its roofline: weight bytes plus the KV bytes one
-    step reads (the whole slot, as the jitted step attends over it) ÷ read bandwidth."""
+    step reads (the whole slot, as the jitted step attends over it) ÷ read bandwidth.
+    `extras` (name -> model) are timed the same way, for comparison."""
     out: dict[str, Any] = {"prompt_tokens": len(prompt), "new_tokens": new}
     slot = bucket(len(prompt) + new, 64)  # `generate`'s cache length
-    for name, m in (("target", target), ("draft", draft)):
+    for name, m in (("target", target), ("draft", draft), *(extras or {}).items()):
         s = decode_s_per_token(m, prompt, new, repeats)
         kv = verifier.kv_bytes(m, 1, slot)
         floor = (m.nbytes() + kv) / roof["bandwidth_Bps"]
@@ -200,7 +217,10 @@ def run(
         )
 
     def run_cost() -> dict[str, Any]:
-        return cost(target, draft, firsts[0], max(p.new_tokens, 40), max(p.repeats, 3), roof())
+        small = jaxspec.load(SMALL_DRAFT) if draft_name != SMALL_DRAFT else None
+        extras = cost_variants(target, draft, small)
+        n, reps = max(p.new_tokens, 40), max(p.repeats, 3)
+        return cost(target, draft, firsts[0], n, reps, roof(), extras)
 
     def run_colocated() -> dict[str, Any]:
         rows = colocated.run(

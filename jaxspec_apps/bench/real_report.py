@@ -66,7 +66,9 @@ def _cost(c: dict[str, Any], roof: dict[str, float] | None) -> list[str]:
         "| model | ms/token | tok/s | weight bytes | KV bytes/step | roofline ms | of roofline |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for name in ("target", "draft"):
+    names = ["target", "draft"] + [k for k, v in c.items() if isinstance(v, dict) and k not in
+                                    ("target", "draft")]  # fmt: skip
+    for name in names:
         m = c[name]
         lines.append(
             f"| {name} | {m['s_per_token'] * 1e3:.2f} | {m['tok_s']:.1f} | "
@@ -79,7 +81,10 @@ def _cost(c: dict[str, Any], roof: dict[str, float] | None) -> list[str]:
         f"Plain greedy decode loops, batch 1, {c['new_tokens']} tokens after a "
         f"{c['prompt_tokens']}-token chat prompt: (t(N) − t(8)) / (N − 8), so the prefill and "
         f"dispatch cancel out. Roofline: (weight + KV bytes one step reads) ÷ bandwidth{bw}. "
-        f"Draft cost ratio c = **{c['draft_cost_ratio']:.3f}**.",
+        f"Draft cost ratio c = **{c['draft_cost_ratio']:.3f}**. An int4 model runs its "
+        f"matmuls of up to 16 rows on the int4 kernel (jaxspec/csrc, an XLA FFI custom call) "
+        f'where it is built; its "XLA int4 path" row is the same model through XLA\'s unpack '
+        f"and AQT's int dot.",
     ]
     return lines
 

@@ -201,7 +201,7 @@ def run_suite(args: argparse.Namespace) -> int:
         pair = colocated.run(
             target, draft, prompts[: p.prompts], gammas=p.gammas, modes=p.modes, **kw
         )
-        self_draft = jaxspec.quantize(target, "w4a16", 128)
+        self_draft = jaxspec.quantize(target, "w4a16", 128, method="asym")  # no calibration
         self_rows = colocated.run(
             target, self_draft, prompts[: p.prompts], gammas=(p.gamma,), modes=p.self_modes, **kw
         )
