@@ -92,19 +92,30 @@ def copy_dir(spec: QuantizedCopy) -> pathlib.Path:
     return home() / "models" / spec.name
 
 
+def _copy_method(d: pathlib.Path) -> str | None:
+    """The method a cached copy was built by (None: no whole copy there)."""
+    try:
+        return json.loads((d / SOURCE_FILE).read_text()).get("method")
+    except (OSError, ValueError):
+        return None
+
+
 def ensure_copy(name: str, progress: Progress | None = None) -> pathlib.Path:
     """The checkpoint directory of quantized copy `name`, built (and its base pulled) first
-    if not cached. Written to a temporary directory and renamed into place, as `pull` does."""
+    if not cached, or cached from another method. Written to a temporary directory and
+    renamed into place, as `pull` does."""
     from jaxspec.checkpoint import load, save
 
     spec = quantized_copy(name)
     if spec is None:
         raise CheckpointError(f"no quantized copy named {name!r} (known: {sorted(_COPY_BY_NAME)})")
+    from jaxspec.quantize import DEFAULT_METHOD, quantize
+
     final = copy_dir(spec)
-    if (final / SOURCE_FILE).is_file():
+    method = spec.method or DEFAULT_METHOD
+    if _copy_method(final) == method:
         return final
     base = load(str(ensure(spec.base.name, progress)))
-    from jaxspec.quantize import quantize
 
     q = quantize(base, spec.scheme, spec.group_size, method=spec.method, progress=progress)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -112,10 +123,10 @@ def ensure_copy(name: str, progress: Progress | None = None) -> pathlib.Path:
     try:
         out = work / spec.name
         save(q, out)
-        record = {"base": spec.base.name, "quantized": q.name, "about": spec.about}
-        (out / SOURCE_FILE).write_text(json.dumps(record, indent=2))
-        if final.exists():
-            if (final / SOURCE_FILE).is_file():
+        record = {"base": spec.base.name, "method": method, "quantized": q.name}
+        (out / SOURCE_FILE).write_text(json.dumps(record | {"about": spec.about}, indent=2))
+        if final.exists():  # a leftover, a copy by another recipe, or another process's
+            if _copy_method(final) == method:
                 return final
             shutil.rmtree(final)
         os.rename(out, final)

