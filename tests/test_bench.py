@@ -137,7 +137,8 @@ def test_the_tiny_suite_writes_the_report_results_and_plots(checkpoints, tmp_pat
     # float16 q: about half the bytes of full q per block, and less for sparse.
     assert up["full-f16"] < 0.6 * up["full"] and up["sparse16-f16"] < up["sparse16"]
     assert all(0 <= r["alpha"] <= 1 for r in s["wirecost"]["rows"])
-    assert res["w4a16_bytes_ratio"] < 0.35
+    # int4 tiles are 64 output columns wide: this tiny model's 32-wide layers pad to twice
+    assert res["w4a16_bytes_ratio"] < 0.5
     assert s["peer"]["new_tokens"] > 0
 
     md = (out / "BENCHMARKS.md").read_text()

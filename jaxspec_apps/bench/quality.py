@@ -130,7 +130,7 @@ def w4a16_summary(
     rows = {}
     for label, model in (
         ("float", draft),
-        (f"w4a16 g{group_size}", jaxspec.quantize(draft, "w4a16", group_size, method="asym")),
+        (f"w4a16 g{group_size}", jaxspec.quantize(draft, "w4a16", group_size, method="rtn")),
     ):
         rows[label] = {
             "resident_bytes": model.nbytes(),

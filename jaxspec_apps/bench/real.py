@@ -35,6 +35,7 @@ from jaxspec_apps.bench import (
 from jaxspec_apps.bench.common import best_time, heldout_stream, prompts_from, run_sections
 from jaxspec_apps.bench.profile import Profile
 
+SELF_DRAFT = "smollm2-w4a16"  # the pair's draft: SmolLM2's own W4A16 copy
 SMALL_DRAFT = "smollm2-draft"  # the distilled 14M draft for weak devices
 REAL_SECTIONS = (
     "specbench",
@@ -217,7 +218,7 @@ def run(
         )
 
     def run_cost() -> dict[str, Any]:
-        small = jaxspec.load(SMALL_DRAFT) if draft_name != SMALL_DRAFT else None
+        small = jaxspec.load(SMALL_DRAFT) if draft_name == SELF_DRAFT else None
         extras = cost_variants(target, draft, small)
         n, reps = max(p.new_tokens, 40), max(p.repeats, 3)
         return cost(target, draft, firsts[0], n, reps, roof(), extras)
@@ -273,7 +274,7 @@ def run(
     def run_quality() -> dict[str, Any]:
         qp = prompts_from(stream, p.quality_prompts, p.prompt_len, seed=2)
         drafts = {f"draft `{draft_name}`": draft}
-        if draft_name != SMALL_DRAFT:
+        if draft_name == SELF_DRAFT:  # the pair's default: the small draft beside it
             drafts[f"small draft `{SMALL_DRAFT}`"] = jaxspec.load(SMALL_DRAFT)
         return quality_rows(target, drafts, stream, qp, p)
 
