@@ -174,9 +174,9 @@ def test_the_w4a16_copy_is_built_once_and_speculates_losslessly(smol, prompts, a
     monkeypatch.setitem(hub._COPY_BY_NAME, "smollm2-w4a16", copy)
     draft = jaxspec.load("smollm2-w4a16")
     spec = quant_spec(draft)
-    assert (spec.scheme, spec.group_size, spec.method, spec.tiled) == ("w4a16", 128, "asym", True)
+    assert (spec.scheme, spec.group_size, spec.method, spec.tiled) == ("w4a16", 32, "asym", True)
     assert hub._copy_method(hub.copy_dir(copy)) == "asym"  # the default's build redoes it
-    assert draft.nbytes() < 0.3 * 2 * smol.num_params()
+    assert draft.nbytes() < 0.32 * 2 * smol.num_params()  # measured 0.313 of bf16
     qmod = importlib.import_module("jaxspec.quantize")
     monkeypatch.setattr(qmod, "quantize", lambda *a, **k: pytest.fail("built twice"))
     again = jaxspec.load("smollm2-w4a16")
