@@ -10,7 +10,7 @@ equals the float model's) and on held-out help-topic text (perplexity ratio). al
 acceptance rate (accepted / drafted) of `jaxspec.generate(float, prompts, draft=variant,
 gamma=4)`, with the greedy-token equality of speculative and plain decoding asserted at T=0.
 
-    python tools/quant_table.py --out bench/quant_smollm2        # SmolLM2 (~15 min, 2 cores)
+    python tools/quant_table.py --out .        # SmolLM2 (~25 min, 2 cores): BENCHMARKS.md
     python tools/quant_table.py --checkpoint default --prompts 4 --alpha-prompts 2 \\
         --new-tokens 8 --variants asym:32,gptq:32 --out /tmp/q   # a quick run
 """
@@ -114,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--answer-tokens", type=int, default=96, help="float answer length scored")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens per alpha run")
     p.add_argument("--text-windows", type=int, default=8, help="held-out text windows (ppl)")
-    p.add_argument("--out", type=pathlib.Path, required=True, help="writes <out>.json, .md")
+    p.add_argument(
+        "--out", type=pathlib.Path, required=True,
+        help="a report directory: bench/quant.json, bench/quant.md, its BENCHMARKS.md section",
+    )  # fmt: skip
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     target = jaxspec.load(args.checkpoint)
@@ -183,20 +186,38 @@ def _gptq(target: Any, group: int, head: int | None, hess: dict) -> Any:
         calib.hessians = keep
 
 
-def write(args: argparse.Namespace, rows: list[dict], calib: dict) -> None:
-    head = "| method | bytes / bf16 | ppl ratio | agreement | alpha T=0 | alpha T=0.7 | time (s) |"
-    lines = [head, "|---|---|---|---|---|---|---|"]
+def markdown(rows: list[dict], calib: dict, cmd: str, checkpoint: str) -> str:
+    """The BENCHMARKS.md section: the table and how it was measured."""
+    lines = [
+        f"## W4A16 methods on `{checkpoint}`",
+        "",
+        f"Produced by `{cmd}`. Held-out chat prompts (sources the calibration never uses), "
+        "the float model's greedy answers scored teacher-forced (agreement: the copy's argmax "
+        "equals the float model's), perplexity ratio on held-out help-topic text, alpha = "
+        "accepted ÷ drafted of co-located decoding with the float model verifying (γ = 4; "
+        "greedy tokens asserted equal to plain decoding at T = 0). Time: quantization, plus "
+        f"for GPTQ its calibration ({calib['answers_s']:.0f} s of answers, "
+        f"{calib['calibration_s']:.0f} s with the Hessians).",
+        "",
+        "| method | bytes / bf16 | ppl ratio | agreement | alpha T=0 | alpha T=0.7 | time (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['variant']} | {r['bytes_vs_bf16']:.3f} | {r['ppl_ratio']:.3f} | "
             f"{r['agreement']:.3f} | {r['alpha_t0']:.3f} | {r['alpha_t07']:.3f} | "
             f"{r['quantize_s']:.0f} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def write(args: argparse.Namespace, rows: list[dict], calib: dict) -> None:
+    """bench/quant.json and .md under `--out` and the section of its BENCHMARKS.md."""
+    from jaxspec_apps.bench.report import write_tool_section
+
     cmd = "python " + " ".join(shlex.quote(a) for a in ["tools/quant_table.py", *sys.argv[1:]])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".md").write_text("\n".join(lines) + f"\n\n`{cmd}`\n")
     record = {"command": cmd, "machine": platform.machine(), "rows": rows, **calib}
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    write_tool_section(args.out, "quant", record, markdown(rows, calib, cmd, args.checkpoint))
 
 
 if __name__ == "__main__":

@@ -234,6 +234,7 @@ TOOL_SECTIONS = {
     "target": "tools/bench_target.py",
     "adaptive": "tools/bench_adaptive.py",
     "fleet": "tools/bench_fleet.py",
+    "quant": "tools/quant_table.py",
 }
 
 
