@@ -447,7 +447,7 @@ def markdown(r: dict[str, Any], plots: dict[str, str], extra: dict[str, str] | N
         lines = [
             "# Benchmarks",
             "",
-            "Two pairs: the real one (SmolLM2-135M-Instruct and its shipped W4A16 draft), then "
+            "Two pairs: the real one (SmolLM2-135M-Instruct and its own W4A16 copy), then "
             "the tiny pair trained here, which runs in seconds and keeps every section honest.",
             "",
             *real_report.markdown(r["real"]),

@@ -86,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--pair",
         choices=PAIRS,
         default="auto",
-        help="auto (default): SmolLM2-135M-Instruct and its shipped W4A16 draft when SmolLM2 "
+        help="auto (default): SmolLM2-135M-Instruct and its own W4A16 copy when SmolLM2 "
         "can be had (fetched once), else the shipped tiny pair; smollm2; tiny",
     )
     p.add_argument("--checkpoint", default=None, help="target the spawned verifier serves")
