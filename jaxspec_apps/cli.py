@@ -5,6 +5,7 @@ Subcommands:
                 `--checkpoint default --draft default-draft` uses the shipped pair
   pull          fetch and convert a model by name ahead of time (`jaxspec pull smollm2`)
   init-random   write a random-weight tiny checkpoint (to try the tools without training)
+  doctor        what this install runs on: JAX's backend, the int4 kernel, cached models
   demo          a live terminal view of edge tenants drafting against a verifier service
   bench         run the benchmark suite; writes BENCHMARKS.md, bench/results.json, plots
                 (into a new temporary directory unless --out says where)
@@ -124,6 +125,25 @@ def _init_random(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    """One line each: JAX's backend and devices, which int4 matmul path a W4A16 model takes,
+    and which fetchable models are cached."""
+    import jax
+
+    from jaxspec import int4kernel
+
+    print(f"jax {jax.__version__}: backend {jax.default_backend()}, {jax.device_count()} devices")
+    print(int4kernel.status())
+    for spec in hub.REMOTE.values():
+        state = f"cached in {hub.model_dir(spec)}" if hub.is_pulled(spec) else "not fetched yet"
+        print(f"{spec.aliases[0]}: {state}")
+    for c in hub.COPIES.values():
+        d = hub.copy_dir(c)
+        state = f"cached in {d}" if (d / hub.SOURCE_FILE).is_file() else "built on first use"
+        print(f"{c.aliases[0]}: {state}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jaxspec", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -151,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("path")
     r.add_argument("--seed", type=int, default=0)
     r.set_defaults(func=_init_random)
+
+    d = sub.add_parser("doctor", help="what this install runs on (backend, int4 kernel, cache)")
+    d.set_defaults(func=_doctor)
 
     # Larger subcommands live in their own modules: each defines `add_arguments(parser)`
     # and `main(args) -> int`.

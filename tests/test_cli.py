@@ -74,3 +74,13 @@ def test_bad_draft_options_are_a_clean_error(tiny_dir):
     )  # fmt: skip
     assert r.returncode == 2
     assert "sparse_k must be >= 1" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_doctor_says_which_int4_path_runs(capsys):
+    from jaxspec import int4kernel
+    from jaxspec_apps import cli
+
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert int4kernel.status() in out and "backend cpu" in out
+    assert "smollm2-w4a16:" in out
