@@ -19,6 +19,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+import jax
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -28,7 +29,7 @@ from rich.progress import (
 )
 
 import jaxspec
-from jaxspec import hub
+from jaxspec import hub, int4kernel
 from jaxspec.flags import (
     add_cache_flag,
     add_draft_flags,
@@ -128,10 +129,6 @@ def _init_random(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     """One line each: JAX's backend and devices, which int4 matmul path a W4A16 model takes,
     and which fetchable models are cached."""
-    import jax
-
-    from jaxspec import int4kernel
-
     print(f"jax {jax.__version__}: backend {jax.default_backend()}, {jax.device_count()} devices")
     print(int4kernel.status())
     for spec in hub.REMOTE.values():

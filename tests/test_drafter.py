@@ -182,8 +182,8 @@ def test_quality_tool_tiny_writes_the_tables(tmp_path):
     for (family, scheme), r in rows.items():
         assert r["ppl"] > 1 and r["ppl_source"] > 1 and r["ppl_docs"] > 1
         assert 0 <= r["greedy_agreement"] <= 1 and 0 < r["expected_alpha_t1"] <= 1 + 1e-5
-        if scheme == "w4a16":
-            assert r["bytes_vs_bf16"] < 0.35
+        if scheme == "w4a16":  # int4 tiles are 64 columns: the tiny models' 32-wide layers pad
+            assert r["bytes_vs_bf16"] < 0.5
         if (family, scheme) != ("self", "none"):
             assert 0 <= r["alpha_t0"] <= 1 and 0 <= r["alpha_t1"] <= 1
     assert report["drafter_speed"]["draft"]["ratio_w4a16_over_bf16"] > 0

@@ -218,8 +218,9 @@ def run(
         )
 
     def run_cost() -> dict[str, Any]:
-        small = jaxspec.load(SMALL_DRAFT) if draft_name == SELF_DRAFT else None
-        extras = cost_variants(target, draft, small)
+        # the comparison rows (bf16 target, XLA's int4 path, the small draft): the real pair's
+        extras = cost_variants(target, draft, jaxspec.load(SMALL_DRAFT)) if (
+            draft_name == SELF_DRAFT) else {}  # fmt: skip
         n, reps = max(p.new_tokens, 40), max(p.repeats, 3)
         return cost(target, draft, firsts[0], n, reps, roof(), extras)
 

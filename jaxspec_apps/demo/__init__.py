@@ -30,6 +30,7 @@ import sys
 from rich.console import Console
 from rich.live import Live
 
+from edge.client import channel_target
 from jaxspec.flags import (
     add_cache_flag,
     add_draft_flags,
@@ -133,8 +134,6 @@ def _check(args: argparse.Namespace) -> None:
     if args.prompt is not None and not all(p for p in args.prompt):
         raise ValueError("--prompt must not be empty")
     if args.verifier is not None:
-        from edge.client import channel_target
-
         channel_target(args.verifier)  # a malformed address, a port outside [1, 65535]
 
 
