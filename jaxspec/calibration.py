@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.model import Model
+from jaxspec.model import Llama, Model, init_cache
 
 Progress = Callable[[str, int, int], None]
 HELDOUT_PERCENT = 20  # sources (topics, modules) kept for evaluation, by hash
@@ -158,8 +158,6 @@ def _probe_factory(features: int, *, use_bias: bool = True, dtype: Any = jnp.flo
 def _xtx(module: Any, params: Any, toks: jax.Array) -> Any:
     B, T = toks.shape
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    from jaxspec.model import init_cache
-
     cache = init_cache(module.config, B, T, module.dtype)
     _, v = module.apply(
         {"params": params}, toks, pos, toks > -1, cache, mutable=["hessian", "intermediates"],
@@ -180,8 +178,6 @@ def hessians(
     """Each linear layer's H = X^T X / tokens (float64 [K, K]) over `seqs` packed into
     windows, keyed by the layer's param path (e.g. ("layers_0", "mlp", "up_proj")); a tied
     head's (the final norm's output) under ("embed_tokens",)."""
-    from jaxspec.model import Llama
-
     module = Llama(model.config, model.dtype, None, _probe_factory, None)
     wins = windows(seqs, plan.window)
     if len(wins) > plan.batch:  # whole batches only: one compiled shape

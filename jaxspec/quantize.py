@@ -258,12 +258,16 @@ class _Matmul(nn.Module):
         return y + _offset_term(x, served[1], minimum, self.group, s.weight_bits)
 
 
+def _offset(scale_GM, minimum_GM, bits: int) -> jax.Array:
+    """float32 offset of the served form `scale * q + offset` (`quant_methods.offset`)."""
+    return minimum_GM.astype(jnp.float32) + (2 ** (bits - 1)) * scale_GM.astype(jnp.float32)
+
+
 def _offset_term(x_NK, scale_GM, minimum_GM, group: int, bits: int) -> jax.Array:
     """sum_g (sum of x over group g) * offset[g]: the offset's share of `x @ w` (float32)."""
     N, K = x_NK.shape
     xsum_NG = x_NK.astype(jnp.float32).reshape(N, K // group, group).sum(-1)
-    off = minimum_GM.astype(jnp.float32) + (2 ** (bits - 1)) * scale_GM.astype(jnp.float32)
-    return (xsum_NG @ off).astype(x_NK.dtype)
+    return (xsum_NG @ _offset(scale_GM, minimum_GM, bits)).astype(x_NK.dtype)
 
 
 def _served_matmul(spec, matmul, x_NK, qweight, scale, minimum, K: int, M: int) -> jax.Array:
@@ -274,10 +278,7 @@ def _served_matmul(spec, matmul, x_NK, qweight, scale, minimum, K: int, M: int) 
     if not spec.use_kernel(N):
         return matmul(x_NK, served=(_ints(spec, qweight, K, M), scale), minimum=minimum)
     g, _ = spec.groups(K)
-    offset = None
-    if minimum is not None:
-        h = 2 ** (spec.weight_bits - 1)
-        offset = minimum.astype(jnp.float32) + h * scale.astype(jnp.float32)
+    offset = None if minimum is None else _offset(scale, minimum, spec.weight_bits)
     x = x_NK[:, :K].astype(jnp.float32)
     y = int4kernel.matmul(x, qweight, scale, offset, K=K, M=M, group=g)
     return y.astype(x_NK.dtype)

@@ -19,6 +19,18 @@ def grpc_frame(message: bytes) -> bytes:
     return b"\x00" + struct.pack(">I", len(message)) + message
 
 
+def verify_headers(port: int, token: str | None) -> list[tuple[str, str]]:
+    """The request headers of a Verify stream, with a bearer token when given."""
+    headers = [
+        (":method", "POST"), (":scheme", "http"), (":path", "/jaxspec.v1.Verifier/Verify"),
+        (":authority", f"127.0.0.1:{port}"), ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]  # fmt: skip
+    if token is not None:
+        headers.append(("authorization", f"Bearer {token}"))
+    return headers
+
+
 class NonReadingClient:
     """One Verify stream to 127.0.0.1:`port` that never reads (stream window 0)."""
 
@@ -31,13 +43,7 @@ class NonReadingClient:
         )
         self.conn.initiate_connection()
         self.stream = self.conn.get_next_available_stream_id()
-        headers = [
-            (":method", "POST"), (":scheme", "http"), (":path", "/jaxspec.v1.Verifier/Verify"),
-            (":authority", f"127.0.0.1:{port}"), ("content-type", "application/grpc"),
-            ("te", "trailers"),
-        ]  # fmt: skip
-        if token is not None:
-            headers.append(("authorization", f"Bearer {token}"))
+        headers = verify_headers(port, token)
         self.conn.send_headers(self.stream, headers)
         self.sock.sendall(self.conn.data_to_send())
         self.sent = 0  # bytes of DATA the server's window let through
@@ -87,13 +93,7 @@ def rapid_resets(port: int, token: str | None, n: int) -> None:
         h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
     )
     conn.initiate_connection()
-    headers = [
-        (":method", "POST"), (":scheme", "http"), (":path", "/jaxspec.v1.Verifier/Verify"),
-        (":authority", f"127.0.0.1:{port}"), ("content-type", "application/grpc"),
-        ("te", "trailers"),
-    ]  # fmt: skip
-    if token is not None:
-        headers.append(("authorization", f"Bearer {token}"))
+    headers = verify_headers(port, token)
     try:
         for _ in range(n):
             stream = conn.get_next_available_stream_id()
