@@ -118,9 +118,11 @@ class Attention(nn.Module):
         v_all_LNSKD: jax.Array,
         layer: int,
         slots_B: jax.Array | None,
+        kv_len: int | None = None,
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Writes this layer's new K/V into the whole stacked cache in place (a scatter on
-        the donated buffer: no per-layer slice or re-stack copies the pool) and attends."""
+        the donated buffer: no per-layer slice or re-stack copies the pool) and attends over
+        the first `kv_len` positions of each slot (all of it when None)."""
         c = self.config
         nq, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         dense = functools.partial(
@@ -139,12 +141,13 @@ class Attention(nn.Module):
         v_all_LNSKD = v_all_LNSKD.at[layer, rows_B[:, None], write_BT].set(
             v.astype(v_all_LNSKD.dtype), mode="drop"
         )
+        S = k_all_LNSKD.shape[2] if kv_len is None else kv_len
         if slots_B is None:
-            keys_BSKD, vals_BSKD = k_all_LNSKD[layer], v_all_LNSKD[layer]
+            keys_BSKD, vals_BSKD = k_all_LNSKD[layer, :, :S], v_all_LNSKD[layer, :, :S]
         else:
-            keys_BSKD, vals_BSKD = k_all_LNSKD[layer, slots_B], v_all_LNSKD[layer, slots_B]
+            keys_BSKD = k_all_LNSKD[layer, slots_B, :S]
+            vals_BSKD = v_all_LNSKD[layer, slots_B, :S]
 
-        S = keys_BSKD.shape[1]
         q_BTKGD = q.reshape(B, T, nkv, nq // nkv, d)
         scores_BKGTS = jnp.einsum(
             "btkgd,bskd->bkgts", q_BTKGD, keys_BSKD.astype(self.dtype)
@@ -184,12 +187,12 @@ class DecoderLayer(nn.Module):
     dense_cls: Any = None
 
     @nn.compact
-    def __call__(self, x, cos, sin, positions, write, k_cache, v_cache, layer, slots):
+    def __call__(self, x, cos, sin, positions, write, k_cache, v_cache, layer, slots, kv_len):
         c = self.config
         h = RMSNorm(c.rms_norm_eps, self.dtype, name="input_layernorm")(x)
         h, k_cache, v_cache = Attention(
             c, self.dtype, self.dot_general_cls, self.dense_cls, name="self_attn"
-        )(h, cos, sin, positions, write, k_cache, v_cache, layer, slots)
+        )(h, cos, sin, positions, write, k_cache, v_cache, layer, slots, kv_len)
         x = x + h
         h = RMSNorm(c.rms_norm_eps, self.dtype, name="post_attention_layernorm")(x)
         x = x + MLP(c, self.dtype, self.dot_general_cls, self.dense_cls, name="mlp")(h)
@@ -214,7 +217,10 @@ class Llama(nn.Module):
         valid_BT: jax.Array,
         cache: KVCache,
         slots_B: jax.Array | None = None,
+        kv_len: int | None = None,
     ) -> tuple[jax.Array, KVCache]:
+        """`kv_len` (static): attend over the first `kv_len` positions of each slot only; every
+        query position must be below it (the verifier buckets it by the batch's live length)."""
         c = self.config
         embed_cls = self.embed_cls or nn.Embed
         embed = embed_cls(c.vocab_size, c.hidden_size, dtype=self.dtype, name="embed_tokens")
@@ -233,7 +239,9 @@ class Llama(nn.Module):
             layer = DecoderLayer(
                 c, self.dtype, self.dot_general_cls, self.dense_cls, name=f"layers_{i}"
             )
-            x, k_all, v_all = layer(x, cos, sin, positions_BT, write_BT, k_all, v_all, i, slots_B)
+            x, k_all, v_all = layer(
+                x, cos, sin, positions_BT, write_BT, k_all, v_all, i, slots_B, kv_len
+            )
         x = RMSNorm(c.rms_norm_eps, self.dtype, name="norm")(x)
         if c.tie_word_embeddings and self.embed_cls is None:
             # x [B, T, E] . embedding [V, E] contracted on E, as the table is stored: Flax's

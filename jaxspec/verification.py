@@ -36,11 +36,12 @@ RESIDUAL_EPS = 1e-6
 
 @flax.struct.dataclass(kw_only=True)
 class DraftQ:
-    """The distributions the drafts were sampled from, in one of three encodings.
+    """The distributions the drafts were sampled from, in one of three encodings (or `mixed`:
+    the verifier's padded batch, a per-row choice of full or sparse).
 
     Fields (unused ones are None):
-      probs: `full` -> `[B, K, V]`; `sparse` -> `[B, K, k]` probabilities of `ids`.
-      ids: `sparse` -> `[B, K, k]` token ids.
+      probs: `full` -> `[B, K, V]`; `sparse`, `mixed` -> `[B, K, k]` probabilities of `ids`.
+      ids: `sparse`, `mixed` -> `[B, K, k]` token ids.
       scale: `[B, K]` float32, drafts of a float16 `DraftSpec.q_dtype` only: each row of
         `probs` is exactly float16 values times its scale (what the wire sends, docs/design.md
         §4); the rule itself reads `probs` alone.
@@ -50,6 +51,8 @@ class DraftQ:
     probs: jax.Array | None = None
     ids: jax.Array | None = None
     scale: jax.Array | None = None
+    full_probs: jax.Array | None = None  # `mixed` only: `[B, K, V]` q of the full rows
+    is_full: jax.Array | None = None  # `mixed` only: `[B]` bool
 
     @classmethod
     def full(cls, probs: Float[Array, "B K V"], scale: Float[Array, "B K"] | None = None) -> DraftQ:
@@ -73,8 +76,30 @@ class DraftQ:
     def onehot(cls) -> DraftQ:
         return cls(encoding="onehot")
 
+    @classmethod
+    def mixed(
+        cls,
+        full: Float[Array, "B K V"],
+        is_full: Bool[Array, " B"],
+        ids: Int[Array, "B K k"],
+        probs: Float[Array, "B K k"],
+    ) -> DraftQ:
+        """Rows of several encodings in one static layout (the verifier's padded batch): row
+        b reads `full[b]` where `is_full[b]`, else its sparse `ids/probs` (a one-hot block
+        is sparse with ids = drafts, probs = 1)."""
+        return cls(
+            encoding="mixed",
+            probs=jnp.asarray(probs),
+            ids=jnp.asarray(ids, jnp.int32),
+            full_probs=jnp.asarray(full),
+            is_full=jnp.asarray(is_full, bool),
+        )
+
     def dense(self, draft_BK: Int[Array, "B K"], vocab: int, dtype=jnp.float32) -> jax.Array:
         """q as `[B, K, V]` probabilities."""
+        if self.encoding == "mixed":
+            sparse = DraftQ.sparse(self.ids, self.probs).dense(draft_BK, vocab, dtype)
+            return jnp.where(self.is_full[:, None, None], self.full_probs.astype(dtype), sparse)
         if self.encoding == "full":
             return self.probs.astype(dtype)
         if self.encoding == "onehot":
@@ -83,6 +108,41 @@ class DraftQ:
         b = jnp.arange(B)[:, None, None]
         k = jnp.arange(K)[None, :, None]
         return jnp.zeros((B, K, vocab), dtype).at[b, k, self.ids].add(self.probs.astype(dtype))
+
+    def at_drafts(self, draft_BK: Int[Array, "B K"], dtype=jnp.float32) -> Float[Array, "B K"]:
+        """q_j(d_j) for every draft: `dense(...)[b, j, d_j]` without building `[B, K, V]`
+        (the same sums in the same order: a sparse q adds its matching columns in turn)."""
+        d = draft_BK.astype(jnp.int32)
+        if self.encoding == "onehot":
+            return jnp.ones(d.shape, dtype)
+        if self.encoding == "full":
+            return jnp.take_along_axis(self.probs.astype(dtype), d[..., None], axis=-1)[..., 0]
+        acc = jnp.zeros(d.shape, dtype)
+        for i in range(self.ids.shape[-1]):
+            hit = self.ids[..., i] == d
+            acc = acc + jnp.where(hit, self.probs[..., i].astype(dtype), 0)
+        if self.encoding == "mixed":
+            at = jnp.take_along_axis(self.full_probs.astype(dtype), d[..., None], axis=-1)[..., 0]
+            acc = jnp.where(self.is_full[:, None], at, acc)
+        return acc
+
+    def row(
+        self, j_B: Int[Array, " B"], draft_BK: Int[Array, "B K"], vocab: int, dtype=jnp.float32
+    ) -> Float[Array, "B V"]:
+        """q at block position `j_B[b]` of each row: `dense(...)[b, j_B[b]]`, densifying one
+        position per row rather than all K."""
+        rows = jnp.arange(draft_BK.shape[0])
+        if self.encoding == "onehot":
+            return jax.nn.one_hot(draft_BK[rows, j_B], vocab, dtype=dtype)
+        if self.encoding == "full":
+            return self.probs[rows, j_B].astype(dtype)
+        ids, probs = self.ids[rows, j_B], self.probs[rows, j_B].astype(dtype)
+        sparse = jnp.zeros((rows.shape[0], vocab), dtype).at[rows[:, None], ids].add(probs)
+        if self.encoding == "mixed":
+            return jnp.where(
+                self.is_full[:, None], self.full_probs[rows, j_B].astype(dtype), sparse
+            )
+        return sparse
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -142,7 +202,6 @@ def _verify(
     V = logits_BKV.shape[-1]
     dtype = logits_BKV.dtype
     draft_BK = draft_BK.astype(jnp.int32)
-    q_BKV = draft_q.dense(draft_BK, V, dtype)
 
     # p for every position: warp each of the K+1 target distributions with the row's params.
     rep = jax.tree.map(lambda a: jnp.repeat(a, K + 1, axis=0), sampling)
@@ -153,7 +212,7 @@ def _verify(
     if mutant == "reused_uniform":
         u_acc_BK = jnp.broadcast_to(u_acc_BK[:, :1], (B, K))
     p_d = jnp.take_along_axis(p_BKV[:, :K], draft_BK[..., None], axis=-1)[..., 0]
-    q_d = jnp.take_along_axis(q_BKV, draft_BK[..., None], axis=-1)[..., 0]
+    q_d = draft_q.at_drafts(draft_BK, dtype)
     ok_BK = _accepts(u_acc_BK, q_d, p_d, mutant)
     in_block_BK = jnp.arange(K)[None, :] < num_draft_B[:, None]
     ok_BK = ok_BK & in_block_BK
@@ -163,7 +222,7 @@ def _verify(
 
     rows = jnp.arange(B)
     p_r = p_BKV[rows, r_B]
-    q_r = jnp.where(all_ok_B[:, None], 0, q_BKV[rows, jnp.minimum(r_B, K - 1)])
+    q_r = jnp.where(all_ok_B[:, None], 0, draft_q.row(jnp.minimum(r_B, K - 1), draft_BK, V, dtype))
     residual = jnp.maximum(p_r - q_r, 0)
     if mutant == "residual_from_p":
         residual = p_r
@@ -178,7 +237,7 @@ def _verify(
 
     bonus_dist = p_r
     if mutant == "bonus_from_q":
-        bonus_dist = q_BKV[rows, jnp.maximum(num_draft_B - 1, 0)]
+        bonus_dist = draft_q.row(jnp.maximum(num_draft_B - 1, 0), draft_BK, V, dtype)
     u_bonus = uniforms(keys_B2, (start_B + num_draft_B)[:, None], Purpose.BONUS)[:, 0]
     bonus_tok = sample(bonus_dist, u_bonus)
 

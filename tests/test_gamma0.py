@@ -107,9 +107,9 @@ def test_gamma0_and_speculative_sessions_share_batches():
     batches = []
     build = sched._build_batch
 
-    def spy(rows, blocks, R, W):
+    def spy(rows, blocks, R, W, A):
         batches.append(sorted(len(b.tokens) for b in blocks))
-        return build(rows, blocks, R, W)
+        return build(rows, blocks, R, W, A)
 
     sched._build_batch = spy
     plain_cfg = config(mode="pipelined", temperature=1.0, seed=11)

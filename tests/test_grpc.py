@@ -515,6 +515,7 @@ def test_prometheus_metrics(world):
     assert sample(after, "jaxspec_batch_rows_count") == steps
     assert sample(after, "jaxspec_batch_rows_bucket", le="8.0") == steps  # 8 rows at most
     assert 0 < sample(after, "jaxspec_batch_occupancy") <= 1
+    assert 0 <= sample(after, "jaxspec_kv_padding") < 1  # steps read some live KV
     assert sample(after, "jaxspec_serving") == 1
     assert sample(after, "jaxspec_sessions") == live_sessions(world)
 

@@ -97,7 +97,7 @@ def test_serve_refuses_a_public_host_before_loading_anything(tmp_path):
 
 
 def test_a_busy_port_fails_at_once_not_after_the_warm_up():
-    """The shipped target with its default flags has 28 step shapes to compile (minutes
+    """The shipped target with its default flags has 49 shapes to compile (minutes
     here): a server that bound its port only after them would run past the limit."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -113,7 +113,7 @@ def test_a_busy_port_fails_at_once_not_after_the_warm_up():
 
 def test_not_serving_while_warming_up_and_sigterm_stops_the_warm_up():
     """The real command: "listening" printed at once, then health NOT_SERVING and
-    OpenSession UNAVAILABLE "warming up" while the shipped target's 28 shapes compile (the
+    OpenSession UNAVAILABLE "warming up" while the shipped target's 49 shapes compile (the
     cache off, so they do compile); SIGTERM then ends it after the shape in progress."""
     server = VerifierProcess(["--compilation-cache", "none"], port=h.free_port())
     with server:
@@ -121,7 +121,8 @@ def test_not_serving_while_warming_up_and_sigterm_stops_the_warm_up():
         while "jaxspec verifier listening on" not in server.log:
             assert server.alive() and time.monotonic() < deadline, server.log_tail()
             time.sleep(0.05)
-        assert "warming up: 28 shapes" in server.log
+        # 7 row x 3 width buckets x 2 KV buckets (256, 512) steps, 7 prefills
+        assert "warming up: 49 shapes" in server.log
         ch = grpc.insecure_channel(f"127.0.0.1:{server.port}")
         health = health_pb2_grpc.HealthStub(ch)
         for name in ("", "jaxspec.v1.Verifier"):
@@ -151,7 +152,11 @@ def tiny_verifier(config: SchedulerConfig) -> LocalVerifier:
 def test_warm_up_reports_each_shape_and_can_be_stopped():
     config = SchedulerConfig(max_sessions=2, max_len=64, max_gamma=2)  # rows 1, 2; width 3
     assert warmup_shapes(config) == [
-        ("step", 1, 3), ("step", 2, 3), ("prefill", 1, 64), ("prefill", 2, 64),
+        ("step", 1, 3, 64), ("step", 2, 3, 64), ("prefill", 1, 64, 64), ("prefill", 2, 64, 64),
+    ]  # fmt: skip
+    long = SchedulerConfig(max_sessions=1, max_len=256, max_gamma=2)  # KV: half, whole slot
+    assert [s for s in warmup_shapes(long) if s[0] == "step"] == [
+        ("step", 1, 3, 128), ("step", 1, 3, 256),
     ]  # fmt: skip
     config = SchedulerConfig(max_sessions=1, max_len=64, max_gamma=2)  # two shapes to compile
     cfg = tiny_config()
@@ -164,9 +169,9 @@ def test_warm_up_reports_each_shape_and_can_be_stopped():
 
     with pytest.raises(WarmupCancelled):
         sched.warmup(stop_after_one)
-    assert seen == [(1, 2, "step 1x3")]
+    assert seen == [(1, 2, "step 1x3x64")]
     sched.warmup(lambda *a: seen.append(a))
-    assert seen[1:] == [(1, 2, "step 1x3"), (2, 2, "prefill 1x64")]
+    assert seen[1:] == [(1, 2, "step 1x3x64"), (2, 2, "prefill 1x64")]
 
 
 def test_bound_server_answers_warming_up_until_ready_then_closes_idempotently():

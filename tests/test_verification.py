@@ -211,6 +211,30 @@ def test_sparse_and_onehot_encodings_densify():
     np.testing.assert_array_equal(DraftQ.onehot().dense(d, 4)[0], [[0, 0, 1, 0], [1, 0, 0, 0]])
 
 
+def test_q_lookups_equal_the_dense_q_bit_for_bit():
+    """The rule reads q at the drafts and at one position per row (`at_drafts`, `row`) rather
+    than densifying `[B, K, V]`: the same values to the bit, duplicate sparse ids included,
+    for every encoding and for the verifier's mixed rows."""
+    rng = np.random.default_rng(0)
+    Bq, Kq, Vq, k = 4, 3, 11, 5
+    d = jnp.asarray(rng.integers(0, Vq, (Bq, Kq)), jnp.int32)
+    ids = jnp.asarray(rng.integers(0, 4, (Bq, Kq, k)), jnp.int32).at[:, :, 0].set(d)  # dups
+    probs = jnp.asarray(rng.dirichlet(np.ones(k), (Bq, Kq)), jnp.float32)
+    full = jnp.asarray(rng.dirichlet(np.ones(Vq), (Bq, Kq)), jnp.float32)
+    mixed = DraftQ.mixed(full, jnp.array([True, False, True, False]), ids, probs)
+    j = jnp.array([0, 2, 1, 2])
+    for q in (DraftQ.full(full), DraftQ.sparse(ids, probs), DraftQ.onehot(), mixed):
+        dense = np.asarray(q.dense(d, Vq))
+        at = np.take_along_axis(dense, np.asarray(d)[..., None], -1)[..., 0]
+        np.testing.assert_array_equal(np.asarray(q.at_drafts(d)), at, err_msg=q.encoding)
+        np.testing.assert_array_equal(
+            np.asarray(q.row(j, d, Vq)), dense[np.arange(Bq), np.asarray(j)], err_msg=q.encoding
+        )
+    dense = np.asarray(mixed.dense(d, Vq))
+    np.testing.assert_array_equal(dense[0], np.asarray(full[0]))  # a full row reads full q
+    assert dense[1].sum(-1) == pytest.approx(np.ones(Kq), abs=1e-6)
+
+
 @pytest.mark.parametrize(
     ("q", "d", "message"),
     [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -459,3 +460,44 @@ def test_sharded_over_8_devices_gives_the_same_tokens():
     assert one["devices"] == 1 and eight["devices"] == 8
     assert eight["outs"] == one["outs"]
     assert all(len(o) == 8 for o in one["outs"])
+
+
+def test_attending_over_a_kv_bucket_is_the_whole_slot_to_the_bit():
+    """The step reads only the first A slot positions (A >= every live row's length): the
+    same logits to the bit as attending over the whole slot, and the same cache."""
+    t, _ = _models()
+    rng = np.random.default_rng(3)
+    cache = t.init_cache(2, 96)
+    prompt = jnp.asarray(rng.integers(0, t.config.vocab_size, (2, 40)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(40), (2, 40))
+    _, cache = t(prompt, pos, cache)
+    block = jnp.asarray(rng.integers(0, t.config.vocab_size, (2, 5)), jnp.int32)
+    bpos = 40 + jnp.broadcast_to(jnp.arange(5), (2, 5))
+    valid = jnp.ones((2, 5), bool)
+    slots = jnp.array([1, 0])
+    whole = t.module.apply({"params": t.params}, block, bpos, valid, cache, slots)
+    part = t.module.apply({"params": t.params}, block, bpos, valid, cache, slots, 64)
+    np.testing.assert_array_equal(np.asarray(part[0]), np.asarray(whole[0]))
+    np.testing.assert_array_equal(np.asarray(part[1].k), np.asarray(whole[1].k))
+    cut = t.module.apply({"params": t.params}, block, bpos, valid, cache, slots, 32)
+    assert not np.array_equal(np.asarray(cut[0]), np.asarray(whole[0]))  # a bucket too short
+
+
+def test_steps_read_the_kv_bucket_of_their_longest_row_and_count_the_padding():
+    t, _ = _models()
+    assert CONFIG.kv_buckets == (96,)  # short slots: one bucket by default
+    sched = Scheduler(t, dataclasses.replace(CONFIG, kv_buckets=(64, 96)))
+    cfg = SessionConfig(prompt=tuple(range(1, 11)), max_new_tokens=70, temperature=0.0,
+                        draft=DraftSpec(gamma=4, encoding="onehot"))  # fmt: skip
+    sid = sched.open(cfg).session_id
+    while not sched.sessions[sid].ready_to_verify:
+        sched.tick()
+    lengths = []
+    while not sched.sessions[sid].finished:
+        s = sched.sessions[sid]
+        sched.submit(DraftBlock(session_id=sid, epoch=s.epoch, start=s.committed, tokens=(5, 6)))
+        sched.tick()
+        lengths.append((s.committed, sched.metrics.last_attended))
+    assert {a for _, a in lengths} == {64, 96}  # short rows first, then the whole slot
+    m = sched.metrics
+    assert m.kv_read == sum(a for _, a in lengths) and 0 < m.kv_padding < 1

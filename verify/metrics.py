@@ -17,7 +17,8 @@ run several services in one process). What the registry exposes:
              jaxspec_verify_step_seconds               one batched verify step
              jaxspec_batch_rows                        live rows per step (le = row buckets)
   gauges     jaxspec_sessions, jaxspec_queued_blocks, jaxspec_batch_occupancy (mean live /
-             padded rows), jaxspec_serving (1 once warmed up, unless draining)
+             padded rows), jaxspec_serving (1 once warmed up, unless draining),
+             jaxspec_kv_padding (share of the KV positions steps read that were padding)
 
 The speculative-decoding counters carry vLLM's names (its v1 `vllm:spec_decode_*` metrics,
 with a `tenant` label here), so a dashboard made for vLLM reads them; they sum the figures
@@ -61,6 +62,12 @@ class _StatsCollector(Collector):
         )
         yield GaugeMetricFamily(
             PREFIX + "serving", "1 once warmed up, unless draining", int(s["serving"])
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "kv_padding",
+            "share of the KV positions verify steps read that were padding (filler rows, "
+            "the KV bucket past a row's length)",
+            s.get("kv_padding", 0.0),
         )
 
 

@@ -118,11 +118,20 @@ class Metrics:
     last_rows: int = 0
     last_bucket_rows: int = 0
     last_width: int = 0
+    last_attended: int = 0  # KV positions per row the last step read (its KV bucket)
     occupancy_sum: float = 0.0
+    kv_read: int = 0  # slot positions read by every step so far (rows x KV bucket)
+    kv_live: int = 0  # ... of which live rows' positions (the rest is padding)
 
     @property
     def mean_occupancy(self) -> float:
         return self.occupancy_sum / self.steps if self.steps else 0.0
+
+    @property
+    def kv_padding(self) -> float:
+        """The share of the KV positions steps read that were padding (filler rows, the
+        bucket past a row's length): 0 is a step that reads only live KV."""
+        return 1 - self.kv_live / self.kv_read if self.kv_read else 0.0
 
 
 # The most stop tokens a session may name (a bound on every list a request carries: the
@@ -171,6 +180,9 @@ class SchedulerConfig:
     max_sparse_k: int = 16  # the most q columns a sparse block may carry
     row_buckets: tuple[int, ...] | None = None
     width_buckets: tuple[int, ...] | None = None
+    # Slot positions a step attends over (bucketed by the batch's longest live row): the
+    # attention reads only those, not the whole slot. Derived: half the slot, the slot.
+    kv_buckets: tuple[int, ...] | None = None
     token_budget: int | None = None
     prefill_chunk: int = 64  # prompt positions prefilled per row per tick
     max_queue_per_session: int = 8  # blocks in flight per session
@@ -192,6 +204,13 @@ class SchedulerConfig:
         widths = self.width_buckets or (*(w for w in (3, 5) if w < width), width)
         object.__setattr__(self, "row_buckets", tuple(sorted(set(rows))))
         object.__setattr__(self, "width_buckets", tuple(sorted(set(widths))))
+        kv = self.kv_buckets or kv_buckets_for(self.max_len)
+        object.__setattr__(self, "kv_buckets", tuple(sorted(set(kv))))
+        if self.kv_buckets[0] < 1 or self.kv_buckets[-1] != self.max_len:
+            raise ValueError(
+                f"kv buckets must be in [1, max_len] and end at max_len={self.max_len}, "
+                f"got {self.kv_buckets}"
+            )
         if self.token_budget is None:
             object.__setattr__(self, "token_budget", self.row_buckets[-1] * width)
         if self.row_buckets[0] < 1 or self.row_buckets[-1] > self.max_sessions:
@@ -205,12 +224,26 @@ class SchedulerConfig:
             raise ValueError(f"token_budget must hold one full block ({width} positions)")
 
 
-def warmup_shapes(config: SchedulerConfig) -> list[tuple[str, int, int]]:
-    """What `Scheduler.warmup` compiles, in order: ("step", rows, width) for every row and
-    width bucket, then ("prefill", rows, prefill_chunk) for every row bucket (its progress
-    names them "step RxW", "prefill RxC")."""
-    step = [("step", R, W) for R in config.row_buckets for W in config.width_buckets]
-    return step + [("prefill", R, config.prefill_chunk) for R in config.row_buckets]
+def kv_buckets_for(max_len: int) -> tuple[int, ...]:
+    """Half the slot (rounded up to 64 positions) and the whole slot: two attention widths,
+    so a batch of short sessions reads half the KV a full-slot step would. Slots under 256
+    positions keep one (their KV is small next to the weights; a bucket costs compilations)."""
+    half = -(-max_len // 2 // 64) * 64
+    return (half, max_len) if 128 <= half < max_len else (max_len,)
+
+
+def warmup_shapes(config: SchedulerConfig) -> list[tuple[str, int, int, int]]:
+    """What `Scheduler.warmup` compiles, in order: ("step", rows, width, attended) for every
+    row, width and KV bucket (the shortest KV first: new sessions need it), then ("prefill",
+    rows, prefill_chunk, max_len) for every row bucket (its progress names them "step
+    RxWxA", "prefill RxC")."""
+    step = [
+        ("step", R, W, A)
+        for A in config.kv_buckets
+        for R in config.row_buckets
+        for W in config.width_buckets
+    ]
+    return step + [("prefill", R, config.prefill_chunk, config.max_len) for R in config.row_buckets]
 
 
 class Scheduler:
@@ -256,6 +289,7 @@ class Scheduler:
         self.tenant_committed: collections.Counter[str] = collections.Counter()
         self.metrics = Metrics()
         self._ticket = 0
+        self._zeros: dict[Any, jax.Array] = {}  # resident constants (`_zero_q`, `_arange`)
         # The last CLOSED_MEMORY sessions closed (by close, idle eviction): id -> tenant. The
         # service answers a second close of one of them OK for its own tenant (a normal end).
         self.closed: collections.OrderedDict[str, str] = collections.OrderedDict()
@@ -511,7 +545,9 @@ class Scheduler:
         blocks = [s.queue.popleft() for s in rows]
         R = _bucket(len(rows), self.config.row_buckets)
         W = _bucket(max(len(b.tokens) for _, b in blocks) + 1, self.config.width_buckets)
-        batch = self._build_batch(rows, [b for _, b in blocks], R, W)
+        live = [s.committed + len(b.tokens) for s, (_, b) in zip(rows, blocks, strict=True)]
+        A = _bucket(max(live), self.config.kv_buckets)  # positions up to committed - 1 + n
+        batch = self._build_batch(rows, [b for _, b in blocks], R, W, A)
         jax.block_until_ready(self.cache)  # a prefill still in flight is not this step's time
         t0 = time.perf_counter()
         self.cache, res = self._step(self.params, self.cache, batch)
@@ -519,8 +555,10 @@ class Scheduler:
         m = self.metrics
         m.last_step_s = time.perf_counter() - t0
         m.steps += 1
-        m.last_rows, m.last_bucket_rows, m.last_width = len(rows), R, W
+        m.last_rows, m.last_bucket_rows, m.last_width, m.last_attended = len(rows), R, W, A
         m.occupancy_sum += len(rows) / R
+        m.kv_read += R * A
+        m.kv_live += sum(live)
         m.rows_verified += len(rows)
         self.tenant_steps.update({s.tenant for s in rows})
         out = []
@@ -569,7 +607,9 @@ class Scheduler:
             step_s=self.metrics.last_step_s,
         )
 
-    def _build_batch(self, rows: list[Session], blocks: list[DraftBlock], R: int, W: int):
+    def _build_batch(
+        self, rows: list[Session], blocks: list[DraftBlock], R: int, W: int, A: int
+    ) -> VerifyBatch:
         K, k = W - 1, self.config.max_sparse_k
         tokens = np.zeros((R, W), np.int32)
         start = np.ones(R, np.int32)
@@ -583,7 +623,13 @@ class Scheduler:
         bias_values = np.zeros((R, MAX_LOGIT_BIAS), np.float32)
         keys = np.zeros((R, 2), np.uint32)
         is_full = np.zeros(R, bool)
-        q_full = np.zeros((R, K, self.vocab), np.float32)
+        full_rows = any(
+            s.config.draft.encoding == "full" and b.tokens
+            for s, b in zip(rows, blocks, strict=True)
+        )
+        # [R, K, V] float32 (0.8 MB a row at SmolLM2's vocabulary): built and copied to the
+        # device only when a row is full; otherwise one resident zero buffer per shape.
+        q_full = np.zeros((R, K, self.vocab), np.float32) if full_rows else None
         q_ids = np.zeros((R, K, k), np.int32)
         q_probs = np.zeros((R, K, k), np.float32)
         q_probs[:, :, 0] = 1.0  # filler positions: a valid (unused) one-hot on token 0
@@ -629,10 +675,23 @@ class Scheduler:
             ),
             keys=jnp.asarray(keys),
             is_full=jnp.asarray(is_full),
-            q_full=jnp.asarray(q_full),
+            q_full=self._zero_q(R, K) if q_full is None else jnp.asarray(q_full),
             q_ids=jnp.asarray(q_ids),
             q_probs=jnp.asarray(q_probs),
+            attend=self._arange(A),
         )
+
+    def _arange(self, A: int) -> jax.Array:
+        """`arange(A)` on the device, once per KV bucket (`VerifyBatch.attend`)."""
+        if A not in self._zeros:
+            self._zeros[A] = jnp.arange(A, dtype=jnp.int32)
+        return self._zeros[A]
+
+    def _zero_q(self, R: int, K: int) -> jax.Array:
+        """A device-resident `[R, K, V]` zero q_full for batches without a full row."""
+        if (R, K) not in self._zeros:
+            self._zeros[(R, K)] = jnp.zeros((R, K, self.vocab), jnp.float32)
+        return self._zeros[(R, K)]
 
     def _prefill_tick(self) -> None:
         todo = [s for s in self.sessions.values() if not s.ready_to_verify]
@@ -667,9 +726,9 @@ class Scheduler:
         `progress(done, total, shape)` is called after each shape is compiled and run, e.g.
         to log it; it may raise (e.g. `WarmupCancelled`) to stop the warm-up there."""
         shapes = warmup_shapes(self.config)
-        for done, (kind, R, W) in enumerate(shapes, 1):
+        for done, (kind, R, W, A) in enumerate(shapes, 1):
             if kind == "step":
-                batch = self._build_batch([], [], R, W)
+                batch = self._build_batch([], [], R, W, A)
                 self.cache, _ = self._step(self.params, self.cache, batch)
             else:
                 z = jnp.zeros((R, W), jnp.int32)
@@ -679,7 +738,7 @@ class Scheduler:
                 )  # fmt: skip
             jax.block_until_ready(self.cache)
             if progress is not None:
-                progress(done, len(shapes), f"{kind} {R}x{W}")
+                progress(done, len(shapes), f"{kind} {R}x{W}" + (f"x{A}" if kind == "step" else ""))
 
     def session_stats(self) -> dict[str, dict[str, float]]:
         """Per tenant: alpha (accepted / drafted) and tokens per round."""

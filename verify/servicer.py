@@ -63,6 +63,9 @@ WARMING_UP = (
     "retry when grpc.health.v1 says SERVING"
 )
 
+# The figures the Stats RPC carries (`stats()` has more, for the Prometheus gauges).
+_STATS_FIELDS = tuple(pb.StatsResponse.DESCRIPTOR.fields_by_name)
+
 
 class WriteTimeout(ResourceExhausted):
     """A Verify stream's client read no answer for the write timeout."""
@@ -234,7 +237,8 @@ class VerifierService(pb_grpc.VerifierServicer):
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
         tenant = await self._auth(context, "Stats")
         await self._decoded(request, context, "Stats")
-        return pb.StatsResponse(**self.stats(None if tenant.admin else tenant.name))
+        figures = self.stats(None if tenant.admin else tenant.name)
+        return pb.StatsResponse(**{k: figures[k] for k in _STATS_FIELDS})
 
     def stats(self, tenant: str | None = None) -> dict[str, Any]:
         """The scheduler's figures (the Stats RPC, and the metrics' gauges at scrape time,
@@ -270,6 +274,7 @@ class VerifierService(pb_grpc.VerifierServicer):
             mean_occupancy=m.mean_occupancy,
             tokens_committed=m.tokens_committed,
             serving=not self.draining.is_set(),
+            kv_padding=m.kv_padding,  # metrics only (not in StatsResponse)
         )
 
     async def _write(self, context: Any, response: pb.VerifyResponse) -> None:

@@ -9,7 +9,11 @@ A row with no drafts (a gamma-0 session: speculation off) gets one token, in eit
 sampled from p at P with plain decoding's draw U(TARGET, P) (`_plain_tokens`).
 
 Draft q's of every encoding travel in one static layout: `q_full [R, W-1, V]` for rows with
-`is_full`, else `q_ids/q_probs [R, W-1, k]` (sparse; onehot is ids = d, probs = 1).
+`is_full`, else `q_ids/q_probs [R, W-1, k]` (sparse; onehot is ids = d, probs = 1); the rule
+reads them as `DraftQ.mixed`, at the drafts and one position per row.
+
+Attention reads the first A positions of each row's slot only (`attend`, a KV bucket that
+covers every live row): the same bits as the whole slot, less KV read per step.
 
 Sharding: a Mesh ("data", "model"): batch rows and pool slots over "data", attention heads
 and MLP columns over "model" (`param_spec`). The same code runs on 1 device.
@@ -41,7 +45,9 @@ class VerifyBatch:
     Fields: tokens `[R, W]` int32 (last committed token, then drafts); start `[R]` (P);
     num_draft `[R]`; slots `[R]`; live `[R]` bool; sync `[R]` bool; sampling
     (`[R]` each); keys `[R, 2]`; is_full `[R]`; q_full `[R, W-1, V]`; q_ids, q_probs
-    `[R, W-1, k]`.
+    `[R, W-1, k]`; attend `[A]` int32, `arange(A)`: the step reads the first A positions of
+    each row's slot (A, a KV bucket, covers every live row's positions; its shape is what
+    counts, so a new A is a new compiled shape like R and W).
     """
 
     tokens: jax.Array
@@ -56,6 +62,7 @@ class VerifyBatch:
     q_full: jax.Array
     q_ids: jax.Array
     q_probs: jax.Array
+    attend: jax.Array
 
 
 def param_spec(path: tuple[str, ...], ndim: int) -> P:
@@ -83,11 +90,6 @@ def cache_sharding(mesh: Mesh) -> KVCache:
     return KVCache(k=kv, v=kv, lengths=NamedSharding(mesh, P(DATA)))
 
 
-def _dense_q(batch: VerifyBatch, vocab: int, dtype: Any) -> jax.Array:
-    sparse = DraftQ.sparse(batch.q_ids, batch.q_probs).dense(batch.tokens[:, 1:], vocab, dtype)
-    return jnp.where(batch.is_full[:, None, None], batch.q_full.astype(dtype), sparse)
-
-
 def verify_step_fn(
     module: Llama, params: Any, cache: KVCache, batch: VerifyBatch
 ) -> tuple[KVCache, dict[str, jax.Array]]:
@@ -96,16 +98,17 @@ def verify_step_fn(
     positions = batch.start[:, None] - 1 + jnp.arange(W)[None, :]
     valid = batch.live[:, None] & (jnp.arange(W)[None, :] <= batch.num_draft[:, None])
     logits, cache = module.apply(
-        {"params": params}, batch.tokens, positions, valid, cache, batch.slots
-    )
+        {"params": params}, batch.tokens, positions, valid, cache, batch.slots,
+        batch.attend.shape[0],
+    )  # fmt: skip
     num_draft = jnp.where(batch.live, batch.num_draft, 0)
     # A block without drafts (gamma 0: speculation off) always gets its token, in pipelined
     # mode too (0 drafts + a bonus: the rule's bonus is a sample of p at `start`) ...
     bonus = batch.sync | (num_draft == 0)
+    q = DraftQ.mixed(batch.q_full, batch.is_full, batch.q_ids, batch.q_probs)
     res = _verify(
-        batch.tokens[:, 1:], num_draft, logits, DraftQ.full(_dense_q(batch, logits.shape[-1],
-        logits.dtype)), batch.sampling, batch.keys, batch.start, bonus,
-    )  # fmt: skip
+        batch.tokens[:, 1:], num_draft, logits, q, batch.sampling, batch.keys, batch.start, bonus
+    )
     tokens = _plain_tokens(res.tokens, batch.live & (num_draft == 0), logits[:, 0], batch)
     # Commit everything emitted; the host may cut at a stop token and roll back further.
     new_len = (batch.start + res.num_emitted - 1).astype(jnp.int32)
