@@ -20,9 +20,9 @@ from jaxspec import analytic
 from jaxspec.testing import byte_tokenizer, tiny_config
 from jaxspec_apps import bench, cli
 from jaxspec_apps.bench import peer
-from jaxspec_apps.bench.capacity import capacity_at
+from jaxspec_apps.bench.capacity import bisect_capacity, capacity_at
 from jaxspec_apps.bench.common import GreedyMismatch, check_same_tokens
-from jaxspec_apps.bench.suite import _command
+from jaxspec_apps.bench.suite import _command, merge_real
 from proofs import latency as proofs_latency
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -171,6 +171,8 @@ REAL_REQUIRED = (
     "draft_cost_ratio",
     "capacity_factor_measured",
     "capacity_factor_predicted",
+    "capacity_vs_cloud_ar",
+    "verify_over_decode",
 )
 
 
@@ -269,6 +271,50 @@ def test_the_analytic_model_equals_the_proofs_exactly():
             proofs_latency.pipelined_expected_token_time(g, a, td, rtt, tv, depth)
         )
         assert analytic.capacity_factor(g, td, tv) == proofs_latency.capacity_gain(g, td, tv)
+
+
+def test_capacity_is_found_by_bisection_to_the_stated_precision():
+    """A server whose per-client rate is 100 * c / N sustains exactly c clients at 100: the
+    bisection brackets c within 12.5% (capped and fractional capacities too), probing each N
+    once, and a mutant that stops at the doubling (no bisection) is off by far more."""
+    for c in (0.3, 1, 3.5, 7, 20.2, 50, 127):
+        probes = []
+
+        def rate_at(n, c=c, probes=probes):
+            probes.append(n)
+            return 100 * c / n
+
+        got = bisect_capacity(rate_at, 100, start=4, max_clients=128)
+        assert not got["censored"] and len(probes) == len(set(probes)) <= 10
+        lo, hi = got["bracket"]
+        assert (lo <= c <= hi and hi - lo <= max(1, 0.125 * lo)) or (c < 1 and lo == hi == 1)
+        assert got["clients"] == pytest.approx(c, rel=0.13)
+    capped = bisect_capacity(lambda n: 100 * 500 / n, 100, start=4, max_clients=64)
+    assert capped["censored"] and capped["clients"] == 64
+    coarse = bisect_capacity(lambda n: 100 * 20.2 / n, 100, start=4, max_clients=128, precision=8)
+    assert coarse["bracket"] == [16, 32]  # the doubling's bracket alone: 40% off at worst
+
+
+def test_a_partial_real_pass_replaces_its_sections_and_names_the_earlier_run():
+    old = {
+        "command": "bench A",
+        "wall_time_s": 60.0,
+        "machine": {},
+        "alpha_t0": 0.8,
+        "draft_cost_ratio": 0.5,
+        "sections": {"specbench": 1, "cost": 2, "capacity": 3},
+    }
+    new = {"command": "bench B", "wall_time_s": 30.0, "machine": {}, "draft_cost_ratio": 0.4,
+           "sections": {"cost": 20, "capacity": 30}}  # fmt: skip
+    m = merge_real(old, new)
+    assert m["sections"] == {"specbench": 1, "cost": 20, "capacity": 30}
+    assert (m["command"], m["alpha_t0"], m["draft_cost_ratio"]) == ("bench B", 0.8, 0.4)
+    assert m["earlier_runs"] == [
+        {"command": "bench A", "wall_time_s": 60.0, "machine": {}, "sections": ["specbench"]}
+    ]
+    again = merge_real(m, new | {"command": "bench C", "sections": {"specbench": 10}})
+    assert again["sections"] == {"specbench": 10, "cost": 20, "capacity": 30}
+    assert [e["command"] for e in again["earlier_runs"]] == ["bench B"]
 
 
 def test_capacity_interpolates_between_measured_client_counts():

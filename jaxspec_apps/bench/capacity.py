@@ -1,25 +1,28 @@
-"""Multi-tenant capacity: how many concurrent clients one server sustains at a fixed
+"""Multi-tenant capacity: how many concurrent clients one server sustains at a stated
 per-client token rate, for cloud autoregressive decoding, co-located speculative decoding and
 edge-cloud speculative decoding with the drafts offloaded to the clients (paper B).
 
-For N clients at once (one batch of N rows), each mode's per-client rate is the tokens each
-client receives per second of *server* time:
+For N clients at once (one batch of exactly N rows, no padding), each mode's per-client rate is
+the tokens each client receives per second of *server* time:
 - cloud AR: `jaxspec.generate(target, N prompts)`; wall time is server time;
 - co-located SD: `jaxspec.generate(target, N prompts, draft=draft)`; the server drafts too;
-- edge-cloud SD: N sessions on a `verify.Scheduler`, driven in lock-step rounds by N edge
-  drafters (one batched `edge.Drafter`, N rows). Only `Scheduler.tick()` — prefill, batch
-  building, the verify step, commits — is server time; drafting runs on the clients' devices.
-  (The network is left out: pipelined clients hide it, see the RTT sweep.)
-The capacity of a mode is the largest N whose per-client rate still meets the target rate,
-interpolated linearly between the measured N that bracket it. The paper predicts
-capacity(edge-cloud) / capacity(co-located) = 1 + gamma * t_d / t_v; t_d (draft time per
-token) and t_v (server time per verify round) are measured in the same lock-step runs.
+- edge-cloud SD: N sessions on a `verify.Scheduler` of N slots, driven in lock-step rounds by
+  N edge drafters (one batched `edge.Drafter`, N rows, in this process). Only
+  `Scheduler.tick()` (prefill, batch building, the verify step, commits) counts as server time:
+  the drafting runs here too, on the same 2 cores, but between ticks, so its time is the
+  clients' own (as if each client drafted on its device). The network is left out: pipelined
+  clients hide it (see the RTT sweep).
+A mode's capacity is found by bisection (`bisect_capacity`): N doubles until the rate falls
+below the target, then integer bisection narrows the bracket, and the capacity is interpolated
+linearly between its ends. The paper predicts capacity(edge-cloud) / capacity(co-located) =
+1 + gamma * t_d / t_v, with t_d (the server's batched draft time per drafted position) and t_v
+(the verify round's server time) measured in a lock-step run at N = the co-located capacity.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +32,9 @@ from edge.drafter import Drafter
 from jaxspec import analytic
 from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
 from jaxspec.sampling import SamplingParams, session_keys
+from jaxspec.shapes import bucket
 from jaxspec_apps.bench.common import best_time
+from jaxspec_apps.bench.verifier import make_scheduler
 
 MODES = ("cloud_ar", "colocated", "edge_cloud")
 
@@ -106,8 +111,8 @@ def lockstep(
 
 def capacity_at(ns: Sequence[int], rates: Sequence[float], rate: float) -> dict[str, Any]:
     """The largest N whose per-client rate >= `rate`, linear between the bracketing measured
-    N. `censored` is True when even the largest N sustains `rate` (a lower bound); below the
-    smallest N the server's throughput / rate is taken (a fraction of a client)."""
+    N (sorted). `censored` is True when even the largest N sustains `rate` (a lower bound);
+    below the smallest N the server's throughput / rate is taken (a fraction of a client)."""
     if rates[0] < rate:
         return {"clients": ns[0] * rates[0] / rate, "censored": False}
     for j in range(1, len(ns)):
@@ -117,64 +122,124 @@ def capacity_at(ns: Sequence[int], rates: Sequence[float], rate: float) -> dict[
     return {"clients": float(ns[-1]), "censored": True}
 
 
+def bisect_capacity(
+    rate_at: Callable[[int], float],
+    rate: float,
+    *,
+    start: int = 4,
+    max_clients: int = 128,
+    precision: float = 0.125,
+) -> dict[str, Any]:
+    """The capacity at per-client `rate` of a server whose per-client rate at N clients is
+    `rate_at(N)` (measured; each N once): from `start`, N doubles (or halves) until the rate
+    crosses `rate` or N reaches `max_clients` (censored), then integer bisection until the
+    bracket is within `precision` of N, then `capacity_at` over every probe. Returns
+    clients, censored, bracket and the probes `[(N, rate)]` in the order taken."""
+    seen: dict[int, float] = {}
+
+    def at(n: int) -> float:
+        if n not in seen:
+            seen[n] = rate_at(n)
+        return seen[n]
+
+    lo = hi = max(1, min(start, max_clients))
+    if at(lo) >= rate:  # grow: hi is the first N that fails (or max_clients: censored)
+        while at(hi) >= rate and hi < max_clients:
+            lo, hi = hi, min(2 * hi, max_clients)
+        if at(hi) >= rate:
+            lo = hi
+    else:  # shrink: lo is the first N that sustains the rate (or 1: a fraction of a client)
+        while lo > 1 and at(lo) < rate:
+            lo, hi = lo // 2, lo
+        if at(lo) < rate:
+            hi = lo
+    while at(hi) < rate and hi - lo > max(1, precision * lo):
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if at(mid) >= rate else (lo, mid)
+    ns = sorted(seen)
+    out = capacity_at(ns, [seen[k] for k in ns], rate)
+    return out | {"bracket": [lo, hi], "probes": [[k, r] for k, r in seen.items()]}
+
+
+def sizes(p: Any) -> dict[str, Any]:
+    """`run`'s keyword arguments from a bench `Profile`."""
+    return dict(
+        gamma=p.gamma, new_tokens=p.capacity_new_tokens, client_rate=p.client_rate,
+        repeats=p.repeats, start=p.capacity_start, max_clients=p.capacity_max_clients,
+        precision=p.capacity_precision,
+    )  # fmt: skip
+
+
 def run(
     target: Any,
     draft: Any,
     prompts: Sequence[Sequence[int]],
-    sched: Any,
     *,
-    ns: Sequence[int],
     gamma: int,
     new_tokens: int,
     client_rate: float,
     repeats: int,
+    start: int = 4,
+    max_clients: int = 128,
+    precision: float = 0.125,
 ) -> dict[str, Any]:
-    """Per-client rates of every mode at every N, the capacities at `client_rate`, and the
-    measured vs predicted capacity factor. `sched` needs a row bucket per N and
-    `max_len >= prompt + new_tokens + 2 * gamma + 2`."""
-
+    """Each mode's capacity at `client_rate` by bisection (module doc), every probe's
+    measurements, and the measured vs predicted capacity factor. Client i sends
+    `prompts[i % len(prompts)]`."""
+    longest = max(len(p) for p in prompts)
+    max_len = bucket(longest + new_tokens + 2 * gamma + 2, 64)
     drafter = Drafter(draft, DraftSpec(gamma=gamma, encoding="onehot"))
-    points = []
-    for n in ns:
-        ps = [list(p) for p in prompts[:n]]
-        if len(ps) < n:
-            raise ValueError(f"capacity at N={n} needs {n} prompts, got {len(prompts)}")
-        rate = {}
-        for mode, kw in (("cloud_ar", {}), ("colocated", {"draft": draft, "gamma": gamma})):
-            t, out = best_time(
-                lambda kw=kw, ps=ps: jaxspec.generate(
-                    target, ps, new_tokens, temperature=0.0, stop_tokens=(), **kw
-                ),
-                repeats,
-            )
-            rate[mode] = out.stats.new_tokens / n / t
-        lockstep(sched, drafter, ps, new_tokens=new_tokens)  # warm-up
+    edge_runs: dict[int, dict[str, float]] = {}
+
+    def clients(n: int) -> list[list[int]]:
+        return [list(prompts[i % len(prompts)]) for i in range(n)]
+
+    def generate_rate(n: int, **kw: Any) -> float:
+        ps = clients(n)
+        t, out = best_time(
+            lambda: jaxspec.generate(target, ps, new_tokens, temperature=0.0, stop_tokens=(), **kw),
+            repeats,
+        )
+        return out.stats.new_tokens / n / t
+
+    def edge_rate(n: int) -> float:
+        sched = make_scheduler(target, rows=(n,), gamma=gamma, max_len=max_len, warm=False)
+        ps = clients(n)
+        lockstep(sched, drafter, ps, new_tokens=new_tokens)  # warm-up: compiles
         runs = [lockstep(sched, drafter, ps, new_tokens=new_tokens) for _ in range(repeats)]
-        edge = min(runs, key=lambda r: r["server_s"])  # the least disturbed run
-        rate["edge_cloud"] = edge["tokens"] / n / edge["server_s"]
-        points.append({"clients": n, "per_client_tok_s": rate, "edge": edge})
-    cap = {
-        m: capacity_at(ns, [p["per_client_tok_s"][m] for p in points], client_rate) for m in MODES
+        edge_runs[n] = min(runs, key=lambda r: r["server_s"])  # the least disturbed run
+        return edge_runs[n]["tokens"] / n / edge_runs[n]["server_s"]
+
+    rate_at = {
+        "cloud_ar": generate_rate,
+        "colocated": lambda n: generate_rate(n, draft=draft, gamma=gamma),
+        "edge_cloud": edge_rate,
     }
-    one = points[0]["edge"]
-    # The paper's t_d and t_v at the co-located capacity point (the largest measured N <= it).
-    sat = max(
-        (p for p in points if p["clients"] <= max(1.0, cap["colocated"]["clients"])),
-        key=lambda p: p["clients"],
-    )
+    kw = dict(start=start, max_clients=max_clients, precision=precision)
+    cap = {m: bisect_capacity(rate_at[m], client_rate, **kw) for m in MODES}
+    # t_d, t_v where co-located SD saturates (the paper's operating point), and at N = 1.
+    sat = max(1, min(max_clients, round(cap["colocated"]["clients"])))
+    if sat not in edge_runs:
+        edge_rate(sat)
+    if 1 not in edge_runs:
+        edge_rate(1)
+    at_sat, one = edge_runs[sat], edge_runs[1]
+    predicted = analytic.capacity_factor(gamma, at_sat["t_d"], at_sat["t_v"])
     return {
         "gamma": gamma,
         "new_tokens": new_tokens,
         "client_rate": client_rate,
-        "points": points,
+        "method": {"start": start, "max_clients": max_clients, "precision": precision},
         "capacity": cap,
+        "edge": {str(n): r for n, r in sorted(edge_runs.items())},
         "capacity_factor_measured": cap["edge_cloud"]["clients"] / cap["colocated"]["clients"],
         "edge_over_cloud_ar": cap["edge_cloud"]["clients"] / cap["cloud_ar"]["clients"],
-        "t_d": one["t_d"],
-        "t_v": one["t_v"],
-        "capacity_factor_predicted": analytic.capacity_factor(gamma, one["t_d"], one["t_v"]),
-        "saturation_clients": sat["clients"],
-        "capacity_factor_predicted_at_saturation": analytic.capacity_factor(
-            gamma, sat["edge"]["t_d"], sat["edge"]["t_v"]
-        ),
+        "saturation_clients": sat,
+        "t_d": at_sat["t_d"],
+        "t_v": at_sat["t_v"],
+        "capacity_factor_predicted": predicted,
+        "capacity_factor_predicted_batch1": analytic.capacity_factor(gamma, one["t_d"], one["t_v"]),
+        "measured_over_predicted": cap["edge_cloud"]["clients"]
+        / cap["colocated"]["clients"]
+        / predicted,
     }

@@ -25,8 +25,10 @@ class Profile:
     # 2. peer (HF transformers, greedy, batch 1)
     peer_prompts: int = 4
     peer_new_tokens: int = 128
-    # 3. capacity
-    capacity_ns: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    # 3. capacity: bisection on the number of clients (`capacity.bisect_capacity`)
+    capacity_start: int = 4  # the first N tried; N doubles (halves) from there
+    capacity_max_clients: int = 128  # at most this many (a capacity above it is censored)
+    capacity_precision: float = 0.125  # bisection stops at a bracket within 12.5% of N
     capacity_new_tokens: int = 64
     client_rate: float = 100.0  # tokens/s every client must get
     # 4. RTT sweep and batch sweep
@@ -66,7 +68,9 @@ PROFILES = {
         self_modes=("sync",),
         peer_prompts=1,
         peer_new_tokens=16,
-        capacity_ns=(1, 32),
+        capacity_start=8,
+        capacity_max_clients=32,
+        capacity_precision=0.5,
         capacity_new_tokens=12,
         rtts_ms=(0, 50),
         latency_new_tokens=12,
@@ -98,7 +102,8 @@ PROFILES["tiny"] = dataclasses.replace(
     quality_prompts=1,
     specbench_new_tokens=8,
     real_prompt_tokens=24,  # one prompt length: every prompt shares the compilations
-    capacity_ns=(1,),  # one point: capacity_at is unit-tested; the machinery runs
+    capacity_start=1,  # one probe per mode: bisect_capacity is unit-tested; the machinery runs
+    capacity_max_clients=1,
     roofline_mib=8,
     roofline_n=256,
     wire_new_tokens=6,
@@ -117,9 +122,11 @@ REAL = Profile(
     self_modes=(),
     peer_prompts=3,
     peer_new_tokens=128,
-    capacity_ns=(1, 4, 16),
+    capacity_start=4,
+    capacity_max_clients=64,
+    capacity_precision=0.25,
     capacity_new_tokens=32,
-    client_rate=5.0,
+    client_rate=10.0,
     rtts_ms=(0, 20, 50, 100),
     latency_new_tokens=32,
     batches=(1, 4, 16),

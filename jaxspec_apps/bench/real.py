@@ -207,7 +207,7 @@ def run(
 
     def sched() -> Any:
         if "sched" not in shared:
-            rows = {1, 2, *p.capacity_ns, *p.batches}
+            rows = {1, 2, *p.batches}
             shared["sched"] = verifier.make_scheduler(target, rows=rows, gamma=g, max_len=max_len)
             log(f"real pair: verifier warmed up, rows {sorted(rows)}, slot length {max_len}")
         return shared["sched"]
@@ -244,12 +244,7 @@ def run(
         return {"gamma": g, "roofline": roof(), "rows": rows[1:], "slot_len": max_len}
 
     def run_capacity() -> dict[str, Any]:
-        n = max(p.capacity_ns)
-        cap_prompts = [pool[i % len(pool)] for i in range(n)]
-        return capacity.run(
-            target, draft, cap_prompts, sched(), ns=p.capacity_ns, gamma=g,
-            new_tokens=p.capacity_new_tokens, client_rate=p.client_rate, repeats=p.repeats,
-        )  # fmt: skip
+        return capacity.run(target, draft, pool, **capacity.sizes(p))
 
     def run_latency() -> dict[str, Any]:
         comp, rows = latency.run(
@@ -326,12 +321,15 @@ def headline(res: dict[str, Any]) -> dict[str, Any]:
         out["peer_plain_ratio"] = s["peer"]["peer_plain_ratio"]
         out["peer_spec_ratio"] = s["peer"]["peer_spec_ratio"]
     if "verifier" in s:
-        out["verify_roofline_fraction"] = {
-            str(r["batch"]): r["roofline_fraction"] for r in s["verifier"]["rows"]
-        }
+        rows = s["verifier"]["rows"]
+        out["verify_roofline_fraction"] = {str(r["batch"]): r["roofline_fraction"] for r in rows}
+        if "cost" in s and rows[0]["batch"] == 1:  # both timed in this run
+            out["verify_over_decode"] = rows[0]["step_s"] / s["cost"]["target"]["s_per_token"]
     if "capacity" in s:
-        out["capacity_factor_measured"] = s["capacity"]["capacity_factor_measured"]
-        out["capacity_factor_predicted"] = s["capacity"]["capacity_factor_predicted"]
+        c = s["capacity"]
+        out["capacity_factor_measured"] = c["capacity_factor_measured"]
+        out["capacity_factor_predicted"] = c["capacity_factor_predicted"]
+        out["capacity_vs_cloud_ar"] = c["edge_over_cloud_ar"]
     if "quality" in s:
         rows = list(s["quality"]["rows"].values())
         ref, d = rows[0], rows[1]  # the target, then the pair's draft

@@ -124,6 +124,11 @@ def markdown(r: dict[str, Any]) -> list[str]:
         f"{m['draft_quantization'] or 'float'}). Prompts are chat-formatted questions written "
         "for the benchmark (`jaxspec_apps/bench/specbench.py`), none from the draft's training. "
         "Machine-readable: `bench/results.json`, object `real`.",
+        *(
+            f"Sections {', '.join(e['sections'])} (and their headline keys) come from an "
+            f"earlier run, `{e['command']}` ({e['wall_time_s'] / 60:.1f} min)."
+            for e in r.get("earlier_runs", [])
+        ),
         "",
         *_headline(r),
     ]

@@ -511,13 +511,11 @@ def plots(r: dict[str, Any], bench: pathlib.Path) -> dict[str, str]:
     if "capacity" in s:
         c = s["capacity"]
         fig, ax = plt.subplots(figsize=(7, 4.2))
-        ns = [pt["clients"] for pt in c["points"]]
         for m, color in zip(
             ("cloud_ar", "colocated", "edge_cloud"), ("C0", "C1", "C2"), strict=True
         ):
-            ax.plot(
-                ns, [pt["per_client_tok_s"][m] for pt in c["points"]], "o-", color=color, label=m
-            )
+            probes = sorted(c["capacity"][m]["probes"])
+            ax.plot([k for k, _ in probes], [r for _, r in probes], "o-", color=color, label=m)
             ax.axvline(c["capacity"][m]["clients"], color=color, ls=":", lw=1)
         ax.axhline(c["client_rate"], color="k", lw=0.8, label="target rate")
         ax.set_xscale("log", base=2)

@@ -189,7 +189,7 @@ def run_suite(args: argparse.Namespace) -> int:
 
     def sched() -> Any:
         if "sched" not in shared:
-            rows = {1, *p.capacity_ns, *p.batches}
+            rows = {1, *p.batches}
             shared["sched"] = verifier.make_scheduler(
                 target, rows=rows, gamma=p.gamma, max_len=scheduler_len(p)
             )
@@ -219,11 +219,8 @@ def run_suite(args: argparse.Namespace) -> int:
         )  # fmt: skip
 
     def run_capacity() -> dict[str, Any]:
-        cap_prompts = prompts_from(stream, max(p.capacity_ns), p.prompt_len, seed=1)
-        return capacity.run(
-            target, draft, cap_prompts, sched(), ns=p.capacity_ns, gamma=p.gamma,
-            new_tokens=p.capacity_new_tokens, client_rate=p.client_rate, repeats=p.repeats,
-        )  # fmt: skip
+        cap_prompts = prompts_from(stream, min(p.capacity_max_clients, 64), p.prompt_len, seed=1)
+        return capacity.run(target, draft, cap_prompts, **capacity.sizes(p))
 
     def run_latency() -> dict[str, Any]:
         comp, rows = latency.run(
@@ -311,7 +308,7 @@ def run_real(
     res = real.run(target_name, draft_name, sizes, log, picked)
     for section, err in res.pop("failures").items():
         results["failures"][f"real/{section}"] = err
-    results["real"] = {
+    new = {
         "command": _command(args),
         "profile": sizes.name,
         "profile_settings": dataclasses.asdict(sizes),
@@ -319,6 +316,36 @@ def run_real(
         "machine": machine() | {"load_average_1min_start": load0},
         "wall_time_s": time.time() - t0,
     }
+    old = results.get("real")
+    partial = set(picked) != set(real.REAL_SECTIONS)
+    results["real"] = merge_real(old, new) if partial and old and old.get("sections") else new
+
+
+def merge_real(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """A pass over some of the real pair's sections, into the committed one: its sections and
+    headline keys replace those of `old`; the rest of `old` stays, and `earlier_runs` says
+    which sections came from which earlier command. Every headline value is still a ratio
+    measured within one run (the new run's keys come from its own sections only)."""
+    kept = {k: v for k, v in old["sections"].items() if k not in new["sections"]}
+    headline_old = {k: v for k, v in old.items() if k not in _REAL_META}
+    earlier = [e for e in old.get("earlier_runs", []) if set(e["sections"]) & set(kept)]
+    for e in earlier:
+        e["sections"] = [x for x in e["sections"] if x in kept]
+    own = [x for x in kept if not any(x in e["sections"] for e in earlier)]
+    if own:
+        earlier.append({k: old[k] for k in ("command", "wall_time_s", "machine") if k in old}
+                       | {"sections": own})  # fmt: skip
+    merged = headline_old | new
+    merged["sections"] = kept | new["sections"]
+    merged["earlier_runs"] = earlier
+    return merged
+
+
+# `results["real"]` keys that describe a run rather than measure (see `run_real`).
+_REAL_META = frozenset(
+    {"command", "profile", "profile_settings", "sections", "failures", "machine",
+     "wall_time_s", "earlier_runs", "models"}
+)  # fmt: skip
 
 
 def write_outputs(results: dict[str, Any], out: pathlib.Path, log: Callable[[str], None]) -> None:

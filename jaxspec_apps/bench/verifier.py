@@ -4,7 +4,7 @@ For each batch size B (sessions verified in one step, each a block of gamma draf
 sessions on one `verify.Scheduler`, then times `tick()`s: verified positions per second
 (B * (gamma + 1) / step time) as a ratio to B = 1, and the step time next to the roofline
 bound measured in the same run: max((weight + KV bytes) / read bandwidth, FLOPs / matmul
-FLOP/s), the KV bytes being every slot position the padded step attends over.
+FLOP/s), the KV bytes being the live positions (the step reads its KV bucket: `attended`).
 """
 
 from __future__ import annotations
@@ -57,10 +57,17 @@ def kv_bytes(model: Any, rows: int, slot_len: int) -> int:
 
 
 def make_scheduler(
-    model: Any, *, rows: Sequence[int], gamma: int, max_len: int, max_sparse_k: int = 16
+    model: Any,
+    *,
+    rows: Sequence[int],
+    gamma: int,
+    max_len: int,
+    max_sparse_k: int = 16,
+    warm: bool = True,
 ) -> Scheduler:
-    """A warmed-up `verify.Scheduler` with one row bucket per size in `rows` and one width
-    bucket (gamma + 1), so every section of a run shares its compilations."""
+    """A `verify.Scheduler` with one row bucket per size in `rows` and one width bucket
+    (gamma + 1), so every section of a run shares its compilations; warmed up (every shape
+    compiled) unless `warm` is False (shapes then compile on first use)."""
 
     rows = tuple(sorted(set(rows)))
     config = SchedulerConfig(
@@ -72,7 +79,8 @@ def make_scheduler(
         width_buckets=(gamma + 1,),
     )
     sched = Scheduler(model, config)
-    sched.warmup()
+    if warm:
+        sched.warmup()
     return sched
 
 
@@ -125,9 +133,10 @@ def batch_sweep(
         for sid in sids:
             sched.close(sid)
         t = min(times)
-        kv = kv_bytes(model, b, sched.config.max_len)
-        mem_s = (model.nbytes() + kv) / roof["bandwidth_Bps"]
+        attended = sched.metrics.last_attended  # the step's KV bucket (positions per row)
         context = prompt_len + (steps + 2) * (gamma + 1) // 2  # mean slot length while timed
+        kv = kv_bytes(model, b, context)  # live KV: what the roofline must read
+        mem_s = (model.nbytes() + kv) / roof["bandwidth_Bps"]
         flop_s = step_flops(model, b, gamma + 1, context) / roof["flops_per_s"]
         rows.append(
             {
@@ -138,6 +147,8 @@ def batch_sweep(
                 "memory_floor_s": mem_s,
                 "weight_bytes": model.nbytes(),
                 "kv_bytes": kv,
+                "kv_bytes_read": kv_bytes(model, b, attended),
+                "attended": attended,
                 "compute_floor_s": flop_s,
             }
         )
