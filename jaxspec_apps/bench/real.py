@@ -196,7 +196,8 @@ def run(
     g = p.gamma
     max_len = bucket(
         longest + max(p.capacity_new_tokens + 2 * g + 2, p.latency_new_tokens + 10 * g + 8,
-                      (p.batch_steps + 2) * (g + 1) + 8 + g + 1, p.wire_new_tokens + g + 1),
+                      (p.batch_steps + 3 + verifier.PROFILE_STEPS) * (g + 1) + 8 + g + 1,
+                      p.wire_new_tokens + g + 1),
         64,
     )  # fmt: skip
 
@@ -239,8 +240,9 @@ def run(
 
     def run_verifier() -> dict[str, Any]:
         rows = verifier.batch_sweep(
-            target, p.batches, g, p.prompt_len, p.batch_steps, scheduler=sched(), roofline=roof()
-        )
+            target, p.batches, g, p.prompt_len, p.batch_steps, scheduler=sched(), roofline=roof(),
+            profile_batches=(p.batches[0], p.batches[-1]),
+        )  # fmt: skip
         return {"gamma": g, "roofline": roof(), "rows": rows[1:], "slot_len": max_len}
 
     def run_capacity() -> dict[str, Any]:

@@ -44,7 +44,7 @@ def scheduler_len(p: Profile) -> int:
         p.capacity_new_tokens + 2 * g + 2,
         p.latency_new_tokens + g + 1,
         p.wire_new_tokens + g + 1,
-        (p.batch_steps + 2) * (g + 1) + 8 + g + 1,
+        (p.batch_steps + 3 + verifier.PROFILE_STEPS) * (g + 1) + 8 + g + 1,
         4 * g + 16,
     )
     return bucket(p.prompt_len + need, 64)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
+from jaxspec_apps.bench import stepprofile
 from verify import Scheduler, SchedulerConfig
 
 
@@ -84,6 +85,19 @@ def make_scheduler(
     return sched
 
 
+PROFILE_STEPS = 2  # steps traced per profiled batch size (after one untraced)
+
+
+def _profile(sched: Scheduler, step: Callable[[], None]) -> dict[str, Any]:
+    """Where one step's time goes at the scheduler's last batch shape (`stepprofile`)."""
+    m = sched.metrics
+    batch = sched._build_batch([], [], m.last_bucket_rows, m.last_width, m.last_attended)
+    hlo = sched._step.lower(sched.params, sched.cache, batch).compile().as_text()
+    out = stepprofile.shares(lambda: (step(), jax.block_until_ready(sched.cache)), hlo,
+                             steps=PROFILE_STEPS)  # fmt: skip
+    return out | {"step_s": m.last_step_s}
+
+
 def batch_sweep(
     model: Any,
     batches: Sequence[int],
@@ -93,17 +107,20 @@ def batch_sweep(
     *,
     scheduler: Any = None,
     roofline: dict[str, float] | None = None,
+    profile_batches: Sequence[int] = (),
 ) -> list[dict[str, Any]]:
     """`[{"roofline": ...}, row per batch size]`; each row has the step time (best of
     `steps` ticks of greedy one-hot blocks of random drafts), verified tokens/s, its ratio
-    to batch 1, the roofline floor and the fraction of it achieved. `scheduler` (from
-    `make_scheduler`) must have a row bucket for every batch size."""
+    to batch 1, the roofline floor and the fraction of it achieved; batch sizes in
+    `profile_batches` also get `profile` (where the step's time goes, `stepprofile.shares`,
+    PROFILE_STEPS more steps). `scheduler` (from `make_scheduler`) must have a row bucket for
+    every batch size."""
 
     sched = scheduler or make_scheduler(
         model,
         rows=batches,
         gamma=gamma,
-        max_len=prompt_len + (steps + 2) * (gamma + 1) + gamma + 16,
+        max_len=prompt_len + (steps + 3 + PROFILE_STEPS) * (gamma + 1) + gamma + 16,
     )
     roof = roofline or measure_roofline()
     rng = np.random.RandomState(0)
@@ -111,15 +128,15 @@ def batch_sweep(
     for b in batches:
         cfg = SessionConfig(
             prompt=tuple(rng.randint(0, model.config.vocab_size, prompt_len)),
-            max_new_tokens=(steps + 2) * (gamma + 1) + 8,
+            max_new_tokens=(steps + 2 + PROFILE_STEPS + 1) * (gamma + 1) + 8,
             temperature=0.0,
             draft=DraftSpec(gamma=gamma, encoding="onehot"),
         )
         sids = [sched.open(cfg).session_id for _ in range(b)]
         while any(not sched.sessions[s].ready_to_verify for s in sids):
             sched.tick()
-        times = []
-        for step in range(steps + 2):  # two untimed steps: the prefill finishes, caches warm
+
+        def step(sids: list[str] = sids, b: int = b) -> None:
             for sid in sids:
                 s = sched.sessions[sid]
                 toks = tuple(rng.randint(0, model.config.vocab_size, gamma).tolist())
@@ -128,8 +145,13 @@ def batch_sweep(
                 )
             sched.tick()
             assert sched.metrics.last_rows == b
-            if step >= 2:
+
+        times = []
+        for i in range(steps + 2):  # two untimed steps: the prefill finishes, caches warm
+            step()
+            if i >= 2:
                 times.append(sched.metrics.last_step_s)
+        profile = _profile(sched, step) if b in profile_batches else None
         for sid in sids:
             sched.close(sid)
         t = min(times)
@@ -150,6 +172,7 @@ def batch_sweep(
                 "kv_bytes_read": kv_bytes(model, b, attended),
                 "attended": attended,
                 "compute_floor_s": flop_s,
+                **({"profile": profile} if profile else {}),
             }
         )
     base, roof1 = rows[0]["verified_tok_s"], rows[0]["roofline_s"]
