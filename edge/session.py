@@ -183,8 +183,10 @@ async def run_session(
             on_rollback(state, committed)
 
     sampling = SamplingParams.make(
-        1, config.temperature, config.top_k, config.top_p, config.min_p, dict(config.logit_bias)
-    )
+        1, config.temperature, config.top_k, config.top_p, config.min_p,
+        dict(config.logit_bias), None, config.repetition_penalty, config.presence_penalty,
+        config.frequency_penalty,
+    )  # fmt: skip
     keys = session_key(config.seed, 0)[None]
 
     committed = list(prompt)

@@ -28,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxspec.model import KVCache, Llama
-from jaxspec.sampling import Purpose, SamplingParams, sample_at
+from jaxspec.sampling import Purpose, SamplingParams, TokenCounts, sample_at
 from jaxspec.verification import DraftQ, _verify
 
 DATA, MODEL = "data", "model"
@@ -41,7 +41,7 @@ class VerifyBatch:
     Fields: tokens `[R, W]` int32 (last committed token, then drafts); start `[R]` (P);
     num_draft `[R]`; slots `[R]`; live `[R]` bool; sync `[R]` bool; sampling
     (`[R]` each); keys `[R, 2]`; is_full `[R]`; q_full `[R, W-1, V]`; q_ids, q_probs
-    `[R, W-1, k]`.
+    `[R, W-1, k]`; counts: each row's `TokenCounts` before its block (the penalties').
     """
 
     tokens: jax.Array
@@ -56,6 +56,7 @@ class VerifyBatch:
     q_full: jax.Array
     q_ids: jax.Array
     q_probs: jax.Array
+    counts: TokenCounts | None = None
 
 
 def param_spec(path: tuple[str, ...], ndim: int) -> P:
@@ -104,7 +105,7 @@ def verify_step_fn(
     bonus = batch.sync | (num_draft == 0)
     res = _verify(
         batch.tokens[:, 1:], num_draft, logits, DraftQ.full(_dense_q(batch, logits.shape[-1],
-        logits.dtype)), batch.sampling, batch.keys, batch.start, bonus,
+        logits.dtype)), batch.sampling, batch.keys, batch.start, bonus, batch.counts,
     )  # fmt: skip
     tokens = _plain_tokens(res.tokens, batch.live & (num_draft == 0), logits[:, 0], batch)
     # Commit everything emitted; the host may cut at a stop token and roll back further.
@@ -129,7 +130,9 @@ def _plain_tokens(
     (`lax.cond`) when no row of the batch is such a block."""
 
     def sampled() -> jax.Array:
-        tok = sample_at(logits_RV, batch.sampling, batch.keys, batch.start, Purpose.TARGET)
+        tok = sample_at(
+            logits_RV, batch.sampling, batch.keys, batch.start, Purpose.TARGET, batch.counts
+        )
         return tokens_RW.at[:, 0].set(jnp.where(plain_R, tok, tokens_RW[:, 0]))
 
     return jax.lax.cond(jnp.any(plain_R), sampled, lambda: tokens_RW)
