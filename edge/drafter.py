@@ -103,9 +103,11 @@ def prefill(
     rows_R: jax.Array,
     prompts_RT: jax.Array,
     lengths_R: jax.Array,
+    prompt_len_R: jax.Array,
 ) -> DrafterState:
     """Reset `rows` to the prompts (right-padded `[R, T]`, `lengths` >= 1) and write the KV of
-    every prompt position but the last (the first `draft` feeds it)."""
+    every prompt position but the last (the first `draft` feeds it); the penalties count the
+    context after `prompt_len` as output."""
     R, T = prompts_RT.shape
     cols_RT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (R, T))
     valid_RT = cols_RT < lengths_R[:, None]
@@ -116,7 +118,7 @@ def prefill(
     kv_valid = cols_RT < (lengths_R - 1)[:, None]
     _, cache = module.apply({"params": params}, prompts_RT, cols_RT, kv_valid, cache, rows_R)
     length = state.length.at[rows_R].set(lengths_R.astype(jnp.int32))
-    prompt_len = state.prompt_len.at[rows_R].set(lengths_R.astype(jnp.int32))
+    prompt_len = state.prompt_len.at[rows_R].set(prompt_len_R.astype(jnp.int32))
     return DrafterState(tokens=tokens, length=length, cache=cache, prompt_len=prompt_len)
 
 
@@ -220,8 +222,11 @@ class Drafter:
         state: DrafterState,
         prompts: Sequence[Sequence[int]] | np.ndarray,
         rows: Sequence[int] | np.ndarray | None = None,
+        prompt_len: Sequence[int] | None = None,
     ) -> DrafterState:
-        """Reset `rows` (default 0..len(prompts)-1) to `prompts` (token id lists)."""
+        """Reset `rows` (default 0..len(prompts)-1) to `prompts` (token id lists). A context
+        that holds output tokens after its prompt says where the prompt ends (`prompt_len`,
+        default the whole context: the penalties count what follows as output)."""
         prompts = [list(map(int, p)) for p in prompts]
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
@@ -234,8 +239,10 @@ class Drafter:
         for i, p in enumerate(prompts):
             arr[i, : len(p)] = p
         lengths = np.asarray([len(p) for p in prompts], np.int32)
+        plen = lengths if prompt_len is None else np.asarray(prompt_len, np.int32)
         m = self.model
-        return prefill(m.module, m.params, state, jnp.asarray(rows, jnp.int32), arr, lengths)
+        rows = jnp.asarray(rows, jnp.int32)
+        return prefill(m.module, m.params, state, rows, arr, lengths, jnp.asarray(plen))
 
     def draft(
         self,

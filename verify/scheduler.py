@@ -431,8 +431,10 @@ class Scheduler:
         n, gamma = len(b.tokens), s.config.draft.gamma
         if gamma == 0 and n:
             raise InvalidArgument(f"a gamma-0 session's blocks hold no drafts, got {n}")
-        if gamma and not 1 <= n <= gamma:
-            raise InvalidArgument(f"a block holds 1..{gamma} drafts, got {n}")
+        # An adaptive sync session may stop drafting: an empty block (edge.adaptive).
+        low = 0 if s.config.draft.adaptive and s.config.mode == "sync" else 1
+        if gamma and not low <= n <= gamma:
+            raise InvalidArgument(f"a block holds {low}..{gamma} drafts, got {n}")
         if b.epoch > s.epoch:
             raise FailedPrecondition(f"unknown epoch {b.epoch} (current {s.epoch})")
         if b.start < s.prompt_len:
