@@ -168,10 +168,11 @@ def test_adaptive_blocks_of_any_length_give_colocated_pipelined_tokens(encoding)
 
 
 def test_block_len_is_checked():
-    """A length outside [1, gamma], or a hook on a spec that is not adaptive, is refused."""
-    for bad in (0, 5):
+    """A length outside [1, gamma] ([0, gamma] in sync mode: 0 stops drafting), or a hook on
+    a spec that is not adaptive, is refused."""
+    for mode, bad in (("sync", 5), ("sync", -1), ("pipelined", 0), ("pipelined", 5)):
         with pytest.raises(ValueError, match="block_len"):
-            session("sync", 4, 1, adaptive=True, block_len=lambda bad=bad: bad)
+            session(mode, 4, 1, adaptive=True, block_len=lambda bad=bad: bad)
     with pytest.raises(ValueError, match="adaptive"):
         session("sync", 4, 1, block_len=lambda: 2)
 
