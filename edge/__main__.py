@@ -35,10 +35,12 @@ from jaxspec.checkpoint import load, load_tokenizer
 from jaxspec.flags import (
     add_cache_flag,
     add_draft_flags,
+    add_penalty_flags,
     add_prompt_flags,
     add_sampling_flags,
     check_args,
     logit_bias_from_args,
+    penalties_from_args,
     prompt_from_args,
     use_compilation_cache,
 )
@@ -72,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tls", action="store_true", help="TLS with the system's CAs")
     g.add_argument("--max-new-tokens", type=int, default=64)
     add_sampling_flags(g)
+    add_penalty_flags(g)
     add_draft_flags(g, mode="pipelined", q_dtype="float32", auto_gamma=True)
     add_cache_flag(g)
     g.add_argument("--depth", type=int, default=2, help="blocks in flight (pipelined)")
@@ -131,6 +134,7 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
             top_p=args.top_p,
             min_p=args.min_p,
             logit_bias=tuple(sorted(logit_bias_from_args(args).items())),
+            **penalties_from_args(args),
             seed=args.seed,
             mode=args.mode,
             draft=spec,

@@ -1,7 +1,7 @@
 """Adaptive gamma: the edge picks each block's length from what it measures.
 
 Before drafting a block the session asks `AdaptiveGamma.next_gamma()`; the answer is the
-block length in 1..max_gamma with the least expected time per token under the papers' model
+block length in 0..max_gamma with the least expected time per token under the papers' model
 (`jaxspec.analytic`, the same formulas the benchmarks evaluate and `proofs/latency.py`
 proves), fed with running measurements:
 
@@ -17,6 +17,21 @@ proves), fed with running measurements:
 
 All three are exponential moving averages, so the choice follows a link or a verifier that
 gets slower or faster, and acceptance that changes with the text.
+
+Stopping: in sync mode the answer may be 0, no drafting (an empty block: the verifier
+samples the one token itself, as a gamma-0 session's), when one token per answer latency
+beats the best block. Its measurements then go stale, so after `probe_every` empty blocks
+in a row one block of the best length is drafted again (a probe) to refresh them. In
+pipelined mode the answer is never 0: an empty block's token is plain decoding's draw
+U(TARGET, t), a different function of the draws than a verified draft's, so stopping there
+would make the output depend on timing (sync output already depends on the block ends
+through the bonus draws; it stays exactly the target's law, as every draw is keyed by a
+position the choice cannot see).
+
+Starting: until both timings are measured, the block is the longest the acceptance
+measurements support: the longest n whose last draft is reached with probability >= 1/2
+under the current per-position estimates (max_gamma before any answer, so the first block
+measures every position).
 
 Why the output does not change: every draw is keyed by its absolute position (docs/design.md
 §2) and pipelined mode has no bonus token, so the token committed at each position is a
@@ -42,6 +57,10 @@ class AdaptiveGamma:
       prior_alpha, prior_weight: the acceptance assumed before any answer, and how many
         observations it counts as.
       decay: weight of the newest timing sample in the moving averages.
+      start_gamma: a fixed length until the timings are measured (None: the longest block
+        the acceptance measured so far supports, module doc).
+      probe_every: in sync mode, after this many empty blocks (0: no drafting) in a row,
+        draft one block of the model's best length to refresh the measurements.
     """
 
     def __init__(
@@ -54,11 +73,14 @@ class AdaptiveGamma:
         prior_weight: float = 4.0,
         decay: float = 0.2,
         start_gamma: int | None = None,
+        probe_every: int = 8,
     ) -> None:
         if max_gamma < 1:
             raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
         if mode not in ("sync", "pipelined"):
             raise ValueError(f"mode must be 'sync' or 'pipelined', got {mode!r}")
+        if probe_every < 1:
+            raise ValueError(f"probe_every must be >= 1, got {probe_every}")
         self.max_gamma = max_gamma
         self.mode = mode
         self.depth = 1 if mode == "sync" else max(1, depth)
@@ -72,7 +94,10 @@ class AdaptiveGamma:
         self.t_verify: float | None = None  # seconds of the verifier's step (it reports them)
         self._seen_lengths: set[int] = set()
         self.block_time: dict[int, float] = {}  # block length -> moving mean of its time
-        self.start_gamma = start_gamma or max(1, min(max_gamma, 4))
+        self.start_gamma = start_gamma
+        self.probe_every = probe_every
+        self.allow_zero = mode == "sync"  # module doc: never 0 in pipelined mode
+        self._empty_run = 0  # empty blocks chosen in a row
         self.chosen: list[int] = []  # every block length chosen, in order
 
     # --- measurements ---------------------------------------------------------------------
@@ -133,11 +158,29 @@ class AdaptiveGamma:
         """`run_session(..., block_len=controller)` calls it before each block."""
         return self.next_gamma()
 
+    def supported_gamma(self) -> int:
+        """The longest block the acceptance measured so far supports: the longest n whose
+        last draft is reached (drafts 0..n-2 all accepted) with probability >= 1/2."""
+        if not sum(self.tested):
+            return self.max_gamma
+        reach, n = 1.0, 1
+        for i, a in enumerate(self.alphas()[: self.max_gamma - 1]):
+            reach *= a
+            if reach < 0.5:
+                break
+            n = i + 2
+        return n
+
+    def plain_token_time(self) -> float:
+        """Expected seconds per token with no drafting (sync: one token per answer)."""
+        return self.latency if self.latency is not None else float("inf")
+
     def next_gamma(self) -> int:
-        """The length of the next block: `start_gamma` until both timings are measured, then
-        the model's best."""
+        """The length of the next block: until both timings are measured, `start_gamma` or
+        the longest block the acceptance supports; then the model's best, or 0 (sync) when
+        no drafting is faster, with a probe every `probe_every` empty blocks."""
         if self.t_draft is None or self.latency is None:
-            g = self.start_gamma
+            g = self.start_gamma or self.supported_gamma()
         else:
             # The answer latency is the round trip plus the verifier's queueing and step; the
             # step alone (reported with each answer) also bounds the pipeline's spacing.
@@ -151,5 +194,21 @@ class AdaptiveGamma:
                 depth=self.depth,
                 max_gamma=self.max_gamma,
             )
+            if self.allow_zero and self.plain_token_time() < self.token_time(g):
+                if self._empty_run < self.probe_every:
+                    g = 0
+                self._empty_run = 0 if g else self._empty_run + 1
+            else:
+                self._empty_run = 0
         self.chosen.append(g)
         return g
+
+    def token_time(self, g: int) -> float:
+        """The model's expected seconds per token for blocks of `g` drafts (timings known)."""
+        t_v = min(self.t_verify or 0.0, self.latency)
+        td = self.draft_time(g)
+        if self.mode == "sync":
+            return analytic.sync_token_time(g, self.alphas(), td, self.latency - t_v, t_v)
+        return analytic.pipelined_token_time(
+            g, self.alphas(), td, self.latency - t_v, t_v, self.depth
+        )

@@ -18,6 +18,11 @@ Precondition (true for the verify protocol: roll back, then append the one corre
 bonus token): the KV cache lags the context by at most two positions when `draft` is called.
 Rows must have room: `length + gamma <= max_len`.
 
+Penalties read the context itself: its first `prompt_len` tokens are the prompt, the rest up
+to `length` the output (committed tokens, then drafts in flight), and each draft of a block
+also counts the block's earlier drafts (`draft_block`). Rolling back the length rolls the
+counts back with it.
+
 The per-step sampling is `jaxspec.speculative.draft_q_for`, so the q returned for each
 encoding (full / sparse top-k / onehot) is exactly the distribution the draft was drawn from.
 """
@@ -38,7 +43,7 @@ from jaxspec.model import KVCache, Llama, Model, init_cache
 from jaxspec.protocol import DraftSpec, InvalidArgument
 from jaxspec.quantize import quant_spec
 from jaxspec.quantize import quantize as quantize_model
-from jaxspec.sampling import SamplingParams
+from jaxspec.sampling import SamplingParams, TokenCounts, _cond
 from jaxspec.shapes import bucket
 from jaxspec.speculative import draft_block
 from jaxspec.verification import DraftQ
@@ -54,11 +59,14 @@ class DrafterState:
       length: `[N]` int32, the context length; the next draft goes to position `length`.
       cache: the draft model's `KVCache` `[L, N, S, Hkv, D]`; `cache.lengths[N]` counts the
         positions whose KV is written (at most `length`).
+      prompt_len: `[N]` int32, the prompt's length (the penalties count what follows as
+        output).
     """
 
     tokens: jax.Array
     length: jax.Array
     cache: KVCache
+    prompt_len: jax.Array
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -83,6 +91,7 @@ def init_state(model: Model, rows: int, max_len: int) -> DrafterState:
         tokens=jnp.zeros((rows, max_len), jnp.int32),
         length=jnp.zeros(rows, jnp.int32),
         cache=init_cache(model.config, rows, max_len, model.dtype),
+        prompt_len=jnp.zeros(rows, jnp.int32),
     )
 
 
@@ -94,9 +103,11 @@ def prefill(
     rows_R: jax.Array,
     prompts_RT: jax.Array,
     lengths_R: jax.Array,
+    prompt_len_R: jax.Array,
 ) -> DrafterState:
     """Reset `rows` to the prompts (right-padded `[R, T]`, `lengths` >= 1) and write the KV of
-    every prompt position but the last (the first `draft` feeds it)."""
+    every prompt position but the last (the first `draft` feeds it); the penalties count the
+    context after `prompt_len` as output."""
     R, T = prompts_RT.shape
     cols_RT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (R, T))
     valid_RT = cols_RT < lengths_R[:, None]
@@ -107,7 +118,8 @@ def prefill(
     kv_valid = cols_RT < (lengths_R - 1)[:, None]
     _, cache = module.apply({"params": params}, prompts_RT, cols_RT, kv_valid, cache, rows_R)
     length = state.length.at[rows_R].set(lengths_R.astype(jnp.int32))
-    return DrafterState(tokens=tokens, length=length, cache=cache)
+    prompt_len = state.prompt_len.at[rows_R].set(prompt_len_R.astype(jnp.int32))
+    return DrafterState(tokens=tokens, length=length, cache=cache, prompt_len=prompt_len)
 
 
 @jax.jit
@@ -157,9 +169,15 @@ def draft(
 
     # Re-feed t(n-2) only where its KV is missing (see `draft_block`).
     missing = (n_N >= 2) & (n_N - 2 >= state.cache.lengths)
+    counts = _cond(
+        sampling.penalized(),
+        lambda _: TokenCounts.of(state.tokens, state.prompt_len, n_N, module.config.vocab_size),
+        lambda _: TokenCounts.zeros(N, module.config.vocab_size),
+        None,
+    )
     d_NG, q, cache = draft_block(
         module, params, state.cache, at(n_N - 2), at(n_N - 1), n_N, missing, live_N, sampling,
-        keys_N2, spec=spec,
+        keys_N2, spec=spec, counts=counts,
     )  # fmt: skip
     drafts_NG = jnp.where(live_N[:, None], d_NG, -1)
 
@@ -167,7 +185,7 @@ def draft(
     write = jnp.where(live_N[:, None], cols, S)
     tokens = state.tokens.at[jnp.arange(N)[:, None], write].set(drafts_NG, mode="drop")
     length = jnp.where(live_N, n_N + gamma, n_N)
-    new_state = DrafterState(tokens=tokens, length=length, cache=cache)
+    new_state = state.replace(tokens=tokens, length=length, cache=cache)
     return new_state, DraftBatch(start=n_N, tokens=drafts_NG, q=q)
 
 
@@ -204,8 +222,11 @@ class Drafter:
         state: DrafterState,
         prompts: Sequence[Sequence[int]] | np.ndarray,
         rows: Sequence[int] | np.ndarray | None = None,
+        prompt_len: Sequence[int] | None = None,
     ) -> DrafterState:
-        """Reset `rows` (default 0..len(prompts)-1) to `prompts` (token id lists)."""
+        """Reset `rows` (default 0..len(prompts)-1) to `prompts` (token id lists). A context
+        that holds output tokens after its prompt says where the prompt ends (`prompt_len`,
+        default the whole context: the penalties count what follows as output)."""
         prompts = [list(map(int, p)) for p in prompts]
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
@@ -218,8 +239,10 @@ class Drafter:
         for i, p in enumerate(prompts):
             arr[i, : len(p)] = p
         lengths = np.asarray([len(p) for p in prompts], np.int32)
+        plen = lengths if prompt_len is None else np.asarray(prompt_len, np.int32)
         m = self.model
-        return prefill(m.module, m.params, state, jnp.asarray(rows, jnp.int32), arr, lengths)
+        rows = jnp.asarray(rows, jnp.int32)
+        return prefill(m.module, m.params, state, rows, arr, lengths, jnp.asarray(plen))
 
     def draft(
         self,

@@ -183,8 +183,10 @@ async def run_session(
             on_rollback(state, committed)
 
     sampling = SamplingParams.make(
-        1, config.temperature, config.top_k, config.top_p, config.min_p, dict(config.logit_bias)
-    )
+        1, config.temperature, config.top_k, config.top_p, config.min_p,
+        dict(config.logit_bias), None, config.repetition_penalty, config.presence_penalty,
+        config.frequency_penalty,
+    )  # fmt: skip
     keys = session_key(config.seed, 0)[None]
 
     committed = list(prompt)
@@ -196,6 +198,7 @@ async def run_session(
     observe_draft = getattr(block_len, "observe_draft", None)
     observe_result = getattr(block_len, "observe_result", None)
     sent_at: dict[int, float] = {}  # id(block) -> when it went out
+    behind = False  # an empty block was sent: the draft's KV lags its context
     finished = False
     try:
         while not finished:
@@ -206,8 +209,19 @@ async def run_session(
                 trace.blocks_sent += 1
             while speculative and len(inflight) < depth and int(state.length[0]) + gamma <= max_len:
                 n = gamma if block_len is None else operator.index(block_len())
-                if not 1 <= n <= gamma:
-                    raise ValueError(f"block_len() must be in [1, {gamma}], got {n}")
+                low = 0 if config.mode == "sync" else 1  # 0: stop drafting (sync only)
+                if not low <= n <= gamma:
+                    raise ValueError(f"block_len() must be in [{low}, {gamma}], got {n}")
+                if n == 0:  # no drafting: the verifier samples the token (edge.adaptive)
+                    block = DraftBlock(session_id=sid, epoch=epoch, start=len(committed), tokens=())
+                    sent_at[id(block)] = time.perf_counter()
+                    inflight.append((block, asyncio.ensure_future(endpoint.verify(block))))
+                    trace.blocks_sent += 1
+                    behind = True
+                    continue
+                if behind:  # tokens came while nothing drafted: rebuild the draft's KV
+                    state = drafter.prefill(state, [committed], prompt_len=[len(prompt)])
+                    behind = False
                 t_draft = time.perf_counter()
                 state, batch = drafter.draft(state, sampling, keys, gamma=n)
                 block = _to_wire(batch, sid, epoch)  # waits for the drafts: timed whole

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 from jaxspec.model import Model
 from jaxspec.protocol import ENCODINGS, MODES, Q_DTYPES, DraftSpec
-from jaxspec.sampling import check_logit_bias, check_sampling, check_seed
+from jaxspec.sampling import check_logit_bias, check_penalties, check_sampling, check_seed
 from jaxspec.text import chat_prompt, encode_prompt
 from jaxspec.xla_cache import compilation_cache_dir, configure_compilation_cache
 
@@ -100,6 +100,35 @@ def add_sampling_flags(
         "logit_bias": (logit_bias, str, None),
     }
     _add(parser, flags, SAMPLING_HELP, helps)
+
+
+# -- penalties (issue 31): one self-contained block ------------------------------------
+PENALTY_HELP = {
+    "repetition_penalty": "divide the positive logits (multiply the others) of tokens in the "
+    "prompt or the output so far by this; > 0, 1 = off (default %(default)s)",
+    "presence_penalty": "subtract this from the logit of every token already in the output; "
+    "within +-2, 0 = off (default %(default)s)",
+    "frequency_penalty": "subtract this times its count in the output from each token's "
+    "logit; within +-2, 0 = off (default %(default)s)",
+}
+PENALTY_DEFAULTS = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def add_penalty_flags(parser: argparse.ArgumentParser) -> None:
+    """Add `--repetition-penalty --presence-penalty --frequency-penalty` (vLLM's semantics,
+    `jaxspec.sampling`), off by default; `penalties_from_args` reads and checks them."""
+    _add(parser, {k: (v, float, None) for k, v in PENALTY_DEFAULTS.items()}, PENALTY_HELP, None)
+
+
+def penalties_from_args(args: argparse.Namespace) -> dict[str, float]:
+    """The penalty flags as keyword arguments of `jaxspec.generate` / `SessionConfig` (the
+    defaults for flags a command left out); `ValueError` naming a bad value."""
+    got = {k: float(getattr(args, k, v)) for k, v in PENALTY_DEFAULTS.items()}
+    check_penalties(1, **got)
+    return got
+
+
+# -- end of the penalties block -------------------------------------------------------
 
 
 def logit_bias_from_args(args: argparse.Namespace) -> dict[int, float]:
@@ -213,6 +242,7 @@ def check_args(args: argparse.Namespace) -> DraftSpec:
     sampling = {f: getattr(args, f) for f in names if hasattr(args, f)}
     check_sampling(1, **sampling)
     logit_bias_from_args(args)
+    penalties_from_args(args)
     check_seed(getattr(args, "seed", 0), "--seed")
     mode = getattr(args, "mode", MODES[0])
     if mode not in MODES:  # argparse's choices already refuse it; kept for Namespaces built by hand

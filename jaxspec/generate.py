@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxspec.model import KVCache, Llama, Model, init_cache
 from jaxspec.protocol import MODES, DraftSpec
-from jaxspec.sampling import Purpose, SamplingParams, sample_at, session_keys
+from jaxspec.sampling import Purpose, SamplingParams, TokenCounts, sample_at, session_keys
 from jaxspec.shapes import bucket
 from jaxspec.speculative import DecodeBatch, SpecCounters, SpecStats, speculative_decode
 
@@ -112,6 +112,9 @@ def generate(
     top_p: float | Sequence[float] = 1.0,
     min_p: float | Sequence[float] = 0.0,
     logit_bias: Mapping[int, float] | Sequence[Mapping[int, float] | None] | None = None,
+    repetition_penalty: float | Sequence[float] = 1.0,
+    presence_penalty: float | Sequence[float] = 0.0,
+    frequency_penalty: float | Sequence[float] = 0.0,
     seed: int = 0,
     seeds: Sequence[int] | None = None,
     stop_tokens: Sequence[int] | None = None,
@@ -134,6 +137,13 @@ def generate(
         greedy, min_p 0 is off.
       logit_bias: `{token id: bias}` added to the logits before everything (greedy too), one
         map for every row or one per row (at most 32 entries, each within +-100).
+      repetition_penalty, presence_penalty, frequency_penalty: scalars or one value per row
+        (vLLM's semantics, applied after the logit bias, before temperature; greedy too):
+        repetition (> 0, 1 off) over prompt and output tokens divides positive logits and
+        multiplies the others; presence and frequency (within +-2, 0 off) over the output
+        tokens subtract `presence * (count > 0) + frequency * count`. Lossless under
+        speculation: draft and target both read the counts of the committed tokens plus
+        the block's earlier drafts.
       seed: row i's session key is `fold_in(PRNGKey(seed), i)`; `seeds` gives each row its own.
       stop_tokens: ids that end a row (kept in its output); default: the config's EOS ids.
       draft: a draft model sharing the target's vocabulary turns on co-located speculative
@@ -170,8 +180,9 @@ def generate(
             draft, spec = None, None
     n = len(rows)
     params = SamplingParams.make(
-        n, temperature, top_k, top_p, min_p, logit_bias, model.config.vocab_size
-    )
+        n, temperature, top_k, top_p, min_p, logit_bias, model.config.vocab_size,
+        repetition_penalty, presence_penalty, frequency_penalty,
+    )  # fmt: skip
     keys = session_keys(seed if seeds is None else list(seeds), n)
     stops = model.config.eos_token_ids if stop_tokens is None else tuple(stop_tokens)
     stop_arr = jnp.asarray(list(stops) or [-1], jnp.int32)
@@ -298,6 +309,7 @@ class DecodeState:
       out: `[B, buffer]` int32, new tokens so far, -1 padded.
       done: `[B]` bool, the row hit a stop token or max_new (or is a filler row).
       cache: the target's `KVCache` `[L, B, T + buffer, Hkv, D]`.
+      counts: the `TokenCounts` of the prompt and the tokens so far (the penalties').
     """
 
     step: jax.Array
@@ -305,6 +317,7 @@ class DecodeState:
     out: jax.Array
     done: jax.Array
     cache: KVCache
+    counts: TokenCounts
 
 
 @functools.partial(jax.jit, static_argnames=("module", "buffer"))
@@ -323,7 +336,8 @@ def _decode(
     valid = positions < lengths_B[:, None]
     logits, cache = module.apply({"params": params}, prompt_BT, positions, valid, cache)
     last = jnp.take_along_axis(logits, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
-    tok = sample_at(last, sampling, keys_B2, lengths_B, Purpose.TARGET)
+    counts = TokenCounts.of(prompt_BT, lengths_B, lengths_B, module.config.vocab_size)
+    tok = sample_at(last, sampling, keys_B2, lengths_B, Purpose.TARGET, counts)
     out = jnp.full((B, buffer), -1, jnp.int32).at[:, 0].set(tok)
     filler = jnp.arange(B) >= batch.num_live
     done = jnp.isin(tok, stop_ids) | (max_new <= 1) | filler
@@ -340,12 +354,14 @@ def _decode(
             ~s.done[:, None],
             s.cache,
         )
-        new = sample_at(logits[:, 0], sampling, keys_B2, pos + 1, Purpose.TARGET)
+        counts = s.counts.add(s.last[:, None])  # -1 (done rows) adds nothing
+        new = sample_at(logits[:, 0], sampling, keys_B2, pos + 1, Purpose.TARGET, counts)
         new = jnp.where(s.done, -1, new)
         done = s.done | jnp.isin(new, stop_ids) | (s.step + 1 >= max_new)
         return DecodeState(
-            step=s.step + 1, last=new, out=s.out.at[:, s.step].set(new), done=done, cache=cache
-        )
+            step=s.step + 1, last=new, out=s.out.at[:, s.step].set(new), done=done, cache=cache,
+            counts=counts,
+        )  # fmt: skip
 
-    state = DecodeState(step=jnp.int32(1), last=tok, out=out, done=done, cache=cache)
+    state = DecodeState(step=jnp.int32(1), last=tok, out=out, done=done, cache=cache, counts=counts)
     return jax.lax.while_loop(cond, body, state).out

@@ -3,10 +3,15 @@
 Every random draw of a session is `fold_in(fold_in(session_key, position), PURPOSE)`
 (docs/design.md §2): no counters and no split chains, so a session's tokens do not depend on call
 order, batch mates, rollbacks or timing. Warping is applied in one order everywhere, to the
-target's p and the draft's q alike: logit bias, temperature, min-p, top-k, top-p, with the tie
-rules of `proofs.warp`:
+target's p and the draft's q alike: logit bias, penalties, temperature, min-p, top-k, top-p
+(vLLM's order), with the tie rules of `proofs.warp`:
 
 - logit bias adds each listed token's bias to its logit (before everything, so greedy too);
+- penalties (vLLM's `apply_penalties`, greedy too) on the biased logits, given the row's
+  `TokenCounts` at that position: repetition_penalty r (HF/vLLM: over prompt AND output
+  tokens) divides a seen token's logit when > 0 and multiplies it otherwise; then
+  frequency_penalty f and presence_penalty e (OpenAI/vLLM: output tokens only) subtract
+  `f * count + e * (count > 0)`. r = 1, f = e = 0 is off (bit for bit);
 - temperature 0 is greedy: a one-hot at the argmax (lowest index on ties);
 - min-p keeps every token whose tempered probability is >= min_p times the largest, 0 off;
 - top-k keeps every token whose logit is >= the k-th largest (boundary ties kept), k=0 off;
@@ -129,6 +134,43 @@ def check_logit_bias(
     return ids, vals
 
 
+# Presence and frequency penalties are bounded as OpenAI and vLLM bound them.
+PENALTY_LIMIT = 2.0
+
+
+def check_penalties(
+    rows: int,
+    repetition_penalty: float | Sequence[float] = 1.0,
+    presence_penalty: float | Sequence[float] = 0.0,
+    frequency_penalty: float | Sequence[float] = 0.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The validator of the penalties: `[rows]` float32 arrays (repetition, presence,
+    frequency). Raises `ValueError` naming the bad value: repetition_penalty must be finite
+    and > 0 (1 = off); presence and frequency penalties finite within +-PENALTY_LIMIT (0 =
+    off). NumPy only."""
+
+    def col(x, name):
+        try:
+            a = np.asarray(x, np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a number, got {x!r}") from None
+        if a.shape not in ((), (1,), (rows,)):
+            raise ValueError(f"{name} has {a.shape} values for {rows} rows")
+        return np.broadcast_to(a, (rows,)).copy()
+
+    r = col(repetition_penalty, "repetition_penalty")
+    e = col(presence_penalty, "presence_penalty")
+    f = col(frequency_penalty, "frequency_penalty")
+    if not np.all(np.isfinite(r)) or np.any(r <= 0) or np.any(r.astype(np.float32) <= 0):
+        raise ValueError(f"repetition_penalty must be finite and > 0 (1 = off), got {r}")
+    for a, name in ((e, "presence_penalty"), (f, "frequency_penalty")):
+        if not np.all(np.isfinite(a)) or np.any(np.abs(a) > PENALTY_LIMIT):
+            raise ValueError(
+                f"{name} must be finite and within +-{PENALTY_LIMIT:g} (0 = off), got {a}"
+            )
+    return r.astype(np.float32), e.astype(np.float32), f.astype(np.float32)
+
+
 def check_sampling(
     rows: int,
     temperature: float | Sequence[float] = 1.0,
@@ -176,6 +218,9 @@ class SamplingParams:
         (after temperature); 0 keeps every token.
       bias_ids: `[B, MAX_LOGIT_BIAS]` int32 token ids of the logit bias, -1 unused.
       bias_values: `[B, MAX_LOGIT_BIAS]` float32 biases added to those tokens' logits.
+      repetition_penalty: `[B]` float32 > 0; 1 is off.
+      presence_penalty, frequency_penalty: `[B]` float32; 0 is off.
+      (The penalties read the row's `TokenCounts`, passed beside the params.)
     """
 
     temperature: jax.Array
@@ -184,6 +229,9 @@ class SamplingParams:
     min_p: jax.Array
     bias_ids: jax.Array
     bias_values: jax.Array
+    repetition_penalty: jax.Array | None = None
+    presence_penalty: jax.Array | None = None
+    frequency_penalty: jax.Array | None = None
 
     @classmethod
     def make(
@@ -195,11 +243,15 @@ class SamplingParams:
         min_p: float | Sequence[float] = 0.0,
         logit_bias: LogitBias | Sequence[LogitBias | None] | None = None,
         vocab_size: int | None = None,
+        repetition_penalty: float | Sequence[float] = 1.0,
+        presence_penalty: float | Sequence[float] = 0.0,
+        frequency_penalty: float | Sequence[float] = 0.0,
     ) -> SamplingParams:
         """Broadcast scalars or per-row lists to `[rows]` arrays, validating every value
-        (`check_sampling`, `check_logit_bias`); `logit_bias` is one map for every row or one
-        per row."""
+        (`check_sampling`, `check_logit_bias`, `check_penalties`); `logit_bias` is one map for
+        every row or one per row."""
         t, k, p, m = check_sampling(rows, temperature, top_k, top_p, min_p)
+        rp, pp, fp = check_penalties(rows, repetition_penalty, presence_penalty, frequency_penalty)
         per_row = logit_bias if isinstance(logit_bias, Sequence) else [logit_bias] * rows
         if len(per_row) != rows:
             raise ValueError(f"logit_bias has {len(per_row)} maps for {rows} rows")
@@ -213,11 +265,36 @@ class SamplingParams:
             min_p=jnp.asarray(m),
             bias_ids=jnp.asarray(ids, jnp.int32),
             bias_values=jnp.asarray(vals, jnp.float32),
+            repetition_penalty=jnp.asarray(rp),
+            presence_penalty=jnp.asarray(pp),
+            frequency_penalty=jnp.asarray(fp),
+        )
+
+    def with_penalties(self) -> SamplingParams:
+        """The same params with the penalty fields filled (off) where they are None."""
+        if self.repetition_penalty is not None:
+            return self
+        B = self.temperature.shape[0]
+        return self.replace(
+            repetition_penalty=jnp.ones(B, jnp.float32),
+            presence_penalty=jnp.zeros(B, jnp.float32),
+            frequency_penalty=jnp.zeros(B, jnp.float32),
+        )
+
+    def penalized(self) -> jax.Array:
+        """`[]` bool: does any row set a penalty (False when the fields are None)."""
+        if self.repetition_penalty is None:
+            return jnp.asarray(False)
+        return (
+            jnp.any(self.repetition_penalty != 1)
+            | jnp.any(self.presence_penalty != 0)
+            | jnp.any(self.frequency_penalty != 0)
         )
 
     def pad(self, rows: int) -> SamplingParams:
         """Extend to `rows` rows with greedy filler rows (for padded batch buckets)."""
         n = rows - self.temperature.shape[0]
+        s = self.with_penalties()
         return SamplingParams(
             temperature=jnp.pad(self.temperature, (0, n)),
             top_k=jnp.pad(self.top_k, (0, n)),
@@ -225,15 +302,96 @@ class SamplingParams:
             min_p=jnp.pad(self.min_p, (0, n)),
             bias_ids=jnp.pad(self.bias_ids, ((0, n), (0, 0)), constant_values=-1),
             bias_values=jnp.pad(self.bias_values, ((0, n), (0, 0))),
+            repetition_penalty=jnp.pad(s.repetition_penalty, (0, n), constant_values=1.0),
+            presence_penalty=jnp.pad(s.presence_penalty, (0, n)),
+            frequency_penalty=jnp.pad(s.frequency_penalty, (0, n)),
+        )
+
+
+@flax.struct.dataclass(kw_only=True)
+class TokenCounts:
+    """What the penalties read: per row, which tokens the prompt holds and how often each
+    token occurs in the output so far (every token committed after the prompt, then the
+    block's own drafts before this position).
+
+    Fields:
+      prompt: `[B, V]` bool, the token occurs in the prompt.
+      output: `[B, V]` int32, occurrences among the output tokens.
+    """
+
+    prompt: jax.Array
+    output: jax.Array
+
+    @classmethod
+    def zeros(cls, rows: int, vocab: int) -> TokenCounts:
+        return cls(
+            prompt=jnp.zeros((rows, vocab), bool), output=jnp.zeros((rows, vocab), jnp.int32)
+        )
+
+    @classmethod
+    def of(
+        cls,
+        tokens_BS: Int[Array, "B S"],
+        prompt_len_B: Int[Array, " B"],
+        length_B: Int[Array, " B"],
+        vocab: int,
+    ) -> TokenCounts:
+        """Counts of each row's context `tokens[:length]`, its first `prompt_len` the prompt."""
+        B, S = tokens_BS.shape
+        cols = jnp.arange(S)[None, :]
+        rows = jnp.arange(B)[:, None]
+        tok = jnp.clip(tokens_BS, 0, vocab - 1)
+        in_prompt = cols < jnp.minimum(prompt_len_B, length_B)[:, None]
+        in_output = (cols >= prompt_len_B[:, None]) & (cols < length_B[:, None])
+        prompt = (
+            jnp.zeros((B, vocab), bool)
+            .at[rows, jnp.where(in_prompt, tok, vocab)]
+            .set(True, mode="drop")
+        )
+        output = jnp.zeros((B, vocab), jnp.int32).at[rows, tok].add(in_output.astype(jnp.int32))
+        return cls(prompt=prompt, output=output)
+
+    def add(
+        self, tokens_BN: Int[Array, "B N"], count_B: Int[Array, " B"] | None = None
+    ) -> TokenCounts:
+        """These counts with each row's first `count[b]` of `tokens` (all when None) added to
+        its output."""
+        B, N = tokens_BN.shape
+        V = self.output.shape[-1]
+        use = tokens_BN >= 0
+        if count_B is not None:
+            use = use & (jnp.arange(N)[None, :] < count_B[:, None])
+        ids = jnp.where(use, tokens_BN, V)  # V: out of range, dropped
+        rows = jnp.arange(B)[:, None]
+        return self.replace(output=self.output.at[rows, ids].add(1, mode="drop"))
+
+    def per_position(self, drafts_BK: Int[Array, "B K"], positions: int) -> TokenCounts:
+        """`[B * positions]` rows: position i of each block sees these counts plus the drafts
+        d_0 .. d_{i-1} (i < positions <= K + 1), row-major like `reshape(B * positions)`."""
+        B = drafts_BK.shape[0]
+        V = self.output.shape[-1]
+        oh = jax.nn.one_hot(jnp.where(drafts_BK >= 0, drafts_BK, V), V, dtype=jnp.int32)
+        inclusive = jnp.cumsum(oh, axis=1)  # [B, K, V]: drafts up to and including i
+        before = jnp.concatenate([jnp.zeros_like(oh[:, :1]), inclusive], axis=1)[:, :positions]
+        out = self.output[:, None, :] + before
+        prompt = jnp.broadcast_to(self.prompt[:, None, :], out.shape)
+        return TokenCounts(
+            prompt=prompt.reshape(B * positions, V), output=out.reshape(B * positions, V)
         )
 
 
 def warp(
-    logits_BV: Float[Array, "B V"], params: SamplingParams, *, options: bool = True
+    logits_BV: Float[Array, "B V"],
+    params: SamplingParams,
+    counts: TokenCounts | None = None,
+    *,
+    options: bool = True,
 ) -> Float[Array, "B V"]:
-    """The distribution sampled from: logit bias, temperature, min-p, top-k, top-p, in this
-    order (module doc). `options=False` leaves out the logit bias and min-p (a test hook for
-    the mutant that sends q warped without them).
+    """The distribution sampled from: logit bias, penalties, temperature, min-p, top-k,
+    top-p, in this order (module doc). The penalties need each row's `counts` (without them
+    the penalties are not applied: every caller that takes penalised params passes them).
+    `options=False` leaves out the logit bias and min-p (a test hook for the mutant that
+    sends q warped without them).
 
     Work a batch does not need is skipped with `lax.cond` (a scalar predicate over the
     batch): no softmax when every row is greedy, no sorting when no row filters. The
@@ -243,6 +401,10 @@ def warp(
     if options:
         logits_BV = _cond(
             jnp.any(params.bias_ids >= 0), lambda x: _add_bias(x, params), lambda x: x, logits_BV
+        )
+    if counts is not None and params.repetition_penalty is not None:
+        logits_BV = _cond(
+            params.penalized(), lambda x: _penalize(x, params, counts), lambda x: x, logits_BV
         )
     t = params.temperature.astype(logits_BV.dtype)[:, None]
     greedy = jax.nn.one_hot(jnp.argmax(logits_BV, axis=-1), V, dtype=logits_BV.dtype)
@@ -271,6 +433,18 @@ def _add_bias(logits_BV: jax.Array, params: SamplingParams) -> jax.Array:
     ids = jnp.where(params.bias_ids >= 0, params.bias_ids, V)  # V: out of range, dropped
     rows = jnp.arange(B)[:, None]
     return logits_BV.at[rows, ids].add(params.bias_values.astype(logits_BV.dtype), mode="drop")
+
+
+def _penalize(logits_BV: jax.Array, params: SamplingParams, counts: TokenCounts) -> jax.Array:
+    """vLLM's `apply_penalties`: repetition (prompt or output tokens: positive logits divided,
+    the others multiplied), then frequency (times the output count) and presence (output
+    tokens) subtracted. Rows with r = 1, f = e = 0 come out bit for bit unchanged."""
+    dtype = logits_BV.dtype
+    seen = counts.prompt | (counts.output > 0)
+    r = jnp.where(seen, params.repetition_penalty.astype(dtype)[:, None], 1)
+    x = jnp.where(logits_BV > 0, logits_BV / r, logits_BV * r)
+    x = x - params.frequency_penalty.astype(dtype)[:, None] * counts.output.astype(dtype)
+    return x - params.presence_penalty.astype(dtype)[:, None] * (counts.output > 0).astype(dtype)
 
 
 def _min_p(scaled_BV: jax.Array, params: SamplingParams) -> jax.Array:
@@ -324,7 +498,8 @@ def sample_at(
     keys_B2: UInt32[Array, "B 2"],
     positions_B: Int[Array, " B"],
     purpose: int = Purpose.TARGET,
+    counts: TokenCounts | None = None,
 ) -> Int[Array, " B"]:
     """Sample each row's token for absolute `positions_B` with its position-keyed uniform."""
     u = uniforms(keys_B2, positions_B[:, None], purpose)[:, 0]
-    return sample(warp(logits_BV, params), u)
+    return sample(warp(logits_BV, params, counts), u)

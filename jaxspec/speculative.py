@@ -24,7 +24,7 @@ import numpy as np
 
 from jaxspec.model import KVCache, Llama, init_cache
 from jaxspec.protocol import DraftSpec
-from jaxspec.sampling import Purpose, SamplingParams, sample, uniforms, warp
+from jaxspec.sampling import Purpose, SamplingParams, TokenCounts, sample, uniforms, warp
 from jaxspec.verification import DraftQ, _verify
 
 
@@ -148,6 +148,7 @@ class RoundState:
       done: `[B]` bool, the row hit a stop token or max_new (or is a filler row).
       target_cache, draft_cache: the two models' `KVCache`s `[L, B, S, Hkv, D]`.
       counters: `SpecCounters`.
+      counts: the `TokenCounts` of each row's prompt and committed tokens (the penalties').
     """
 
     out: jax.Array
@@ -158,6 +159,7 @@ class RoundState:
     target_cache: KVCache
     draft_cache: KVCache
     counters: SpecCounters
+    counts: TokenCounts
 
 
 def draft_q_for(
@@ -168,8 +170,10 @@ def draft_q_for(
     sparse_k: int,
     mutant: str | None = None,
     q_dtype: str = "float32",
+    counts: TokenCounts | None = None,
 ) -> tuple[jax.Array, Any]:
-    """One draft step: the token and the q it was sampled from, in `encoding`.
+    """One draft step: the token and the q it was sampled from, in `encoding` (`counts`: the
+    rows' token counts at this position, for the penalties).
 
     full: q = warped draft distribution; sparse: its top-`sparse_k` renormalized (ties to the
     lower id), returned as (ids, probs); onehot: greedy, d = argmax of the warped q.
@@ -180,7 +184,7 @@ def draft_q_for(
     full -> (q, r), sparse -> (ids, probs, r). The wire sends q16 and r, and the verifier's
     one multiply per entry rebuilds this q bit for bit (`jaxspec.protocol.q_from_f16`).
     """
-    q = warp(logits_BV, sampling)
+    q = warp(logits_BV, sampling, counts)
     if encoding == "onehot":
         return jnp.argmax(q, axis=-1).astype(jnp.int32), None
     f16 = q_dtype == "float16"
@@ -199,7 +203,7 @@ def draft_q_for(
     if mutant == "warp_p_not_q":  # sampled from warped q, but the unwarped q is sent
         sent = jax.nn.softmax(logits_BV, axis=-1)
     if mutant == "options_p_not_q":  # sampled with logit bias / min-p, q sent without them
-        sent = warp(logits_BV, sampling, options=False)
+        sent = warp(logits_BV, sampling, counts, options=False)
     return d, ((sent, scale) if f16 else sent)
 
 
@@ -241,6 +245,7 @@ def draft_block(
     *,
     spec: DraftSpec,
     mutant: str | None = None,
+    counts: TokenCounts | None = None,
 ) -> tuple[jax.Array, DraftQ, Any]:
     """Draft `spec.gamma` tokens per row at positions next_pos .. next_pos+gamma-1 (traced),
     each sampled as `spec.encoding` says (`spec.k` sparse columns).
@@ -248,29 +253,42 @@ def draft_block(
     The first step feeds `last` (at next_pos-1) and, where `feed_prev`, also `prev` (at
     next_pos-2): after a fully accepted sync block the draft never fed its own last draft (the
     bonus followed it). The co-located loop and the edge drafter both draft through here.
+    `counts` (the rows' `TokenCounts` before the block; needed for penalties) are updated
+    by the block's own drafts position by position: draft i sees d_0 .. d_{i-1}.
     Returns drafts `[B, gamma]`, the q's they were sampled from, and the draft cache.
     """
 
-    def propose(logits_BV, pos_B):
+    def propose(logits_BV, pos_B, counts):
         u = uniforms(keys_B2, pos_B[:, None], Purpose.DRAFT)[:, 0]
-        return draft_q_for(logits_BV, sampling, u, spec.encoding, spec.k, mutant, spec.q_dtype)
+        return draft_q_for(
+            logits_BV, sampling, u, spec.encoding, spec.k, mutant, spec.q_dtype, counts
+        )
+
+    def seen(counts, d_B):
+        """The counts the next draft reads: these plus draft d (the mutant
+        `draft_counts_stale` forgets the block's own drafts)."""
+        if counts is None or mutant == "draft_counts_stale":
+            return counts
+        return counts.add(jnp.where(live_B, d_B, -1)[:, None])
 
     two = jnp.stack([prev_B, last_B], axis=1)
     pos2 = jnp.stack([next_pos_B - 2, next_pos_B - 1], axis=1)
     valid2 = jnp.stack([live_B & feed_prev_B, live_B], axis=1)
     logits, cache = draft.apply({"params": params}, two, pos2, valid2, cache)
-    d0, q0 = propose(logits[:, -1], next_pos_B)
+    d0, q0 = propose(logits[:, -1], next_pos_B, counts)
 
     def step(carry, i):
-        tok, cache = carry
+        tok, cache, counts = carry
+        counts = seen(counts, tok)
         pos = next_pos_B - 1 + i  # where the previous draft sits
         logits, cache = draft.apply(
             {"params": params}, tok[:, None], pos[:, None], live_B[:, None], cache
         )
-        d, q = propose(logits[:, 0], pos + 1)
-        return (d, cache), (d, q)
+        d, q = propose(logits[:, 0], pos + 1, counts)
+        return (d, cache, counts), (d, q)
 
-    (_, cache), (d_rest, q_rest) = jax.lax.scan(step, (d0, cache), jnp.arange(1, spec.gamma))
+    init = (d0, cache, counts)
+    (_, cache, _), (d_rest, q_rest) = jax.lax.scan(step, init, jnp.arange(1, spec.gamma))
     d_GB = jnp.concatenate([d0[None], d_rest], axis=0)
     qs = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b], axis=0), q0, q_rest)
     return d_GB.T, pack_q(spec.encoding, qs), cache
@@ -307,6 +325,7 @@ def speculative_decode(
     _, dcache = draft.apply({"params": draft_params}, prompt_BT, positions, pre_valid, dcache)
     last_B = jnp.take_along_axis(prompt_BT, (lengths_B - 1)[:, None], axis=1)[:, 0]
     prev_B = jnp.take_along_axis(prompt_BT, jnp.maximum(lengths_B - 2, 0)[:, None], axis=1)[:, 0]
+    V = target.config.vocab_size
 
     def round_(s: RoundState) -> RoundState:
         n_B, prev_B, last_B = s.num_new, s.prev, s.last
@@ -315,7 +334,7 @@ def speculative_decode(
 
         d_BK, draft_q, dcache = draft_block(
             draft, draft_params, s.draft_cache, prev_B, last_B, P_B, P_B >= 2, live_B, sampling,
-            keys_B2, spec=spec, mutant=mutant,
+            keys_B2, spec=spec, mutant=mutant, counts=s.counts,
         )  # fmt: skip
         block = jnp.concatenate([last_B[:, None], d_BK], axis=1)
         pos = P_B[:, None] - 1 + jnp.arange(K + 1)[None, :]
@@ -323,7 +342,7 @@ def speculative_decode(
         logits, tcache = target.apply({"params": target_params}, block, pos, valid, s.target_cache)
         num_draft = jnp.where(live_B, K, 0)
         vr = _verify(
-            d_BK, num_draft, logits, draft_q, sampling, keys_B2, P_B, sync_B,
+            d_BK, num_draft, logits, draft_q, sampling, keys_B2, P_B, sync_B, s.counts,
             mutant=mutant,
         )  # fmt: skip
 
@@ -342,6 +361,12 @@ def speculative_decode(
         last_B = jnp.where(cnt > 0, new_last, last_B)
         n_B = n_B + cnt
         done_B = s.done | (first_stop <= cnt) | (n_B >= max_new)
+        # The penalties' counts follow the committed tokens only (rolled back with the caches).
+        counts = s.counts.add(vr.tokens, cnt)
+        if mutant == "counts_not_rolled_back":  # every draft counted, rejected ones too
+            fixed = jnp.take_along_axis(vr.tokens, vr.num_accepted[:, None], axis=1)
+            extra = (cnt > vr.num_accepted).astype(jnp.int32)
+            counts = s.counts.add(d_BK, jnp.where(live_B, num_draft, 0)).add(fixed, extra)
         rollback = (lengths_B + n_B - 1).astype(jnp.int32)
         tcache = tcache.replace(lengths=rollback)
         dcache = dcache.replace(lengths=rollback)
@@ -358,7 +383,7 @@ def speculative_decode(
         )
         return RoundState(
             out=out, num_new=n_B, prev=prev_B, last=last_B, done=done_B,
-            target_cache=tcache, draft_cache=dcache, counters=counters,
+            target_cache=tcache, draft_cache=dcache, counters=counters, counts=counts,
         )  # fmt: skip
 
     state = RoundState(
@@ -370,6 +395,7 @@ def speculative_decode(
         target_cache=tcache,
         draft_cache=dcache,
         counters=SpecCounters.zeros(K),
+        counts=TokenCounts.of(prompt_BT, lengths_B, lengths_B, V),
     )
     final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), round_, state)
     return final.out, final.counters

@@ -10,8 +10,10 @@ the distribution q_j each draft was really sampled from. Left to right:
                        (p_r itself if that residual has no mass), and stop
     all accepted:      sync -> bonus b ~ p_n with U(BONUS, start + n); pipelined -> nothing
 
-p is the target's distribution after warping (temperature, top-k, top-p); q is NOT warped
-here: it is whatever the edge sampled from (it warped its own logits the same way).
+p is the target's distribution after warping (logit bias, penalties, temperature, min-p,
+top-k, top-p); the penalties at position start + j read the row's `TokenCounts` (its
+committed tokens) plus the block's own drafts d_0 .. d_{j-1}. q is NOT warped here: it is
+whatever the edge sampled from (it warped its own logits the same way).
 Output: `tokens [B, K+1]` (-1 padded), `num_accepted [B]`, per-position `accepted [B, K]`.
 """
 
@@ -27,7 +29,15 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, UInt32
 
 from jaxspec.protocol import MODES
-from jaxspec.sampling import Purpose, SamplingParams, sample, uniforms, warp
+from jaxspec.sampling import (
+    Purpose,
+    SamplingParams,
+    TokenCounts,
+    _cond,
+    sample,
+    uniforms,
+    warp,
+)
 
 Encoding = Literal["full", "sparse", "onehot"]
 # A residual with less mass than this is "p == q up to rounding": sample from p instead.
@@ -182,20 +192,34 @@ def verify_block(
     keys: UInt32[Array, "B 2"],
     start: Int[Array, " B"],
     mode: str | Bool[Array, " B"] = "sync",
+    counts: TokenCounts | None = None,
 ) -> Verdicts:
     """Apply the rule of docs/design.md §3 to every row of a padded batch (see the module doc).
 
     `mode` is "sync" (bonus after a fully accepted block), "pipelined" (no bonus), or a
     per-row bool array (True = sync). Entries past `num_draft[b]` are ignored. The q's are
-    trusted here; `check_draft_q` is the host-side validator for untrusted input.
+    trusted here; `check_draft_q` is the host-side validator for untrusted input. `counts`
+    are each row's token counts before the block (its prompt and committed output), needed
+    when `sampling` sets penalties.
     """
     bonus = _mode_array(mode, draft_tokens.shape[0])
-    return _verify(draft_tokens, num_draft, target_logits, draft_q, sampling, keys, start, bonus)
+    return _verify(
+        draft_tokens, num_draft, target_logits, draft_q, sampling, keys, start, bonus, counts
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("mutant",))
 def _verify(
-    draft_BK, num_draft_B, logits_BKV, draft_q, sampling, keys_B2, start_B, bonus_B, mutant=None
+    draft_BK,
+    num_draft_B,
+    logits_BKV,
+    draft_q,
+    sampling,
+    keys_B2,
+    start_B,
+    bonus_B,
+    counts=None,
+    mutant=None,
 ) -> Verdicts:
     """The rule; `mutant` names a deliberately wrong variant that the tests must catch."""
     B, K = draft_BK.shape
@@ -204,8 +228,18 @@ def _verify(
     draft_BK = draft_BK.astype(jnp.int32)
 
     # p for every position: warp each of the K+1 target distributions with the row's params.
+    # Position j's penalties see the row's counts plus its drafts d_0 .. d_{j-1}.
     rep = jax.tree.map(lambda a: jnp.repeat(a, K + 1, axis=0), sampling)
-    p_BKV = warp(logits_BKV.reshape(B * (K + 1), V), rep).reshape(B, K + 1, V)
+    flat = logits_BKV.reshape(B * (K + 1), V)
+    if counts is None:
+        p_BKV = warp(flat, rep).reshape(B, K + 1, V)
+    else:  # the per-position counts are built only when a row sets a penalty
+        p_BKV = _cond(
+            sampling.penalized(),
+            lambda x: warp(x, rep, counts.per_position(draft_BK, K + 1)),
+            lambda x: warp(x, rep),
+            flat,
+        ).reshape(B, K + 1, V)
 
     pos_BK = start_B[:, None] + jnp.arange(K)[None, :]
     u_acc_BK = uniforms(keys_B2, pos_BK, Purpose.ACCEPT).astype(dtype)

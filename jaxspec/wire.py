@@ -63,6 +63,9 @@ def config_to_proto(c: SessionConfig) -> pb.OpenSessionRequest:
         top_p=c.top_p,
         min_p=c.min_p,
         logit_bias=dict(c.logit_bias),
+        repetition_penalty=c.repetition_penalty,
+        presence_penalty=c.presence_penalty,
+        frequency_penalty=c.frequency_penalty,
         seed=c.seed,
         mode=_code(c.mode, _MODES),
         gamma=c.draft.gamma,
@@ -85,6 +88,10 @@ def config_from_proto(m: pb.OpenSessionRequest) -> SessionConfig:
         top_p=1.0 if m.top_p == 0 else m.top_p,  # 0 is proto3's "unset": off, as 1 is
         min_p=m.min_p,
         logit_bias=tuple(sorted(m.logit_bias.items())),
+        # unset: off (1); a value that is set is checked as given (0 is INVALID_ARGUMENT)
+        repetition_penalty=(m.repetition_penalty if m.HasField("repetition_penalty") else 1.0),
+        presence_penalty=m.presence_penalty,
+        frequency_penalty=m.frequency_penalty,
         seed=m.seed,
         mode=_enum(m.mode, _MODES, "mode"),
         draft=DraftSpec(

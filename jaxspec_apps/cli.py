@@ -33,10 +33,12 @@ from jaxspec import hub, int4kernel
 from jaxspec.flags import (
     add_cache_flag,
     add_draft_flags,
+    add_penalty_flags,
     add_prompt_flags,
     add_sampling_flags,
     check_args,
     logit_bias_from_args,
+    penalties_from_args,
     prompt_from_args,
     use_compilation_cache,
 )
@@ -60,6 +62,7 @@ def _generate(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         min_p=args.min_p,
         logit_bias=logit_bias_from_args(args),
+        **penalties_from_args(args),
         seed=args.seed,
         draft=draft,
         gamma=args.gamma,
@@ -154,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_prompt_flags(g)
     g.add_argument("--max-new-tokens", type=int, default=64)
     add_sampling_flags(g)
+    add_penalty_flags(g)
     g.add_argument("--draft", default=None, help="draft checkpoint: speculative decoding")
     add_draft_flags(g, mode="sync")
     add_cache_flag(g)

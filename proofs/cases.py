@@ -47,6 +47,24 @@ PARAMS: tuple[Params, ...] = (
 
 Q_KINDS = ("independent", "equal", "onehot", "zeros", "full_support")
 
+# Penalties, for logit-level cases (logits in units of ln 2, `proofs.warp`): repetition 2
+# and 1/2 (even logits keep every penalized logit an integer: the exponential stays
+# exact), presence and frequency in whole units, both signs, with the other options.
+F = Fraction
+PENALTY_PARAMS: tuple[Params, ...] = (
+    Params(repetition_penalty=F(2), prompt=(0,)),
+    Params(repetition_penalty=F(1, 2)),
+    Params(presence_penalty=F(1)),
+    Params(frequency_penalty=F(1)),
+    Params(frequency_penalty=F(-1), presence_penalty=F(2)),
+    Params(repetition_penalty=F(2), presence_penalty=F(1), frequency_penalty=F(1), prompt=(1,)),
+    Params(temperature=F(0), repetition_penalty=F(2), frequency_penalty=F(2)),
+    Params(temperature=F(1, 2), top_k=2, presence_penalty=F(1), prompt=(0,)),
+    Params(top_p=F(3, 4), min_p=F(1, 4), repetition_penalty=F(2), logit_bias=((1, F(4)),)),
+)
+# Logit values of the logit-level tables: even, so that r = 2 and 1/2 keep them integers.
+LOGITS = (-4, -2, 0, 2, 4)
+
 
 @dataclass(frozen=True)
 class Case:
@@ -59,10 +77,11 @@ class Case:
     params: Params
     spec: Spec
     tags: frozenset[str] = field(default_factory=frozenset)
+    logits: bool = False  # the tables hold exact logits (units of ln 2), not distributions
 
     def target(self) -> Law:
         """The autoregressive law of warped p."""
-        return target_law(self.p.__getitem__, self.vocab, self.n, self.params)
+        return target_law(self.p.__getitem__, self.vocab, self.n, self.params, self.logits)
 
     def law(self, mutant: str | None = None, stats: Counter[str] | None = None) -> Law:
         """The law speculative decoding (variant `mutant`) produces."""
@@ -75,6 +94,7 @@ class Case:
             self.spec,
             mutant=mutant,
             stats=stats,
+            logits=self.logits,
         )
 
     def difference(self, mutant: str | None = None) -> tuple[Fraction, Seq | None]:
@@ -89,7 +109,13 @@ class Case:
             f"{s.mode} {s.encoding}{k} gamma={s.gamma}{depth} V={self.vocab} N={self.n} "
             f"T={pr.temperature} top_k={pr.top_k} top_p={pr.top_p} min_p={pr.min_p} "
             f"bias={list(pr.logit_bias)} "
-            f"[{', '.join(sorted(self.tags))}]"
+            + (
+                f"logits rep={pr.repetition_penalty} pres={pr.presence_penalty} "
+                f"freq={pr.frequency_penalty} prompt={pr.prompt} "
+                if self.logits
+                else ""
+            )
+            + f"[{', '.join(sorted(self.tags))}]"
         )
 
 
@@ -163,3 +189,38 @@ def random_case(
     if spec.encoding == "sparse":
         spec = replace(spec, sparse_k=rng.randint(1, vocab - 1))
     return Case(vocab, n, p, q, params, spec, frozenset(tags))
+
+
+def random_logits(rng: random.Random, vocab: int) -> list[Fraction]:
+    """Exact logits (units of ln 2) drawn from LOGITS: ties are common."""
+    return [Fraction(rng.choice(LOGITS)) for _ in range(vocab)]
+
+
+def random_logit_case(
+    rng: random.Random,
+    spec: Spec,
+    vocab: int,
+    n: int,
+    q_kind: str | None = None,
+    params: Params | None = None,
+) -> Case:
+    """A logit-level case (penalties): target and draft logit tables, q "equal" (the same
+    table), "independent" or "close" (p's logits, one entry moved by 2)."""
+    q_kind = rng.choice(("independent", "equal", "close")) if q_kind is None else q_kind
+    params = rng.choice(PENALTY_PARAMS) if params is None else params
+    pre = prefixes(vocab, n)
+    p = {x: random_logits(rng, vocab) for x in pre}
+    if q_kind == "equal":
+        q = dict(p)
+    elif q_kind == "close":
+        q = {}
+        for x, ls in p.items():
+            moved = list(ls)
+            moved[rng.randrange(vocab)] += rng.choice((-2, 2))
+            q[x] = moved
+    else:
+        q = {x: random_logits(rng, vocab) for x in pre}
+    if spec.encoding == "sparse":
+        spec = replace(spec, sparse_k=rng.randint(1, vocab - 1))
+    tags = frozenset({f"q:{q_kind}", "penalties"})
+    return Case(vocab, n, p, q, params, spec, tags, logits=True)

@@ -13,8 +13,17 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from proofs import latency
-from proofs.cases import OPTION_PARAMS, PARAMS, Q_KINDS, Case, random_case, random_dist
-from proofs.enumerate import ENCODINGS, Spec, expected_round_tokens, law_difference
+from proofs.cases import (
+    OPTION_PARAMS,
+    PARAMS,
+    PENALTY_PARAMS,
+    Q_KINDS,
+    Case,
+    random_case,
+    random_dist,
+    random_logit_case,
+)
+from proofs.enumerate import ENCODINGS, Params, Spec, expected_round_tokens, law_difference
 from proofs.rule import accept_prob, decide, greedy_decide, residual
 from proofs.variants import CONTROLS, MUTANTS, variant_decide
 from proofs.warp import Dist, apply_top_k, apply_top_p, argmax, onehot, sparse_topk, warp
@@ -125,6 +134,47 @@ def _lossless_case(case: Case, res: Result, stats: Counter[str]) -> None:
         res.counts[f"tag {tag}"] += 1
     if tv:
         res.failures.append(f"NOT lossless: {case.describe()} TV={tv} at {seq}")
+
+
+def penalty_suite(rng: random.Random, profile: Profile) -> Result:
+    """Penalties, exactly: logit-level cases (exact logits, every PENALTY_PARAMS entry) are
+    lossless in every mode x encoding x gamma (x depth)."""
+    res = Result()
+    stats: Counter[str] = Counter()
+    i = 0
+    for mode in ("sync", "pipelined"):
+        for encoding in ENCODINGS:
+            for gamma in (1, 2, 3):
+                for depth in (1, 2) if mode == "pipelined" else (1,):
+                    spec = Spec(mode=mode, gamma=gamma, encoding=encoding, depth=depth)
+                    for _ in range(max(1, profile.per_combo // 2)):
+                        vocab, n = rng.choice(((2, 2), (2, 3), (3, 2), (3, 3)))
+                        params = PENALTY_PARAMS[i % len(PENALTY_PARAMS)]
+                        i += 1
+                        _lossless_case(
+                            random_logit_case(rng, spec, vocab, n, params=params), res, stats
+                        )
+    for key, value in sorted(stats.items()):
+        res.counts[f"(distinct states) {key}"] = value
+    return res
+
+
+def stale_counts_check() -> tuple[bool, str]:
+    """`draft_counts_stale` keeps the law (its q is the one it sampled from) but not the
+    acceptance: with q == p (the draft is the target) every draft must be accepted, so a
+    sync round of gamma 2 commits exactly 3 tokens; the mutant's commits fewer."""
+    logits = [F(2), F(0)]
+    params = Params(presence_penalty=F(2))
+    spec = Spec(gamma=2)
+    model = _const(logits)  # type: ignore[arg-type]
+    want = expected_round_tokens(model, model, 2, params, spec, logits=True)
+    got = expected_round_tokens(
+        model, model, 2, params, spec, mutant="draft_counts_stale", logits=True
+    )
+    return want == 3 and got < 3, (
+        f"q == p (logits [2, 0], presence 2, gamma 2): E[tokens per round] correct {want}, "
+        f"mutant {got}"
+    )
 
 
 def greedy_suite(rng: random.Random, profile: Profile) -> Result:
@@ -244,7 +294,11 @@ MUTANT_MODES: dict[str, tuple[str, ...]] = {
     "off_by_one_bonus": ("sync",),
     "reused_uniform": ("sync", "pipelined"),
     "nonstrict_accept": (),
+    "counts_not_rolled_back": ("sync", "pipelined"),
+    "draft_counts_stale": (),  # lossless by design: caught by `stale_counts_check`
 }
+# Mutants that need a logit-level case with penalties to show.
+PENALTY_MUTANTS = ("counts_not_rolled_back",)
 
 
 def mutant_spec(rng: random.Random, name: str, mode: str) -> Spec:
@@ -266,9 +320,11 @@ def find_counterexample(
         spec = mutant_spec(rng, name, mode)
         # The options mutant can only show where a case uses min-p or a logit bias.
         params = rng.choice(OPTION_PARAMS) if name == "options_p_not_q" else None
-        case = random_case(
-            rng, spec, rng.choice((2, 3)), rng.choice((2, 3)), q_kind=q_kind, params=params
-        )
+        shape = (rng.choice((2, 3)), rng.choice((2, 3)))
+        if name in PENALTY_MUTANTS:
+            case = random_logit_case(rng, spec, *shape)
+        else:
+            case = random_case(rng, spec, *shape, q_kind=q_kind, params=params)
         try:
             tv, seq = case.difference(name)
         except ValueError:  # the mutant paired a draft with q(d) = 0: not a clean catch
@@ -294,6 +350,23 @@ def nonstrict_check() -> tuple[bool, str]:
 def mutant_suite(rng: random.Random, profile: Profile) -> Result:
     """Every mutant must be caught, in every mode where it applies."""
     res = Result()
+    caught, how = stale_counts_check()
+    blind = sum(
+        random_logit_case(rng, Spec(mode=mode, gamma=2, depth=2), 2, 3).difference(
+            "draft_counts_stale"
+        )[0]
+        == 0
+        for mode in ("sync", "pipelined")
+        for _ in range(5)
+    )
+    res.notes.append(
+        f"draft_counts_stale caught by {how}; its law equals the target in {blind}/10 "
+        "logit-level cases, as it must (the q it sends is the q it sampled from)"
+    )
+    if caught and blind == 10:
+        res.counts["mutant draft_counts_stale caught"] += 1
+    else:
+        res.failures.append(f"mutant draft_counts_stale: caught={caught}, blind={blind}/10")
     for name in MUTANTS:
         for mode in MUTANT_MODES[name]:
             found = find_counterexample(rng, name, mode, profile.mutant_attempts)
@@ -354,6 +427,7 @@ def run_all(profile_name: str = "fast", seed: int = 0) -> dict[str, Result]:
         "warping tie rules": warp_suite(),
         "temperature 0": greedy_suite(rng, profile),
         "lossless": lossless_suite(rng, profile),
+        "penalties (logit level)": penalty_suite(rng, profile),
         "closed form E[A]": closed_form_suite(rng, profile),
         "mutants": mutant_suite(rng, profile),
         "controls": control_suite(rng, profile),

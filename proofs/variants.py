@@ -52,6 +52,9 @@ class Variant:
         (the edge sampled from q with them): the options applied on one side only.
       shared_accept_uniform: one accept uniform for a whole block instead of one per
         position (the uniform of position t reused at t+1).
+      draft_counts_stale: the edge's penalties do not count the block's own earlier drafts
+        (it still sends the q it sampled from: lossless, but fewer drafts accepted).
+      counts_not_rolled_back: the verifier's penalty counts keep a block's rejected drafts.
       stale_policy: "drop" (correct), "rescored" (stale blocks verified against the new
         prefix with q as of the new prefix), "honest" (stale blocks verified with the q they
         were really drafted from: a lossless control).
@@ -66,6 +69,8 @@ class Variant:
     rule_q_unwarped: bool = False
     rule_q_without_options: bool = False
     shared_accept_uniform: bool = False
+    draft_counts_stale: bool = False
+    counts_not_rolled_back: bool = False
     stale_policy: str = "drop"
     how: str = "docs/design.md §3"
 
@@ -124,6 +129,22 @@ MUTANTS: dict[str, Variant] = {
             name="reused_uniform",
             shared_accept_uniform=True,
             how="the accept uniform of position t reused at t+1 inside a block",
+        ),
+        replace(
+            CORRECT,
+            name="counts_not_rolled_back",
+            counts_not_rolled_back=True,
+            how="the verifier's penalty counts are not rolled back on a rejection: the "
+            "rejected (and untested) drafts of the block stay counted",
+        ),
+        replace(
+            CORRECT,
+            name="draft_counts_stale",
+            draft_counts_stale=True,
+            how="the edge's penalty counts do not see the block's own earlier drafts; it "
+            "sends the q it sampled from, so the law is unchanged (rejection sampling is "
+            "exact for any q) but the acceptance drops: caught by the expected tokens per "
+            "round with q == p (every draft must be accepted)",
         ),
         replace(
             CORRECT,

@@ -20,6 +20,19 @@ fixed by the project and every implementation (the JAX sampler included) must ag
   probability is STRICTLY greater than p(x) is < top_p; renormalize. Tied tokens are
   kept or dropped together and the argmax is always kept.
 
+Penalties act on logits, so they have a logit-level form (`penalize`, `softmax2`): logits
+are exact rationals in units of ln 2 (a logit l weighs 2**l), and the exponential is
+EXACT, not bounded: `softmax2` requires every weight 2**l to be rational, i.e. every
+(penalized, biased) logit an integer, and raises `ValueError` otherwise. Temperature 1/n
+then stays p**n. In natural units (the JAX code's) a logit l here is l * ln 2, and the
+presence and frequency penalties scale the same way; the repetition penalty, a ratio, is
+the same number in both.
+
+- repetition_penalty r (> 0; HF/vLLM: tokens of the prompt OR the output so far): a seen
+  token's logit l becomes l / r if l > 0, else l * r.
+- frequency_penalty f and presence_penalty e (OpenAI/vLLM: output tokens only): then
+  l - f * count - e * (count > 0).
+
 The draft encodings (docs/design.md §3) use `sparse_topk` (the edge's top-k renormalized q,
 exactly k survivors, ties to the lowest index) and `onehot` (greedy drafting).
 """
@@ -144,6 +157,47 @@ def warp(
     top-p."""
     tempered = apply_temperature(apply_logit_bias(p, logit_bias), temperature)
     return apply_top_p(apply_top_k(apply_min_p(tempered, min_p), top_k), top_p)
+
+
+def penalize(
+    logits: Sequence[Fraction],
+    prompt: Sequence[int],
+    output: Sequence[int],
+    repetition: Fraction | int = 1,
+    presence: Fraction | int = 0,
+    frequency: Fraction | int = 0,
+) -> list[Fraction]:
+    """vLLM's penalties on exact logits (module doc); `output` lists the output tokens so
+    far (order irrelevant, repeats counted)."""
+    r, e, f = Fraction(repetition), Fraction(presence), Fraction(frequency)
+    if r <= 0:
+        raise ValueError(f"repetition_penalty must be > 0, got {r}")
+    out = []
+    for x, lx in enumerate(logits):
+        lx = Fraction(lx)
+        count = sum(1 for t in output if t == x)
+        if x in prompt or count:
+            lx = lx / r if lx > 0 else lx * r
+        out.append(lx - f * count - e * (count > 0))
+    return out
+
+
+def softmax2(logits: Sequence[Fraction]) -> Dist:
+    """p(x) = 2**l(x) / sum: exact; raises ValueError unless every logit is an integer."""
+    ls = [Fraction(x) for x in logits]
+    if any(x.denominator != 1 for x in ls):
+        raise ValueError(f"exact softmax needs integer logits (units of ln 2), got {ls}")
+    low = min(ls)
+    return normalize([Fraction(2) ** int(x - low) for x in ls])
+
+
+def log2_weight(w: Fraction) -> int:
+    """The logit-level bias of a logit-bias weight w = 2**b (b an integer), exactly."""
+    w = Fraction(w)
+    for b in range(-64, 65):
+        if Fraction(2) ** b == w:
+            return b
+    raise ValueError(f"a logit-level model needs bias weights 2**b, b an integer, got {w}")
 
 
 def sparse_topk(q: Sequence[Fraction], k: int) -> Dist:

@@ -9,6 +9,7 @@ from fractions import Fraction as F
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxspec
@@ -65,15 +66,50 @@ def _feed(ctl: AdaptiveGamma, alpha_pattern: list[bool], t_draft: float, latency
 
 def test_controller_follows_what_it_measures():
     ctl = AdaptiveGamma(8, "pipelined", depth=2)
-    assert ctl.next_gamma() == 4  # nothing measured yet
+    assert ctl.next_gamma() == 8  # nothing measured yet: the longest block measures all
     _feed(ctl, [True] * 8, t_draft=0.002, latency=0.2)  # every draft accepted, slow link
     assert ctl.t_draft == pytest.approx(0.002) and ctl.latency == pytest.approx(0.2)
     assert ctl.next_gamma() == 8
-    low = AdaptiveGamma(8, "sync")
+    low = AdaptiveGamma(8, "pipelined", depth=1)
     _feed(low, [False], t_draft=0.01, latency=0.0)  # the first draft always rejected
     assert low.alphas()[0] < 0.1
-    assert low.next_gamma() == 1
-    assert ctl.chosen == [4, 8] and low.chosen == [1]
+    assert low.next_gamma() == 1  # pipelined never stops drafting (module doc)
+    assert ctl.chosen == [8, 8] and low.chosen == [1]
+
+
+def test_sync_controller_stops_drafting_where_it_loses_and_probes():
+    """Drafts always rejected and dear, answers quick: no drafting (0) is faster, so the
+    sync controller picks 0, with one probe block of the best length every `probe_every`."""
+    ctl = AdaptiveGamma(8, "sync", probe_every=3)
+    _feed(ctl, [False], t_draft=0.01, latency=0.002)
+    assert ctl.plain_token_time() < ctl.token_time(1)
+    picks = [ctl.next_gamma() for _ in range(9)]
+    assert picks == [0, 0, 0, 1, 0, 0, 0, 1, 0]
+    # Where drafting pays (every draft accepted, a slow link), it never stops.
+    good = AdaptiveGamma(8, "sync")
+    _feed(good, [True] * 8, t_draft=0.001, latency=0.2)
+    assert all(good.next_gamma() == 8 for _ in range(20))
+    # The same losing measurements in pipelined mode: never 0.
+    pipe = AdaptiveGamma(8, "pipelined", depth=2)
+    _feed(pipe, [False], t_draft=0.01, latency=0.002)
+    assert all(pipe.next_gamma() >= 1 for _ in range(20))
+    with pytest.raises(ValueError, match="probe_every"):
+        AdaptiveGamma(4, "sync", probe_every=0)
+
+
+def test_start_is_the_longest_block_the_acceptance_supports():
+    ctl = AdaptiveGamma(6, "sync", prior_weight=0.0)
+    assert ctl.supported_gamma() == 6 and ctl.next_gamma() == 6  # nothing measured
+    ctl.observe_result(6, 6, None)  # all six accepted: reach prob 1 everywhere
+    assert ctl.next_gamma() == 6
+    ctl.observe_result(6, 2, None)
+    ctl.observe_result(6, 2, None)  # a0 = a1 = 1, a2 = 1/3: draft 3 reached w.p. 1/3
+    assert ctl.alphas()[:3] == pytest.approx([1.0, 1.0, 1 / 3])
+    assert ctl.supported_gamma() == 3
+    for _ in range(4):
+        ctl.observe_result(6, 0, None)  # a0 = 3/7 now: draft 1 reached w.p. < 1/2
+    assert ctl.supported_gamma() == 1
+    assert AdaptiveGamma(6, "sync", start_gamma=2).next_gamma() == 2
 
 
 def test_positions_are_counted_only_where_the_rule_looked():
@@ -108,7 +144,8 @@ def _run(pair, gamma: int, auto: bool, one_way_s: float, new: int = 24):
     spec = DraftSpec(gamma=gamma, encoding="full", adaptive=auto)
     cfg = SessionConfig(prompt=(1, 2, 3, 4), max_new_tokens=new, temperature=1.0, seed=5,
                         mode="pipelined", draft=spec)  # fmt: skip
-    policy = AdaptiveGamma(gamma, "pipelined", 2, prior_weight=1.0) if auto else None
+    # Started short (the default start, the longest block, is the best here): it must adapt.
+    policy = AdaptiveGamma(gamma, "pipelined", 2, prior_weight=1.0, start_gamma=2) if auto else None
 
     async def go():
         v = LocalVerifier(scheduler=sched)
@@ -143,3 +180,67 @@ def test_draft_time_separates_the_fixed_cost_of_a_block():
     assert ctl.draft_time(1) == pytest.approx(0.005)
     ctl.observe_result(4, 2, 0.05, step_s=0.01)
     assert ctl.t_verify == pytest.approx(0.01) and ctl.latency == pytest.approx(0.05)
+
+
+class _Script:
+    """A block_len that plays a script of lengths (then repeats its last), for sessions."""
+
+    def __init__(self, lengths):
+        self.lengths = list(lengths)
+
+    def __call__(self) -> int:
+        return self.lengths.pop(0) if len(self.lengths) > 1 else self.lengths[0]
+
+
+def _sync_session(pair, block_len, new: int = 12, on_rollback=None, drafter=Drafter):
+    draft, sched = pair
+    spec = DraftSpec(gamma=6, encoding="full", adaptive=True)
+    cfg = SessionConfig(prompt=(1, 2, 3, 4), max_new_tokens=new, temperature=1.0, seed=5,
+                        mode="sync", draft=spec)  # fmt: skip
+
+    async def go():
+        v = LocalVerifier(scheduler=sched)
+        try:
+            return await run_session(
+                v, drafter(draft, spec), cfg, block_len=block_len, on_rollback=on_rollback
+            )
+        finally:
+            await v.aclose()
+
+    with jax.enable_x64(True):
+        return asyncio.run(go())
+
+
+def test_a_sync_session_that_stops_drafting_is_plain_decoding(pair):
+    """Blocks of 0 drafts: the verifier samples each token with plain decoding's draw, so a
+    session that never drafts has plain decoding's tokens exactly."""
+    trace = _sync_session(pair, _Script([0]))
+    with jax.enable_x64(True):
+        plain = jaxspec.generate(pair[1].model, [1, 2, 3, 4], 12, seeds=[5]).tokens
+    assert trace.tokens == plain and trace.drafted == 0
+
+
+def test_a_probe_after_empty_blocks_drafts_from_a_rebuilt_cache(pair):
+    """Empty blocks, then a probe: before every draft the drafter's KV covers its context
+    but the last two positions and equals a drafter built from scratch on that context
+    (the KV of the tokens it did not draft is rebuilt), and the session runs to its end."""
+    draft = pair[0]
+    spec = DraftSpec(gamma=6, adaptive=True)
+    fresh_drafter = Drafter(draft, spec)
+    checked = []
+
+    class Checked(Drafter):
+        def draft(self, state, *args, **kw):
+            n = int(state.length[0])
+            ctx = [int(t) for t in state.tokens[0, :n]]
+            fresh = fresh_drafter.prefill(fresh_drafter.init(1, state.tokens.shape[1]), [ctx])
+            kv = int(state.cache.lengths[0])
+            assert kv >= n - 2
+            np.testing.assert_allclose(
+                state.cache.k[:, 0, : n - 2], fresh.cache.k[:, 0, : n - 2], atol=1e-9
+            )
+            checked.append(n)
+            return super().draft(state, *args, **kw)
+
+    trace = _sync_session(pair, _Script([0, 0, 0, 3, 0, 0, 2, 0, 4]), new=16, drafter=Checked)
+    assert len(trace.tokens) == 16 and 0 < trace.drafted and len(checked) >= 2

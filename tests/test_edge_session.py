@@ -44,7 +44,7 @@ def scheduler():
 
 def session(
     mode, gamma, depth, temperature=1.0, encoding="full", delays=None, seed=3, on_rollback=None,
-    adaptive=False, block_len=None,
+    adaptive=False, block_len=None, penalties=None, sched=None,
 ):  # fmt: skip
     cfg = SessionConfig(
         prompt=PROMPT,
@@ -53,11 +53,12 @@ def session(
         temperature=temperature,
         seed=seed,
         draft=DraftSpec(gamma=gamma, encoding=encoding, sparse_k=4, adaptive=adaptive),
+        **(penalties or {}),
     )
     drafter = Drafter(models()[1], cfg.draft)
 
     async def go():
-        v = LocalVerifier(scheduler=scheduler())
+        v = LocalVerifier(scheduler=sched or scheduler())
         ep = v if delays is None else DelayedEndpoint(v, delays=delays, one_way_s=0.0)
         try:
             return await run_session(
@@ -167,10 +168,11 @@ def test_adaptive_blocks_of_any_length_give_colocated_pipelined_tokens(encoding)
 
 
 def test_block_len_is_checked():
-    """A length outside [1, gamma], or a hook on a spec that is not adaptive, is refused."""
-    for bad in (0, 5):
+    """A length outside [1, gamma] ([0, gamma] in sync mode: 0 stops drafting), or a hook on
+    a spec that is not adaptive, is refused."""
+    for mode, bad in (("sync", 5), ("sync", -1), ("pipelined", 0), ("pipelined", 5)):
         with pytest.raises(ValueError, match="block_len"):
-            session("sync", 4, 1, adaptive=True, block_len=lambda bad=bad: bad)
+            session(mode, 4, 1, adaptive=True, block_len=lambda bad=bad: bad)
     with pytest.raises(ValueError, match="adaptive"):
         session("sync", 4, 1, block_len=lambda: 2)
 
@@ -192,3 +194,59 @@ def test_a_message_cancelled_in_flight_does_not_stall_the_link():
         return await asyncio.wait_for(second, 5)
 
     assert asyncio.run(go()) == "b"
+
+
+PENALTIES = {"repetition_penalty": 1.7, "presence_penalty": 0.6, "frequency_penalty": 0.4}
+
+
+@pytest.mark.parametrize(("mode", "depth"), [("sync", 1), ("pipelined", 3)])
+def test_penalties_edge_cloud_equal_colocated(mode, depth):
+    """With penalties, the edge (counts from its own context, drafts in flight included)
+    and the verifier (per-slot counts on device, rolled back on rejection) produce what
+    co-located decoding produces, which tests/test_penalties.py fits to the exact law."""
+    t, d = models()
+    trace = session(mode, 3, depth, penalties=PENALTIES)
+    ref = jaxspec.generate(
+        t, list(PROMPT), NEW, draft=d, gamma=3, mode=mode, seeds=[3], **PENALTIES
+    )
+    assert trace.tokens == ref.tokens
+    assert trace.rounds > 0 and 0 < trace.acceptance_rate < 1  # rejections happened
+    plain = jaxspec.generate(t, list(PROMPT), NEW, seeds=[3]).tokens
+    assert trace.tokens != plain or mode == "sync"  # (the penalties change the output)
+
+
+def test_verifier_counts_not_rolled_back_is_caught():
+    """The verifier mutant that keeps counting a block's rejected drafts leaves the
+    co-located tokens: the equality above catches it."""
+    t, d = models()
+    config = SchedulerConfig(max_sessions=4, max_len=128, max_gamma=4, row_buckets=(1, 2, 4))
+    bad = Scheduler(t, config, _mutant="counts_not_rolled_back")
+    trace = session("sync", 3, 1, penalties=PENALTIES, sched=bad)
+    ref = jaxspec.generate(t, list(PROMPT), NEW, draft=d, gamma=3, seeds=[3], **PENALTIES)
+    assert trace.tokens != ref.tokens
+
+
+def test_slot_counts_follow_the_committed_tokens():
+    """After every verified block, a penalized session's slot counts are exactly its
+    prompt and committed tokens (rejected drafts rolled back)."""
+    sched = Scheduler(
+        models()[0],
+        SchedulerConfig(max_sessions=4, max_len=128, max_gamma=4, row_buckets=(1, 2, 4)),
+    )
+    checked = []
+    tick = sched.tick
+
+    def checking_tick():
+        out = tick()
+        for s in sched.sessions.values():
+            if s.penalized and s.rounds:
+                out_counts = np.bincount(s.tokens[s.prompt_len :], minlength=sched.vocab)
+                np.testing.assert_array_equal(np.asarray(sched.counts.output[s.slot]), out_counts)
+                in_prompt = np.isin(np.arange(sched.vocab), s.tokens[: s.prompt_len])
+                np.testing.assert_array_equal(np.asarray(sched.counts.prompt[s.slot]), in_prompt)
+                checked.append(s.rounds)
+        return out
+
+    sched.tick = checking_tick
+    trace = session("pipelined", 3, 2, penalties=PENALTIES, sched=sched)
+    assert checked and trace.acceptance_rate < 1

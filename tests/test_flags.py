@@ -8,10 +8,12 @@ import pytest
 
 from jaxspec.flags import (
     add_draft_flags,
+    add_penalty_flags,
     add_sampling_flags,
     check_args,
     draft_spec_from_args,
     logit_bias_from_args,
+    penalties_from_args,
 )
 from jaxspec.protocol import DraftSpec
 from jaxspec.shapes import bucket
@@ -109,6 +111,25 @@ def test_bucket_equals_the_five_formulas_it_replaced():
         assert bucket(n, 512) == max(512, 1 << (n - 1).bit_length())  # demo's verifier
     with pytest.raises(ValueError):
         bucket(-1)
+
+
+def test_penalty_flags():
+    p = argparse.ArgumentParser()
+    add_penalty_flags(p)
+    assert penalties_from_args(p.parse_args([])) == {
+        "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+    }  # fmt: skip
+    a = p.parse_args(["--repetition-penalty", "1.2", "--presence-penalty", "-0.5"])
+    assert penalties_from_args(a)["repetition_penalty"] == pytest.approx(1.2)
+    for bad, why in (
+        (["--repetition-penalty", "0"], "repetition_penalty"),
+        (["--presence-penalty", "nan"], "presence_penalty"),
+        (["--frequency-penalty", "3"], "frequency_penalty"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            check_args(p.parse_args(bad))
+    # a command without the flags gets the defaults
+    assert penalties_from_args(argparse.Namespace())["repetition_penalty"] == 1.0
 
 
 def test_min_p_and_logit_bias_flags():

@@ -193,6 +193,12 @@ def open_code(world, **fields) -> tuple[grpc.StatusCode, str]:
         dict(logit_bias={3: 100.5}),
         dict(logit_bias={3: float("nan")}),
         dict(logit_bias=dict.fromkeys(range(33), 1.0)),  # 33 > 32
+        dict(repetition_penalty=0.0),  # set, so not "unset": refused
+        dict(repetition_penalty=-1.0),
+        dict(repetition_penalty=float("nan")),
+        dict(repetition_penalty=float("inf")),
+        dict(presence_penalty=2.5),
+        dict(frequency_penalty=float("-inf")),
     ],
     ids=[
         "top_p-nan",
@@ -209,6 +215,12 @@ def open_code(world, **fields) -> tuple[grpc.StatusCode, str]:
         "bias-above-100",
         "bias-nan",
         "bias-33",
+        "rep-0",
+        "rep-negative",
+        "rep-nan",
+        "rep-inf",
+        "presence-above-2",
+        "frequency-inf",
     ],
 )
 def test_bad_sampling_and_stop_tokens_are_invalid_argument(world, fields):
@@ -228,6 +240,7 @@ def test_bad_sampling_and_stop_tokens_are_invalid_argument(world, fields):
         dict(stop_tokens=[VOCAB - 1], default_stop_tokens=False),
         dict(min_p=1.0, logit_bias={VOCAB - 1: -100.0, 0: 100.0}),
         dict(logit_bias=dict.fromkeys(range(32), 1.0)),  # 32
+        dict(repetition_penalty=1.3, presence_penalty=2.0, frequency_penalty=-2.0),
     ],
     ids=[
         "top_p-0-unset",
@@ -237,6 +250,7 @@ def test_bad_sampling_and_stop_tokens_are_invalid_argument(world, fields):
         "stop-last-id",
         "min_p-bias",
         "bias-32",
+        "penalties-bounds",
     ],
 )
 def test_the_bounds_themselves_are_accepted(world, fields):

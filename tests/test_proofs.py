@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proofs import latency
-from proofs.cases import Case, prefixes
+from proofs.cases import PENALTY_PARAMS, Case, prefixes, random_logit_case
 from proofs.check import (
     MUTANT_MODES,
     PROFILES,
@@ -29,6 +29,7 @@ from proofs.check import (
     find_counterexample,
     mutant_suite,
     nonstrict_check,
+    stale_counts_check,
 )
 from proofs.enumerate import (
     ENCODINGS,
@@ -41,7 +42,16 @@ from proofs.enumerate import (
 )
 from proofs.rule import accept_prob, decide, greedy_decide, residual, sample
 from proofs.variants import CONTROLS, CORRECT, MUTANTS, variant_decide
-from proofs.warp import apply_top_k, apply_top_p, argmax, onehot, sparse_topk, warp
+from proofs.warp import (
+    apply_top_k,
+    apply_top_p,
+    argmax,
+    onehot,
+    penalize,
+    softmax2,
+    sparse_topk,
+    warp,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = settings(max_examples=60, deadline=None)
@@ -175,14 +185,71 @@ def test_invalid_q_raises() -> None:
 
 # -- mutants -------------------------------------------------------------------------
 
+DETERMINISTIC = {"nonstrict_accept", "draft_counts_stale"}
 CAUGHT_BY_ENUMERATION = [
-    (name, mode) for name in MUTANTS for mode in MUTANT_MODES[name] if name != "nonstrict_accept"
+    (name, mode) for name in MUTANTS for mode in MUTANT_MODES[name] if name not in DETERMINISTIC
 ]
 
 
 def test_every_mutant_has_a_mode_or_a_deterministic_check() -> None:
     assert set(MUTANT_MODES) == set(MUTANTS)
-    assert {name for name, _ in CAUGHT_BY_ENUMERATION} == set(MUTANTS) - {"nonstrict_accept"}
+    assert {name for name, _ in CAUGHT_BY_ENUMERATION} == set(MUTANTS) - DETERMINISTIC
+
+
+# -- penalties (logit-level models, exact) ----------------------------------------------
+
+
+@st.composite
+def logit_cases(draw, mode: str) -> Case:
+    """A logit-level case with penalties (`proofs.cases.random_logit_case`), seeded by
+    Hypothesis: every PENALTY_PARAMS entry, every encoding, gamma 1-3, depth 1-2."""
+    spec = Spec(
+        mode=mode,
+        gamma=draw(st.integers(1, 3)),
+        encoding=draw(st.sampled_from(ENCODINGS)),
+        depth=draw(st.integers(1, 2)),
+    )
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    vocab, n = draw(st.sampled_from([(2, 2), (2, 3), (3, 2)]))
+    return random_logit_case(rng, spec, vocab, n, params=draw(st.sampled_from(PENALTY_PARAMS)))
+
+
+@FAST
+@given(logit_cases("sync"))
+def test_penalties_sync_are_lossless(case: Case) -> None:
+    assert_lossless(case)
+
+
+@FAST
+@given(logit_cases("pipelined"))
+def test_penalties_pipelined_are_lossless(case: Case) -> None:
+    assert_lossless(case)
+
+
+def test_penalized_logits_by_hand() -> None:
+    """vLLM's order and semantics on exact logits (units of ln 2)."""
+    # repetition 2 over prompt {0} and output {1}: 4 -> 2 (prompt), -2 -> -4 (output);
+    # token 2 unseen; then frequency 1 * count and presence 1 on the output token 1.
+    got = penalize(
+        [F(4), F(-2), F(2)], prompt=[0], output=[1, 1], repetition=2, presence=1, frequency=1
+    )
+    assert got == [F(2), F(-4 - 2 - 1), F(2)]
+    assert softmax2([F(1), F(0)]) == [F(2, 3), F(1, 3)]
+    with pytest.raises(ValueError, match="integer logits"):
+        softmax2([F(1, 2), F(0)])
+
+
+def test_draft_counts_stale_is_lossless_but_caught() -> None:
+    caught, how = stale_counts_check()
+    assert caught, how
+    case = random_logit_case(random.Random(1), Spec(gamma=2), 2, 3, q_kind="equal")
+    assert case.law("draft_counts_stale") == case.target()
+
+
+def test_counts_not_rolled_back_needs_penalties() -> None:
+    """Without penalties the mutant changes nothing (so the catch is the counts')."""
+    case = random_logit_case(random.Random(2), Spec(gamma=2), 2, 3, params=Params())
+    assert case.law("counts_not_rolled_back") == case.target()
 
 
 @pytest.mark.parametrize(("name", "mode"), CAUGHT_BY_ENUMERATION)

@@ -55,7 +55,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxspec.sampling import SamplingParams
+from jaxspec.sampling import SamplingParams, TokenCounts
 from verify.step import DATA, VerifyBatch
 
 log = logging.getLogger("verify.multihost")
@@ -102,6 +102,7 @@ def _treedef(name: str) -> Any:
         fields["sampling"] = SamplingParams(
             **{f.name: 0 for f in dataclasses.fields(SamplingParams)}
         )
+        fields["counts"] = TokenCounts(prompt=0, output=0)
         return jax.tree.structure((VerifyBatch(**fields),))
     return jax.tree.structure(())
 

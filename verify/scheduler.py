@@ -7,7 +7,9 @@ Sessions submit draft blocks into bounded FIFO queues. Each `tick()`:
 3. forms ONE padded batch from the head block of every ready session, in virtual-token-
    counter order (the tenant that has been served the fewest tokens goes first, so a
    tenant flooding blocks cannot starve others), under a token budget;
-4. runs the jitted verify step and commits each row (cut at stop tokens/max_new_tokens).
+4. runs the jitted verify step and commits each row (cut at stop tokens/max_new_tokens);
+   a session with penalties also adds what it committed, and nothing else, to its slot's
+   token counts on device (`verify.counts`: the rollback that goes with the KV length).
 
 Every decision is host-side bookkeeping on small numbers; all model work is two jitted
 functions with static shapes from a few (rows, width) buckets.
@@ -49,6 +51,7 @@ from jaxspec.sampling import (
     session_key,
 )
 from jaxspec.verification import DraftQ, check_draft_q
+from verify import counts as slot_counts
 from verify.step import (
     VerifyBatch,
     cache_sharding,
@@ -69,6 +72,7 @@ class Session:
     stops: frozenset[int]
     key: np.ndarray
     bias: tuple[np.ndarray, np.ndarray]  # logit bias (ids, values), `check_logit_bias`
+    penalized: bool = False  # a penalty is set: the slot's token counts are kept
     epoch: int = 0
     prefilled: int = 0  # context positions whose KV is in the slot (goal: context_len - 1)
     finished: bool = False
@@ -262,6 +266,7 @@ class Scheduler:
         mesh: Any = None,
         clock: Callable[[], float] = time.monotonic,
         calls: Callable[[str, Callable], Callable] | None = None,
+        _mutant: str | None = None,
     ):
         self.config = config
         self.model = model
@@ -280,6 +285,10 @@ class Scheduler:
         wrap = calls or (lambda _name, fn: fn)
         self._step = wrap("step", make_verify_step(model.module, mesh))
         self._prefill = wrap("prefill", make_prefill(model.module, mesh))
+        # The penalties' token counts per slot (docs/design.md §5); `_mutant` is a test hook
+        # ("counts_not_rolled_back": a block's rejected drafts counted too).
+        self.counts = slot_counts.init(config.max_sessions, self.vocab)
+        self._mutant = _mutant
         self.sessions: dict[str, Session] = {}
         self.free_slots = list(range(config.max_sessions))[::-1]
         self.tenant_tokens: collections.Counter[str] = collections.Counter()
@@ -317,9 +326,20 @@ class Scheduler:
             stops=self._stops(config),
             key=np.asarray(session_key(config.seed, 0)),
             bias=check_logit_bias(dict(config.logit_bias), self.vocab),
+            penalized=(
+                config.repetition_penalty != 1
+                or config.presence_penalty != 0
+                or config.frequency_penalty != 0
+            ),
             last_active=self.clock(),
             per_position=[0] * config.draft.gamma,
         )
+        s = self.sessions[sid]
+        if s.penalized:  # the slot's counts: the prompt and the committed tokens (a resume)
+            self.counts = slot_counts.reset(
+                self.counts, jnp.int32(s.slot), slot_counts.padded(config.prompt),
+                slot_counts.padded(config.committed),
+            )  # fmt: skip
         return SessionInfo(
             session_id=sid,
             max_gamma=config.draft.gamma,
@@ -369,8 +389,9 @@ class Scheduler:
             )
         try:
             SamplingParams.make(
-                1, c.temperature, c.top_k, c.top_p, c.min_p, dict(c.logit_bias), self.vocab
-            )
+                1, c.temperature, c.top_k, c.top_p, c.min_p, dict(c.logit_bias), self.vocab,
+                c.repetition_penalty, c.presence_penalty, c.frequency_penalty,
+            )  # fmt: skip
         except ValueError as e:
             raise InvalidArgument(str(e)) from None
 
@@ -444,8 +465,10 @@ class Scheduler:
         n, gamma = len(b.tokens), s.config.draft.gamma
         if gamma == 0 and n:
             raise InvalidArgument(f"a gamma-0 session's blocks hold no drafts, got {n}")
-        if gamma and not 1 <= n <= gamma:
-            raise InvalidArgument(f"a block holds 1..{gamma} drafts, got {n}")
+        # An adaptive sync session may stop drafting: an empty block (edge.adaptive).
+        low = 0 if s.config.draft.adaptive and s.config.mode == "sync" else 1
+        if gamma and not low <= n <= gamma:
+            raise InvalidArgument(f"a block holds {low}..{gamma} drafts, got {n}")
         if b.epoch > s.epoch:
             raise FailedPrecondition(f"unknown epoch {b.epoch} (current {s.epoch})")
         if b.start < s.prompt_len:
@@ -562,8 +585,20 @@ class Scheduler:
         m.rows_verified += len(rows)
         self.tenant_steps.update({s.tenant for s in rows})
         out = []
+        counted = np.full((R, W), -1, np.int32)  # what each penalized row adds to its counts
         for i, (s, (ticket, b)) in enumerate(zip(rows, blocks, strict=True)):
-            out.append((ticket, self._commit(s, b, res, i)))
+            r = self._commit(s, b, res, i)
+            out.append((ticket, r))
+            if s.penalized:
+                add = list(r.tokens)
+                if self._mutant == "counts_not_rolled_back":  # rejected drafts kept
+                    emitted = res["tokens"][i, : res["num_emitted"][i]].tolist()
+                    add = list(b.tokens) + emitted[res["num_accepted"][i] :][:1]
+                counted[i, : len(add)] = add
+        if (counted >= 0).any():
+            self.counts = slot_counts.commit(
+                self.counts, jnp.asarray(batch.slots), jnp.asarray(counted)
+            )
         return out
 
     def _commit(self, s: Session, b: DraftBlock, res: dict, i: int) -> VerifyResult:
@@ -619,6 +654,8 @@ class Scheduler:
         sync = np.zeros(R, bool)
         temp, top_k, top_p = np.zeros(R, np.float32), np.zeros(R, np.int32), np.ones(R, np.float32)
         min_p = np.zeros(R, np.float32)
+        rep_pen, pres_pen = np.ones(R, np.float32), np.zeros(R, np.float32)
+        freq_pen = np.zeros(R, np.float32)
         bias_ids = np.full((R, MAX_LOGIT_BIAS), -1, np.int32)
         bias_values = np.zeros((R, MAX_LOGIT_BIAS), np.float32)
         keys = np.zeros((R, 2), np.uint32)
@@ -642,6 +679,8 @@ class Scheduler:
             sync[i] = c.mode == "sync"
             temp[i], top_k[i], top_p[i] = c.temperature, c.top_k, c.top_p
             min_p[i], (bias_ids[i], bias_values[i]) = c.min_p, s.bias
+            rep_pen[i], pres_pen[i] = c.repetition_penalty, c.presence_penalty
+            freq_pen[i] = c.frequency_penalty
             keys[i] = s.key
             used.add(s.slot)
             if n == 0:
@@ -672,6 +711,9 @@ class Scheduler:
                 min_p=jnp.asarray(min_p),
                 bias_ids=jnp.asarray(bias_ids),
                 bias_values=jnp.asarray(bias_values),
+                repetition_penalty=jnp.asarray(rep_pen),
+                presence_penalty=jnp.asarray(pres_pen),
+                frequency_penalty=jnp.asarray(freq_pen),
             ),
             keys=jnp.asarray(keys),
             is_full=jnp.asarray(is_full),
@@ -679,6 +721,7 @@ class Scheduler:
             q_ids=jnp.asarray(q_ids),
             q_probs=jnp.asarray(q_probs),
             attend=self._arange(A),
+            counts=slot_counts.gather(self.counts, jnp.asarray(slots)),
         )
 
     def _arange(self, A: int) -> jax.Array:

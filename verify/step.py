@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxspec.model import KVCache, Llama
-from jaxspec.sampling import Purpose, SamplingParams, sample_at
+from jaxspec.sampling import Purpose, SamplingParams, TokenCounts, sample_at
 from jaxspec.verification import DraftQ, _verify
 
 DATA, MODEL = "data", "model"
@@ -47,7 +47,8 @@ class VerifyBatch:
     (`[R]` each); keys `[R, 2]`; is_full `[R]`; q_full `[R, W-1, V]`; q_ids, q_probs
     `[R, W-1, k]`; attend `[A]` int32, `arange(A)`: the step reads the first A positions of
     each row's slot (A, a KV bucket, covers every live row's positions; its shape is what
-    counts, so a new A is a new compiled shape like R and W).
+    counts, so a new A is a new compiled shape like R and W);
+    counts: each row's `TokenCounts` before its block (the penalties').
     """
 
     tokens: jax.Array
@@ -63,6 +64,7 @@ class VerifyBatch:
     q_ids: jax.Array
     q_probs: jax.Array
     attend: jax.Array
+    counts: TokenCounts | None = None
 
 
 def param_spec(path: tuple[str, ...], ndim: int) -> P:
@@ -107,7 +109,8 @@ def verify_step_fn(
     bonus = batch.sync | (num_draft == 0)
     q = DraftQ.mixed(batch.q_full, batch.is_full, batch.q_ids, batch.q_probs)
     res = _verify(
-        batch.tokens[:, 1:], num_draft, logits, q, batch.sampling, batch.keys, batch.start, bonus
+        batch.tokens[:, 1:], num_draft, logits, q, batch.sampling, batch.keys, batch.start, bonus,
+        batch.counts,
     )
     tokens = _plain_tokens(res.tokens, batch.live & (num_draft == 0), logits[:, 0], batch)
     # Commit everything emitted; the host may cut at a stop token and roll back further.
@@ -132,7 +135,9 @@ def _plain_tokens(
     (`lax.cond`) when no row of the batch is such a block."""
 
     def sampled() -> jax.Array:
-        tok = sample_at(logits_RV, batch.sampling, batch.keys, batch.start, Purpose.TARGET)
+        tok = sample_at(
+            logits_RV, batch.sampling, batch.keys, batch.start, Purpose.TARGET, batch.counts
+        )
         return tokens_RW.at[:, 0].set(jnp.where(plain_R, tok, tokens_RW[:, 0]))
 
     return jax.lax.cond(jnp.any(plain_R), sampled, lambda: tokens_RW)
