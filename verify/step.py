@@ -111,7 +111,7 @@ def verify_step_fn(
     res = _verify(
         batch.tokens[:, 1:], num_draft, logits, q, batch.sampling, batch.keys, batch.start, bonus,
         batch.counts,
-    )
+    )  # fmt: skip
     tokens = _plain_tokens(res.tokens, batch.live & (num_draft == 0), logits[:, 0], batch)
     # Commit everything emitted; the host may cut at a stop token and roll back further.
     new_len = (batch.start + res.num_emitted - 1).astype(jnp.int32)
