@@ -40,7 +40,13 @@ import jax
 import jax.numpy as jnp
 
 import jaxspec
-from jaxspec.flags import add_cache_flag, port_arg, port_number, use_compilation_cache
+from jaxspec.flags import (
+    HelpFormatter,
+    add_cache_flag,
+    port_arg,
+    port_number,
+    use_compilation_cache,
+)
 from jaxspec.model import Model
 from verify import multihost
 from verify.local import LocalVerifier
@@ -92,9 +98,13 @@ def _coordinator_arg(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verify", description="the jaxspec verifier")
+    p = argparse.ArgumentParser(
+        prog="python -m verify", description="the jaxspec verifier", formatter_class=HelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="serve jaxspec.v1.Verifier over gRPC")
+    s = sub.add_parser(
+        "serve", help="serve jaxspec.v1.Verifier over gRPC", formatter_class=HelpFormatter
+    )
     s.add_argument(
         "--checkpoint",
         default="default",
@@ -107,18 +117,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve a non-loopback --host without --tenants or without TLS (refused otherwise)",
     )
     s.add_argument(
-        "--port", type=port_arg(zero_picks_free=True), default=50051, help="0 picks a free port"
+        "--port",
+        type=port_arg(zero_picks_free=True),
+        default=50051,
+        help="port to serve on; 0 picks a free one",
     )
-    s.add_argument("--tenants", default=None, help="TOML tenants file; without it: no auth")
+    s.add_argument(
+        "--tenants",
+        default=None,
+        metavar="FILE",
+        help="TOML tenants file (tokens, limits); without it: no auth",
+    )
     s.add_argument("--tls-cert", default=None, help="PEM certificate chain (enables TLS)")
     s.add_argument("--tls-key", default=None, help="PEM private key")
     s.add_argument("--mesh", type=_mesh_arg, default=(1, 1), help="data=N,model=M devices")
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    s.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="the target's weights and activations",
+    )
     s.add_argument("--max-sessions", type=int, default=64, help="KV slots (live sessions)")
     s.add_argument("--max-len", type=int, default=512, help="positions per session")
     s.add_argument("--max-gamma", type=int, default=8, help="largest drafts per block")
-    s.add_argument("--max-sparse-k", type=int, default=16)
-    s.add_argument("--idle-timeout-s", type=float, default=300.0)
+    s.add_argument(
+        "--max-sparse-k", type=int, default=16, help="most q columns a sparse draft may carry"
+    )
+    s.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=300.0,
+        help="a session without progress this long is evicted",
+    )
     s.add_argument(
         "--write-timeout-s",
         type=float,
