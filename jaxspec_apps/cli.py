@@ -108,6 +108,17 @@ def _generate(args: argparse.Namespace) -> int:
 PROBE_TOKENS = 16  # tokens of each measuring run of `--gamma auto`
 
 
+def conditional_alphas(reached: Sequence[float]) -> list[float]:
+    """Per draft position i, P(draft i accepted | drafts before it accepted), from the
+    fraction of rounds whose draft i was accepted (`per_position_acceptance`: every draft up
+    to i accepted) — the acceptance `jaxspec.analytic` takes per position."""
+    out, before = [], 1.0
+    for r in reached:
+        out.append(min(1.0, r / before) if before > 0 else 0.0)
+        before = r
+    return out
+
+
 def choose_colocated_gamma(
     target: jaxspec.Model,
     draft: jaxspec.Model,
@@ -127,11 +138,7 @@ def choose_colocated_gamma(
     t_d = 1.0 / jaxspec.generate(draft, ids, probe_tokens, **plain).stats.tokens_per_s
     t_v = 1.0 / jaxspec.generate(target, ids, probe_tokens, **plain).stats.tokens_per_s
     probe = jaxspec.generate(target, ids, probe_tokens, **plain, draft=draft, gamma=max_gamma)
-    reached = probe.stats.per_position_acceptance or ()
-    alphas, before = [], 1.0
-    for r in reached:  # P(draft i accepted | drafts before it accepted)
-        alphas.append(min(1.0, r / before) if before > 0 else 0.0)
-        before = r
+    alphas = conditional_alphas(probe.stats.per_position_acceptance or ())
     gamma = analytic.best_gamma("colocated", alphas, t_d, 0.0, t_v, max_gamma=max_gamma)
     words = (
         f"draft {t_d * 1e3:.1f} ms/token, target {t_v * 1e3:.1f} ms/token, acceptance "

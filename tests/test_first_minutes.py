@@ -278,3 +278,35 @@ def test_chat_takes_the_models_settings_unless_a_flag_says_otherwise():
     assert (args.temperature, args.top_p, args.top_k) == (1.0, 1.0, 0)
     help_text = p._subparsers._group_actions[0].choices["generate"].format_help()
     assert "the model's generation setting with --chat, else 1.0" in " ".join(help_text.split())
+
+
+# ---- --gamma auto in co-located generate --------------------------------------------------
+
+
+def test_conditional_alphas():
+    from jaxspec_apps.cli import conditional_alphas
+
+    assert conditional_alphas([0.8, 0.4, 0.2, 0.0]) == pytest.approx([0.8, 0.5, 0.5, 0.0])
+    assert conditional_alphas([0.0, 0.0]) == [0.0, 0.0]
+
+
+def test_jaxspec_generate_gamma_auto_says_what_it_picked(capsys, monkeypatch, tmp_path):
+    """A random tiny checkpoint as target and draft: --gamma auto measures (probes of 4
+    tokens here), picks a gamma in [1, --max-gamma], says so with its figures, and decodes
+    with it (the stats line names the gamma)."""
+    import jaxspec_apps.cli as cli
+    from jaxspec.testing import write_random_checkpoint
+
+    tiny = str(write_random_checkpoint(tmp_path / "tiny", seed=0))
+    monkeypatch.setattr(cli, "PROBE_TOKENS", 4)
+    monkeypatch.setattr(cli.choose_colocated_gamma, "__defaults__", (4,))
+    argv = ["generate", "--checkpoint", tiny, "--draft", tiny, "--prompt", "def f(x):",
+            "--gamma", "auto", "--max-gamma", "2", "--max-new-tokens", "4", "--temperature",
+            "0", "--compilation-cache", "none"]  # fmt: skip
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    picked = [line for line in err.splitlines() if "--gamma auto: picked gamma=" in line]
+    assert len(picked) == 1 and "ms/token" in picked[0], err
+    gamma = int(picked[0].split("gamma=")[1].split()[0])
+    assert 1 <= gamma <= 2
+    assert f"speculative gamma={gamma} sync" in err, err
