@@ -42,6 +42,7 @@ from jaxspec.flags import (
     check_args,
     logit_bias_from_args,
     prompt_from_args,
+    refuse_shadowed_package,
     use_compilation_cache,
 )
 from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
@@ -187,6 +188,11 @@ def _acceptance(trace: SessionTrace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    shadowed = refuse_shadowed_package(
+        "python -m edge"
+    )  # before parsing: --help would work, then fail
+    if shadowed is not None:
+        return shadowed
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -18,6 +18,8 @@ so a bad flag fails in a fraction of a second instead of after a model has loade
 from __future__ import annotations
 
 import argparse
+import importlib
+import sys
 from collections.abc import Mapping
 
 from jaxspec.model import Model
@@ -79,6 +81,37 @@ def add_max_new_tokens(
         default=default,
         help=f"new tokens to generate at most{what} (an answer may end sooner at its end token)",
     )
+
+
+def shadowing_folder(package: object = None) -> str | None:
+    """The folder that stands in for the installed `jaxspec` package, or None when `jaxspec`
+    is the real package. A folder named `jaxspec` without `__init__.py` earlier on the path
+    (a clone of the repository in the working directory) is imported as an empty namespace
+    package; with an editable install its submodules still load, so the failure came late
+    (`module 'jaxspec' has no attribute 'load'`, after the server said "listening").
+    `package`: the module to look at (default: the imported `jaxspec`)."""
+    if package is None:
+        package = sys.modules.get("jaxspec") or importlib.import_module("jaxspec")
+    if getattr(package, "__file__", None) is not None:
+        return None
+    folders = list(getattr(package, "__path__", []))
+    return str(folders[0]) if folders else "?"
+
+
+def refuse_shadowed_package(command: str) -> int | None:
+    """At a command's start: exit status 2 with one clear line when `shadowing_folder()`
+    finds a folder in the way; None when the package is the real one."""
+    folder = shadowing_folder()
+    if folder is None:
+        return None
+    print(
+        f"{command}: error: the folder {folder} shadows the installed jaxspec package (Python "
+        "imports a folder named jaxspec in the working directory before the package; a clone "
+        f"of the repository keeps the package in {folder}/jaxspec). Run the command from "
+        "another directory, e.g. `cd " + folder + "`.",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _add(

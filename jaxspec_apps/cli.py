@@ -41,6 +41,7 @@ from jaxspec.flags import (
     check_args,
     logit_bias_from_args,
     prompt_from_args,
+    refuse_shadowed_package,
     sampling_from_model,
     use_compilation_cache,
 )
@@ -274,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    shadowed = refuse_shadowed_package("jaxspec")  # before parsing: --help would work, then fail
+    if shadowed is not None:
+        return shadowed
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -310,3 +310,30 @@ def test_jaxspec_generate_gamma_auto_says_what_it_picked(capsys, monkeypatch, tm
     gamma = int(picked[0].split("gamma=")[1].split()[0])
     assert 1 <= gamma <= 2
     assert f"speculative gamma={gamma} sync" in err, err
+
+
+# ---- errors a new user meets ----------------------------------------------------------------
+
+
+def test_a_folder_named_jaxspec_in_the_way_is_named_at_start(monkeypatch, capsys):
+    """A clone folder `jaxspec/` in the working directory is imported as an empty namespace
+    package (an editable install still finds the submodules): every command says so at once,
+    exit status 2, instead of failing later on `jaxspec.load`."""
+    import types
+
+    from edge.__main__ import main as edge_main
+    from jaxspec.flags import shadowing_folder
+    from jaxspec_apps.cli import main as cli_main
+    from verify.__main__ import main as verify_main
+
+    assert shadowing_folder() is None  # the real package here
+    fake = types.ModuleType("jaxspec")
+    fake.__path__ = ["/home/me/jaxspec"]  # what Python makes of a folder without __init__.py
+    assert shadowing_folder(fake) == "/home/me/jaxspec"
+    monkeypatch.setitem(__import__("sys").modules, "jaxspec", fake)
+    for main, argv in ((cli_main, ["doctor"]), (edge_main, ["generate", "--help"]),
+                       (verify_main, ["serve", "--port", "0"])):  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "the folder /home/me/jaxspec shadows the installed jaxspec package" in err
+        assert "another directory" in err and err.count("\n") == 1

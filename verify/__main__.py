@@ -45,6 +45,7 @@ from jaxspec.flags import (
     add_cache_flag,
     port_arg,
     port_number,
+    refuse_shadowed_package,
     use_compilation_cache,
 )
 from jaxspec.model import Model
@@ -416,6 +417,11 @@ async def _warm_up_and_serve(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    shadowed = refuse_shadowed_package(
+        "python -m verify"
+    )  # before parsing: --help would work, then fail
+    if shadowed is not None:
+        return shadowed
     args = build_parser().parse_args(argv)
     refused = refuse_insecure_public(args)
     if refused is not None:  # before anything loads or binds
