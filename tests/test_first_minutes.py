@@ -337,3 +337,36 @@ def test_a_folder_named_jaxspec_in_the_way_is_named_at_start(monkeypatch, capsys
         err = capsys.readouterr().err
         assert "the folder /home/me/jaxspec shadows the installed jaxspec package" in err
         assert "another directory" in err and err.count("\n") == 1
+
+
+def test_an_http1_port_is_named_as_such_to_the_end():
+    """A web server (HTTP/1) where the verifier should be: the notice and the final error say
+    so, not just "connection refused" (a real HTTP/1 server on loopback)."""
+    import asyncio
+    import http.server
+    import threading
+
+    from edge.client import HTTP1, GrpcEndpoint, check_verifier
+    from jaxspec.protocol import Unavailable
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    addr = f"127.0.0.1:{srv.server_address[1]}"
+    heard: list[str] = []
+
+    async def check() -> None:
+        async with GrpcEndpoint(addr, timeout_s=2) as ep:
+            await check_verifier(ep, retry_s=1.0, on_retry=heard.append)
+
+    try:
+        with pytest.raises(Unavailable) as e:
+            asyncio.run(check())
+    finally:
+        srv.shutdown()
+    assert len(heard) == 1 and HTTP1 in heard[0] and "retrying until" in heard[0]
+    assert str(e.value).startswith(f"verifier {addr} unavailable ({HTTP1}")
+    assert str(e.value).endswith("gave up after 1 s")

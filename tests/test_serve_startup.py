@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -107,6 +108,8 @@ def test_a_busy_port_fails_at_once_not_after_the_warm_up():
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr, proc.stderr
     assert "Address already in use" in proc.stderr and "--port" in proc.stderr
+    assert "add_port" not in proc.stderr  # gRPC core's own log line is not printed first
+    assert not re.search(r"^[EW]\d{4} ", proc.stderr, re.M), proc.stderr  # no gRPC core lines
     assert "warm-up:" not in proc.stderr and "listening" not in proc.stdout
     assert took < 60
 
