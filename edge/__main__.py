@@ -31,7 +31,7 @@ from edge.adaptive import AdaptiveGamma
 from edge.client import GrpcEndpoint, channel_target, check_verifier, retry_notice
 from edge.drafter import load_drafter
 from edge.session import SessionTrace, run_session
-from jaxspec.checkpoint import load, load_tokenizer
+from jaxspec.checkpoint import generation_defaults, load, load_tokenizer
 from jaxspec.flags import (
     HelpFormatter,
     add_cache_flag,
@@ -43,6 +43,7 @@ from jaxspec.flags import (
     logit_bias_from_args,
     prompt_from_args,
     refuse_shadowed_package,
+    sampling_from_model,
     use_compilation_cache,
 )
 from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tls-ca", default=None, help="PEM CA to trust: enables TLS")
     g.add_argument("--tls", action="store_true", help="TLS with the system's CAs")
     add_max_new_tokens(g, 64)
-    add_sampling_flags(g)
+    add_sampling_flags(g, from_model=True)
     add_draft_flags(g, mode="pipelined", q_dtype="float32", auto_gamma=True)
     add_cache_flag(g)
     g.add_argument("--depth", type=int, default=2, help="blocks in flight when pipelined")
@@ -137,6 +138,13 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
             tok = load_tokenizer(args.checkpoint)
             text_model = dataclasses.replace(text_model, tokenizer=tok, name=args.checkpoint)
         prompt, echo = prompt_from_args(text_model, args)
+        if args.chat is not None:  # the target's recommended sampling, where no flag says
+            said = sampling_from_model(args, generation_defaults(args.checkpoint or args.draft))
+            if said:
+                _say(f"{said}; --temperature/--top-p/--top-k override")
+        else:
+            sampling_from_model(args, {})
+        check_args(args)
         config = SessionConfig(
             prompt=prompt,
             max_new_tokens=args.max_new_tokens,

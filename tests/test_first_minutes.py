@@ -370,3 +370,19 @@ def test_an_http1_port_is_named_as_such_to_the_end():
     assert len(heard) == 1 and HTTP1 in heard[0] and "retrying until" in heard[0]
     assert str(e.value).startswith(f"verifier {addr} unavailable ({HTTP1}")
     assert str(e.value).endswith("gave up after 1 s")
+
+
+def test_the_edge_takes_the_models_chat_settings_too():
+    from edge.__main__ import build_parser
+    from jaxspec.flags import check_args, sampling_from_model
+
+    p = build_parser()
+    argv = ["generate", "--verifier", "h:1", "--checkpoint", "smollm2", "--chat", "hi"]
+    args = p.parse_args(argv)
+    check_args(args)
+    assert (args.temperature, args.top_p) == (None, None)  # unset until the model is known
+    sampling_from_model(args, {"temperature": 0.2, "top_p": 0.9})
+    assert (args.temperature, args.top_p, args.top_k) == (0.2, 0.9, 0)
+    args = p.parse_args([*argv, "--top-p", "1"])
+    sampling_from_model(args, {"temperature": 0.2, "top_p": 0.9})
+    assert (args.temperature, args.top_p) == (0.2, 1.0)
