@@ -122,8 +122,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--warmup",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="the spawned verifier compiles every batch shape before serving (default): a "
-        "slower start, then no stalls; --no-warmup starts sooner and compiles on first use",
+        help="the spawned verifier compiles the smallest row bucket's batch shapes before "
+        "serving and the rest in the background (default); --no-warmup compiles each on first "
+        "use (requests stall on each new shape)",
     )
     p.add_argument("--plain", action="store_true", help="no live view: print a summary at the end")
     p.add_argument(
