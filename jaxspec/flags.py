@@ -77,6 +77,7 @@ def add_max_new_tokens(
     parser.add_argument(
         "--max-new-tokens",
         dest=dest,
+        metavar="N",
         type=int,
         default=default,
         help=f"new tokens to generate at most{what} (an answer may end sooner at its end token)",

@@ -61,6 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--num-tenants",
         dest="tenants",
+        metavar="N",
         type=int,
         default=3,
         help="edge tenants, each its own session and channel (`--tenants` of `python -m verify "
