@@ -386,3 +386,23 @@ def test_the_edge_takes_the_models_chat_settings_too():
     args = p.parse_args([*argv, "--top-p", "1"])
     sampling_from_model(args, {"temperature": 0.2, "top_p": 0.9})
     assert (args.temperature, args.top_p) == (0.2, 1.0)
+
+
+def test_the_demos_verifier_compiles_its_whole_pool_before_serving():
+    """The demo's tenants start together: its spawned verifier warms up every shape of its
+    pool first (serving after the smallest row bucket made the first blocks wait past the
+    edge's deadline under load), unless --no-warmup."""
+    p = argparse.ArgumentParser()
+    demo.add_arguments(p)
+    args = p.parse_args(["--pair", "tiny"])
+    demo._pair.resolve_pair(args)
+    flags = demo.serve_args(args)
+    assert "--full-warmup" in flags and "--no-warmup" not in flags
+    assert flags[flags.index("--max-sessions") + 1] == "3"
+    lazy = p.parse_args(["--pair", "tiny", "--no-warmup"])
+    demo._pair.resolve_pair(lazy)
+    assert "--no-warmup" in demo.serve_args(lazy) and "--full-warmup" not in demo.serve_args(lazy)
+    auto = p.parse_args(["--pair", "tiny", "--gamma", "auto", "--max-gamma", "6"])
+    demo._pair.resolve_pair(auto)
+    flags = demo.serve_args(auto)
+    assert flags[flags.index("--max-gamma") + 1] == "6"
