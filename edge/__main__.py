@@ -31,10 +31,12 @@ from edge.adaptive import AdaptiveGamma
 from edge.client import GrpcEndpoint, channel_target, check_verifier, retry_notice
 from edge.drafter import load_drafter
 from edge.session import SessionTrace, run_session
-from jaxspec.checkpoint import load, load_tokenizer
+from jaxspec.checkpoint import generation_defaults, load, load_tokenizer
 from jaxspec.flags import (
+    HelpFormatter,
     add_cache_flag,
     add_draft_flags,
+    add_max_new_tokens,
     add_penalty_flags,
     add_prompt_flags,
     add_sampling_flags,
@@ -42,6 +44,8 @@ from jaxspec.flags import (
     logit_bias_from_args,
     penalties_from_args,
     prompt_from_args,
+    refuse_shadowed_package,
+    sampling_from_model,
     use_compilation_cache,
 )
 from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
@@ -49,9 +53,13 @@ from jaxspec.text import decode_text
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m edge", description="the jaxspec edge client")
+    p = argparse.ArgumentParser(
+        prog="python -m edge", description="the jaxspec edge client", formatter_class=HelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="generate against a verifier service")
+    g = sub.add_parser(
+        "generate", help="generate against a verifier service", formatter_class=HelpFormatter
+    )
     g.add_argument(
         "--verifier",
         required=True,
@@ -68,16 +76,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="the target the verifier serves: only its tokenizer and chat template are "
         "loaded, to encode the prompt and decode the answer (default: the draft's)",
     )
-    g.add_argument("--quantize", default="w4a16", choices=["w4a16", "w8a16", "none"])
+    g.add_argument(
+        "--quantize",
+        default="w4a16",
+        choices=["w4a16", "w8a16", "none"],
+        help="the draft's weights on this device",
+    )
     g.add_argument("--token", default=None, help="tenant bearer token (or $JAXSPEC_TOKEN)")
     g.add_argument("--tls-ca", default=None, help="PEM CA to trust: enables TLS")
     g.add_argument("--tls", action="store_true", help="TLS with the system's CAs")
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    add_sampling_flags(g)
+    add_max_new_tokens(g, 64)
+    add_sampling_flags(g, from_model=True)
     add_penalty_flags(g)
     add_draft_flags(g, mode="pipelined", q_dtype="float32", auto_gamma=True)
     add_cache_flag(g)
-    g.add_argument("--depth", type=int, default=2, help="blocks in flight (pipelined)")
+    g.add_argument("--depth", type=int, default=2, help="blocks in flight when pipelined")
     g.add_argument(
         "--resume-timeout-s",
         type=float,
@@ -85,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long an unavailable verifier is retried, at start and after it went away "
         "mid-session (default %(default)s)",
     )
-    g.add_argument("--timeout-s", type=float, default=30.0, help="per-call deadline")
+    g.add_argument(
+        "--timeout-s", type=float, default=30.0, help="deadline of each call to the verifier"
+    )
     return p
 
 
@@ -126,6 +141,13 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
             tok = load_tokenizer(args.checkpoint)
             text_model = dataclasses.replace(text_model, tokenizer=tok, name=args.checkpoint)
         prompt, echo = prompt_from_args(text_model, args)
+        if args.chat is not None:  # the target's recommended sampling, where no flag says
+            said = sampling_from_model(args, generation_defaults(args.checkpoint or args.draft))
+            if said:
+                _say(f"{said}; --temperature/--top-p/--top-k override")
+        else:
+            sampling_from_model(args, {})
+        check_args(args)
         config = SessionConfig(
             prompt=prompt,
             max_new_tokens=args.max_new_tokens,
@@ -178,6 +200,11 @@ def _acceptance(trace: SessionTrace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    shadowed = refuse_shadowed_package(
+        "python -m edge"
+    )  # before parsing: --help would work, then fail
+    if shadowed is not None:
+        return shadowed
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

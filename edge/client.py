@@ -48,7 +48,13 @@ from jaxspec.protocol import (
 )
 
 # Words for the usual reasons a channel cannot reach a verifier (grpc's details are long).
+HTTP1 = (
+    "the port answers, but not in HTTP/2: an HTTP/1 server (a web or metrics port?), "
+    "not a gRPC verifier"
+)
 _REASONS = (
+    ("failed parsing http/2", HTTP1),
+    ("http1.x", HTTP1),
     ("connection refused", "connection refused"),
     ("errors resolving", "name not resolved"),
     ("domain name not found", "name not resolved"),
@@ -372,6 +378,7 @@ async def check_verifier(
     target = endpoint.target
     give_up = time.monotonic() + retry_s
     told = False
+    reasons: list[str] = []  # each distinct reason, in order: the first is often the telling one
     while True:
         try:
             stats = await endpoint.stats()
@@ -386,9 +393,12 @@ async def check_verifier(
             err = type(e)(f"verifier {target}: {e}")
             err.code = e.code
             raise err from None
+        if short_reason(error) not in reasons:
+            reasons.append(short_reason(error))
         if time.monotonic() + backoff_s > give_up:
             gave_up = f"; gave up after {retry_s:g} s" if retry_s > 0 else ""
-            raise Unavailable(f"verifier {target} unavailable ({short_reason(error)}){gave_up}")
+            why = reasons[0] + (f"; lately: {reasons[-1]}" if len(reasons) > 1 else "")
+            raise Unavailable(f"verifier {target} unavailable ({why}){gave_up}")
         if not told and on_retry is not None:
             on_retry(retry_notice(target, error, retry_s))
         told = True

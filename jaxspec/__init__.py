@@ -1,6 +1,6 @@
 """jaxspec: multi-tenant edge-cloud speculative decoding in JAX (core, pure functions)."""
 
-from jaxspec.checkpoint import load, load_gguf, save
+from jaxspec.checkpoint import generation_defaults, load, load_gguf, save
 from jaxspec.config import CheckpointError, LlamaConfig, RopeScaling
 from jaxspec.generate import GenerateOutput, GenerateStats, generate
 from jaxspec.model import KVCache, Llama, Model, forward, init_cache, init_params
@@ -26,6 +26,7 @@ __all__ = [
     "encode_prompt",
     "forward",
     "generate",
+    "generation_defaults",
     "init_cache",
     "init_params",
     "load",

@@ -21,6 +21,8 @@ from safetensors.flax import save_file
 
 from jaxspec import hub
 from jaxspec.config import CheckpointError, LlamaConfig
+from jaxspec.gguf_import import _field as _gguf_field
+from jaxspec.gguf_import import _reader as _gguf_reader
 from jaxspec.gguf_import import find_gguf, gguf_tokenizer, has_tokenizer, read_gguf
 from jaxspec.model import Model, init_params
 
@@ -211,6 +213,36 @@ def load_gguf(
     del tensors
     tok = gguf_tokenizer(path, reader) if tokenizer and has_tokenizer(reader) else None
     return Model(config=config, params=params, tokenizer=tok, dtype=dtype, name=name or str(path))
+
+
+GENERATION_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
+GGUF_SAMPLING = {"temperature": "general.sampling.temp", "top_p": "general.sampling.top_p",
+                 "top_k": "general.sampling.top_k"}  # fmt: skip
+
+
+def generation_defaults(path: PathLike) -> dict[str, float]:
+    """The sampling settings a checkpoint recommends, those it has of `temperature`, `top_p`
+    and `top_k`: from its HF `generation_config.json` (`do_sample: false` means greedy,
+    temperature 0), or a GGUF's `general.sampling.*` keys; {} when it says nothing. Models by
+    name resolve as in `load` (`jaxspec.hub` records SmolLM2's model-card settings there at
+    conversion). Chat commands use them where no flag says otherwise."""
+    d = _resolve(path)
+    if d.suffix == ".gguf" and d.is_file():
+        reader = _gguf_reader(d)
+        out = {}
+        for key, field in GGUF_SAMPLING.items():
+            value = _gguf_field(reader, field)
+            if value is not None:
+                out[key] = float(value)
+        return out
+    f = d / hub.GENERATION_FILE
+    try:
+        raw = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return {}
+    if raw.get("do_sample") is False:
+        return {"temperature": 0.0}
+    return {k: float(raw[name]) for k, name in GENERATION_KEYS.items() if raw.get(name) is not None}
 
 
 def load_tokenizer(path: PathLike) -> Any:

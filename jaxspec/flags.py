@@ -18,6 +18,8 @@ so a bad flag fails in a fraction of a second instead of after a model has loade
 from __future__ import annotations
 
 import argparse
+import importlib
+import sys
 from collections.abc import Mapping
 
 from jaxspec.model import Model
@@ -54,6 +56,65 @@ DRAFT_HELP = {
 }
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Every command's help: a flag's default is shown, appended as "(default X)" to a help
+    text that does not mention its default already (switches that are off by default and
+    defaults of None show none). Pass it as `formatter_class` to every (sub)parser."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or not action.option_strings or action.nargs == 0:
+            return text
+        if action.default is None or action.default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default %(default)s)"
+
+
+def add_max_new_tokens(
+    parser: argparse.ArgumentParser, default: int, *, dest: str = "max_new_tokens", what: str = ""
+) -> None:
+    """`--max-new-tokens N`, the one name of the new-token count in every command."""
+    parser.add_argument(
+        "--max-new-tokens",
+        dest=dest,
+        metavar="N",
+        type=int,
+        default=default,
+        help=f"new tokens to generate at most{what} (an answer may end sooner at its end token)",
+    )
+
+
+def shadowing_folder(package: object = None) -> str | None:
+    """The folder that stands in for the installed `jaxspec` package, or None when `jaxspec`
+    is the real package. A folder named `jaxspec` without `__init__.py` earlier on the path
+    (a clone of the repository in the working directory) is imported as an empty namespace
+    package; with an editable install its submodules still load, so the failure came late
+    (`module 'jaxspec' has no attribute 'load'`, after the server said "listening").
+    `package`: the module to look at (default: the imported `jaxspec`)."""
+    if package is None:
+        package = sys.modules.get("jaxspec") or importlib.import_module("jaxspec")
+    if getattr(package, "__file__", None) is not None:
+        return None
+    folders = list(getattr(package, "__path__", []))
+    return str(folders[0]) if folders else "?"
+
+
+def refuse_shadowed_package(command: str) -> int | None:
+    """At a command's start: exit status 2 with one clear line when `shadowing_folder()`
+    finds a folder in the way; None when the package is the real one."""
+    folder = shadowing_folder()
+    if folder is None:
+        return None
+    print(
+        f"{command}: error: the folder {folder} shadows the installed jaxspec package (Python "
+        "imports a folder named jaxspec in the working directory before the package; a clone "
+        f"of the repository keeps the package in {folder}/jaxspec). Run the command from "
+        "another directory, e.g. `cd " + folder + "`.",
+        file=sys.stderr,
+    )
+    return 2
+
+
 def _add(
     parser: argparse.ArgumentParser,
     flags: Mapping[str, tuple[object, type, tuple[str, ...] | None]],
@@ -86,11 +147,32 @@ def add_sampling_flags(
     min_p: float | None = 0.0,
     logit_bias: str | None = "",
     helps: Mapping[str, str] | None = None,
+    from_model: bool = False,
 ) -> None:
     """Add `--temperature --top-k --top-p --seed --min-p --logit-bias` with these defaults; a
     flag whose default is None is left out. `helps` replaces the help text of some (by
     destination name). `--logit-bias` is text ("ID:BIAS,ID:BIAS"): `logit_bias_from_args`
-    parses it."""
+    parses it.
+
+    `from_model`: `--temperature --top-k --top-p` left unset default to the model's own
+    generation settings with `--chat` (`jaxspec.generation_defaults`), else to the values
+    given here; the command calls `sampling_from_model(args, settings)` once it knows them
+    (until then the unset ones are None)."""
+    if from_model:
+        fallback = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+        types = {"temperature": float, "top_k": int, "top_p": float}
+        for dest, value in fallback.items():
+            if value is None:
+                continue
+            text = {**SAMPLING_HELP, **(helps or {})}[dest].replace(" (default %(default)s)", "")
+            parser.add_argument(
+                "--" + dest.replace("_", "-"),
+                type=types[dest],
+                default=None,
+                help=f"{text} (default: the model's generation setting with --chat, else {value})",
+            )
+        parser.set_defaults(sampling_fallback={k: v for k, v in fallback.items() if v is not None})
+        temperature = top_k = top_p = None
     flags = {
         "temperature": (temperature, float, None),
         "top_k": (top_k, int, None),
@@ -129,6 +211,24 @@ def penalties_from_args(args: argparse.Namespace) -> dict[str, float]:
 
 
 # -- end of the penalties block -------------------------------------------------------
+
+
+def sampling_from_model(args: argparse.Namespace, settings: Mapping[str, float]) -> str:
+    """Fill the `from_model` sampling flags left unset: the model's `settings` (from
+    `jaxspec.generation_defaults`) when the command runs a `--chat`, else the command's own
+    defaults. Returns what came from the model in words ("" when nothing did), e.g.
+    "temperature 0.2, top_p 0.9 from the model's generation settings"."""
+    fallback = getattr(args, "sampling_fallback", {})
+    chat = getattr(args, "chat", None) is not None
+    taken = []
+    for dest, value in fallback.items():
+        if getattr(args, dest, None) is not None:
+            continue
+        if chat and dest in settings:
+            value = int(settings[dest]) if dest == "top_k" else float(settings[dest])
+            taken.append(f"{dest} {value:g}")
+        setattr(args, dest, value)
+    return f"{', '.join(taken)} from the model's generation settings" if taken else ""
 
 
 def logit_bias_from_args(args: argparse.Namespace) -> dict[int, float]:
@@ -213,8 +313,9 @@ def add_draft_flags(
         "q_dtype": (q_dtype, str, Q_DTYPES),
     }
     helps = dict(helps or {})
+    gamma_auto_help = helps.pop("gamma_auto", DRAFT_HELP["gamma_auto"])
     if auto_gamma and gamma is not None:
-        helps.setdefault("gamma", DRAFT_HELP["gamma_auto"])
+        helps.setdefault("gamma", gamma_auto_help)
         flags["max_gamma"] = (DEFAULT_MAX_GAMMA, int, None)
     _add(parser, flags, DRAFT_HELP, helps)
 
@@ -239,7 +340,9 @@ def check_args(args: argparse.Namespace) -> DraftSpec:
     `DraftSpec`; raises `ValueError` (`InvalidArgument` for the draft flags) naming the flag.
     """
     names = ("temperature", "top_k", "top_p", "min_p")
+    fallback = getattr(args, "sampling_fallback", {})  # unset `from_model` flags: checked later
     sampling = {f: getattr(args, f) for f in names if hasattr(args, f)}
+    sampling = {f: fallback[f] if v is None and f in fallback else v for f, v in sampling.items()}
     check_sampling(1, **sampling)
     logit_bias_from_args(args)
     penalties_from_args(args)

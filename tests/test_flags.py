@@ -141,3 +141,58 @@ def test_min_p_and_logit_bias_flags():
             check_args(parser().parse_args([f"--logit-bias={bad}"]))
     with pytest.raises(ValueError, match="min_p"):
         check_args(parser().parse_args(["--min-p", "1.5"]))
+
+
+# ---- every command: one set of flags (issue 30) ---------------------------------------------
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser by its name as typed."""
+    from edge.__main__ import build_parser as edge_parser
+    from jaxspec_apps.cli import build_parser as cli_parser
+    from verify.__main__ import build_parser as verify_parser
+
+    out = {}
+    for prog, top in (("jaxspec", cli_parser()), ("python -m edge", edge_parser()),
+                      ("python -m verify", verify_parser())):  # fmt: skip
+        for name, sub in top._subparsers._group_actions[0].choices.items():
+            out[f"{prog} {name}"] = sub
+    return out
+
+
+def test_every_flag_of_every_command_has_help_and_shows_its_default():
+    for name, p in _commands().items():
+        fmt = p._get_formatter()
+        for action in p._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            assert action.help, f"{name} {action.option_strings[0]}: no help text"
+            text = fmt._expand_help(action)
+            silent = action.nargs == 0 or action.default in (None, argparse.SUPPRESS)
+            assert silent or "default" in text, (name, action.option_strings, text)
+            if not silent and isinstance(action.default, int | float):
+                said = (str(action.default), f"{action.default:g}")
+                assert any(v in text for v in said), (name, action.option_strings, text)
+
+
+def test_the_same_meaning_has_the_same_name_and_default_everywhere():
+    cmds = _commands()
+    required = {
+        "jaxspec generate": ["--checkpoint", "x", "--prompt", "y"],
+        "jaxspec demo": [],
+        "python -m edge generate": ["--verifier", "h:1", "--prompt", "y"],
+    }
+    for name, argv in required.items():  # every command where speculation runs
+        p = cmds[name]
+        auto = p.parse_args([*argv, "--gamma", "auto"])
+        assert (auto.gamma, auto.max_gamma) == ("auto", 8), name
+        assert p.parse_args(argv).gamma == 4, name
+        flags = {s for a in p._actions for s in a.option_strings}
+        assert {"--max-new-tokens", "--temperature", "--seed", "--mode", "--gamma"} <= flags, name
+    # --tenants: a count in the demo, a file in the verifier; the demo's is --num-tenants now.
+    demo = cmds["jaxspec demo"]
+    assert "--num-tenants" in demo.format_help() and "--tenants " not in demo.format_help()
+    assert demo.parse_args(["--tenants", "2"]).tenants == 2  # the old names still work
+    assert demo.parse_args(["--tokens", "7"]).tokens == 7
+    assert demo.parse_args(["--max-new-tokens", "9"]).tokens == 9
+    assert "TOML" in cmds["python -m verify serve"].format_help()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -107,6 +108,8 @@ def test_a_busy_port_fails_at_once_not_after_the_warm_up():
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr, proc.stderr
     assert "Address already in use" in proc.stderr and "--port" in proc.stderr
+    assert "add_port" not in proc.stderr  # gRPC core's own log line is not printed first
+    assert not re.search(r"^[EW]\d{4} ", proc.stderr, re.M), proc.stderr  # no gRPC core lines
     assert "warm-up:" not in proc.stderr and "listening" not in proc.stdout
     assert took < 60
 
@@ -280,3 +283,41 @@ def test_the_example_tenants_file_loads_and_authenticates():
     ]:
         assert tenants.identify([("authorization", f"Bearer {token}")]).name == name
     assert tenants.identify([("authorization", "Bearer not-in-the-file")]) is None
+
+
+# ---- serving before the last shape is compiled (issue 30) ----------------------------------
+
+
+def test_serves_after_the_first_bucket_and_compiles_the_rest_in_the_background(tmp_path):
+    """The real command: shapes in the order first requests need them (the smallest row
+    bucket's prefill, then its steps), "serving" right after those, the rest compiled in the
+    background ("fully warm" at the end); a session run meanwhile gets exactly the tokens of
+    an in-process verifier (a compilation never runs beside a step)."""
+    from verify.scheduler import warmup_order
+
+    config = SchedulerConfig(max_sessions=8, max_gamma=4, max_len=128)
+    order = warmup_order(config)
+    assert order[:3] == [("prefill", 1, 64, 128), ("step", 1, 5, 128), ("step", 1, 3, 128)]
+    assert sorted(order) == sorted(warmup_shapes(config)) and len(order) == 12
+
+    target, draft = h.write_models(tmp_path)  # rows 1, 2 x width 3: 4 shapes, 2 first
+    flags = ["--checkpoint", str(target), "--max-sessions", "2", "--max-gamma", "2",
+             "--max-len", "128", "--compilation-cache", "none"]  # fmt: skip
+    cfg = h.config(mode="sync", gamma=2, seed=3)
+    with VerifierProcess(flags) as server:
+        address = server.wait_ready(180)
+        got = h.run(h.session(address, draft, cfg))
+        deadline = time.monotonic() + 180
+        while "fully warm" not in server.log:
+            assert server.alive() and time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.1)
+    log = server.log
+    assert "warming up: 4 shapes, serving after the first 2" in log
+    before = log[: log.index("jaxspec verifier serving")]
+    assert re.findall(r"warm-up: (\d+)/4", before) == ["1", "2"], log
+    assert "partially warm: serving with 2/4 shapes" in before
+    after = log[log.index("jaxspec verifier serving") :]
+    assert re.findall(r"warm-up: (\d+)/4", after) == ["3", "4"], log
+    assert "fully warm: 4 shapes" in after
+    want = h.run(h.local_session(target, draft, cfg))
+    assert got.tokens == want.tokens and len(got.tokens) > 0

@@ -34,13 +34,20 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
 import jaxspec
-from jaxspec.flags import add_cache_flag, port_arg, port_number, use_compilation_cache
+from jaxspec.flags import (
+    HelpFormatter,
+    add_cache_flag,
+    port_arg,
+    port_number,
+    refuse_shadowed_package,
+    use_compilation_cache,
+)
 from jaxspec.model import Model
 from verify import multihost
 from verify.local import LocalVerifier
@@ -49,7 +56,7 @@ from verify.scheduler import (
     SchedulerConfig,
     WarmupCancelled,
     row_buckets_for,
-    warmup_shapes,
+    warmup_order,
 )
 from verify.serve import (
     HANDSHAKE_TIMEOUT_S,
@@ -92,9 +99,13 @@ def _coordinator_arg(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verify", description="the jaxspec verifier")
+    p = argparse.ArgumentParser(
+        prog="python -m verify", description="the jaxspec verifier", formatter_class=HelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="serve jaxspec.v1.Verifier over gRPC")
+    s = sub.add_parser(
+        "serve", help="serve jaxspec.v1.Verifier over gRPC", formatter_class=HelpFormatter
+    )
     s.add_argument(
         "--checkpoint",
         default="default",
@@ -107,18 +118,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve a non-loopback --host without --tenants or without TLS (refused otherwise)",
     )
     s.add_argument(
-        "--port", type=port_arg(zero_picks_free=True), default=50051, help="0 picks a free port"
+        "--port",
+        type=port_arg(zero_picks_free=True),
+        default=50051,
+        help="port to serve on; 0 picks a free one",
     )
-    s.add_argument("--tenants", default=None, help="TOML tenants file; without it: no auth")
+    s.add_argument(
+        "--tenants",
+        default=None,
+        metavar="FILE",
+        help="TOML tenants file (tokens, limits); without it: no auth",
+    )
     s.add_argument("--tls-cert", default=None, help="PEM certificate chain (enables TLS)")
     s.add_argument("--tls-key", default=None, help="PEM private key")
     s.add_argument("--mesh", type=_mesh_arg, default=(1, 1), help="data=N,model=M devices")
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    s.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="the target's weights and activations",
+    )
     s.add_argument("--max-sessions", type=int, default=64, help="KV slots (live sessions)")
     s.add_argument("--max-len", type=int, default=512, help="positions per session")
     s.add_argument("--max-gamma", type=int, default=8, help="largest drafts per block")
-    s.add_argument("--max-sparse-k", type=int, default=16)
-    s.add_argument("--idle-timeout-s", type=float, default=300.0)
+    s.add_argument(
+        "--max-sparse-k", type=int, default=16, help="most q columns a sparse draft may carry"
+    )
+    s.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=300.0,
+        help="a session without progress this long is evicted",
+    )
     s.add_argument(
         "--write-timeout-s",
         type=float,
@@ -146,6 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
     s.add_argument("--no-warmup", action="store_true", help="compile lazily (tests, demos)")
+    s.add_argument(
+        "--full-warmup",
+        action="store_true",
+        help="compile every batch shape before serving; without it the verifier serves as soon "
+        "as a lone session's shapes (the smallest row bucket) are compiled and compiles the "
+        "rest in the background (multi-host always compiles everything first)",
+    )
     s.add_argument(
         "--coordinator",
         type=_coordinator_arg,
@@ -329,10 +367,18 @@ async def _warm_up_and_serve(
     lockstep: multihost.Lockstep | None = None,
 ) -> int:
     config = scheduler_config_from_args(args)
-    shapes = 0 if args.no_warmup else len(warmup_shapes(config))
+    order = [] if args.no_warmup else warmup_order(config)
+    shapes = len(order)
+    # Serve once a lone session's shapes are compiled (the smallest row bucket: its prefill
+    # and every step width); the rest compile in the background, between steps. Multi-host
+    # and --full-warmup compile everything first.
+    partial = shapes > 0 and lockstep is None and not args.full_warmup
+    first = order[: 1 + len(config.width_buckets)] if partial else order
+    rest = order[len(first) :]
     print(
         f"jaxspec verifier listening on {args.host}:{server.port}{' (TLS)' if tls else ''}, "
-        f"warming up: {shapes} shapes{' (--no-warmup)' if args.no_warmup else ''}",
+        f"warming up: {shapes} shapes{' (--no-warmup)' if args.no_warmup else ''}"
+        + (f", serving after the first {len(first)}" if rest else ""),
         flush=True,
     )
     stop = asyncio.Event()
@@ -343,7 +389,7 @@ async def _warm_up_and_serve(
     t0 = time.monotonic()
 
     def progress(done: int, total: int, shape: str) -> None:
-        log.info("warm-up: %d/%d shapes compiled (%s), %.1f s", done, total, shape,
+        log.info("warm-up: %d/%d shapes compiled (%s), %.1f s", done, shapes, shape,
                  time.monotonic() - t0)  # fmt: skip
         if cancel.is_set():
             raise WarmupCancelled
@@ -356,8 +402,8 @@ async def _warm_up_and_serve(
         verifier = make_verifier(args, target, lockstep)
         if lockstep is not None:
             lockstep.ready()  # every follower has loaded the target too
-        if not args.no_warmup:
-            verifier.scheduler.warmup(progress)
+        if first:
+            verifier.scheduler.warmup(progress, first)
         return verifier
 
     prepared = loop.run_in_executor(None, prepare)
@@ -369,8 +415,19 @@ async def _warm_up_and_serve(
         await asyncio.gather(prepared, return_exceptions=True)
         return 0
     stopped.cancel()
-    await server.ready(prepared.result())
-    if shapes:
+    verifier = prepared.result()
+    await server.ready(verifier)
+    background = None
+    if rest:
+        log.info(
+            "partially warm: serving with %d/%d shapes compiled in %.1f s; compiling the "
+            "other %d in the background (a request that needs one waits for it)",
+            len(first), shapes, time.monotonic() - t0, len(rest),
+        )  # fmt: skip
+        background = loop.run_in_executor(
+            None, _warm_up_the_rest, verifier, rest, len(first), progress, t0
+        )
+    elif shapes:
         log.info("warmed up: %d shapes in %.1f s", shapes, time.monotonic() - t0)
     m = server.metrics
     extra = f", metrics on http://{m.host}:{m.port}/metrics" if m is not None else ""
@@ -380,12 +437,49 @@ async def _warm_up_and_serve(
         flush=True,
     )
     await stop.wait()
+    if background is not None:
+        cancel.set()  # stop after the shape being compiled
+        await asyncio.gather(background, return_exceptions=True)
     log.warning("draining: no new sessions; answering the blocks already received")
     await server.drain(args.drain_timeout_s, args.drain_min_s)
     return 0
 
 
+def _warm_up_the_rest(
+    verifier: LocalVerifier,
+    shapes: list[tuple[str, int, int]],
+    done_before: int,
+    progress: Callable[[int, int, str], None],
+    t0: float,
+) -> None:
+    """Compile `shapes` one by one while the verifier serves (a worker thread), ahead of time:
+    nothing runs and no state changes, so steps go on meanwhile (the lock is held only to
+    read the shapes' arguments). A request that needs a shape not compiled yet compiles it on
+    first use (jit) and waits for that. Stops at the first `WarmupCancelled` from `progress`
+    (SIGTERM)."""
+    sched = verifier.scheduler
+    for i, shape in enumerate(shapes, done_before + 1):
+        with verifier._lock:  # a snapshot of the state's shapes, not the compilation
+            fn, fn_args = sched.precompile_args(shape)
+        sched.precompile(fn, fn_args)
+        try:
+            progress(i, 0, _name(shape))
+        except WarmupCancelled:
+            return
+    log.info("fully warm: %d shapes in %.1f s", done_before + len(shapes), time.monotonic() - t0)
+
+
+def _name(shape: tuple[str, int, int]) -> str:
+    kind, rows, width = shape
+    return f"{kind} {rows}x{width}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    shadowed = refuse_shadowed_package(
+        "python -m verify"
+    )  # before parsing: --help would work, then fail
+    if shadowed is not None:
+        return shadowed
     args = build_parser().parse_args(argv)
     refused = refuse_insecure_public(args)
     if refused is not None:  # before anything loads or binds

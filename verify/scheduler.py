@@ -236,6 +236,21 @@ def kv_buckets_for(max_len: int) -> tuple[int, ...]:
     return (half, max_len) if 128 <= half < max_len else (max_len,)
 
 
+def warmup_order(config: SchedulerConfig) -> list[tuple[str, int, int, int]]:
+    """`warmup_shapes` in the order the first requests need them: row bucket by row bucket,
+    smallest first, each bucket's prefill (a session's prompt comes first) and then its step
+    widths, the full block (max_gamma + 1, what a fixed-gamma client sends) first, at the
+    shortest KV bucket first. The first `1 + len(config.width_buckets)` shapes serve a lone
+    session completely while it fits the shortest KV bucket."""
+    out = []
+    for R in config.row_buckets:
+        out.append(("prefill", R, config.prefill_chunk, config.max_len))
+        out += [
+            ("step", R, W, A) for A in config.kv_buckets for W in reversed(config.width_buckets)
+        ]
+    return out
+
+
 def warmup_shapes(config: SchedulerConfig) -> list[tuple[str, int, int, int]]:
     """What `Scheduler.warmup` compiles, in order: ("step", rows, width, attended) for every
     row, width and KV bucket (the shortest KV first: new sessions need it), then ("prefill",
@@ -762,13 +777,18 @@ class Scheduler:
         )  # fmt: skip
         self.metrics.prefill_steps += 1
 
-    def warmup(self, progress: Callable[[int, int, str], None] | None = None) -> None:
-        """Compile every (rows, width) bucket of the step and every prefill bucket now, so
-        no request ever waits for a compilation (filler rows change nothing).
+    def warmup(
+        self,
+        progress: Callable[[int, int, str], None] | None = None,
+        shapes: list[tuple[str, int, int, int]] | None = None,
+    ) -> None:
+        """Compile every (rows, width) bucket of the step and every prefill bucket now (or
+        `shapes`, a part of `warmup_shapes`, e.g. `warmup_order`'s first ones), so no request
+        waits for their compilation (filler rows change nothing, live sessions included).
 
         `progress(done, total, shape)` is called after each shape is compiled and run, e.g.
         to log it; it may raise (e.g. `WarmupCancelled`) to stop the warm-up there."""
-        shapes = warmup_shapes(self.config)
+        shapes = warmup_shapes(self.config) if shapes is None else shapes
         for done, (kind, R, W, A) in enumerate(shapes, 1):
             if kind == "step":
                 batch = self._build_batch([], [], R, W, A)
@@ -782,6 +802,27 @@ class Scheduler:
             jax.block_until_ready(self.cache)
             if progress is not None:
                 progress(done, len(shapes), f"{kind} {R}x{W}" + (f"x{A}" if kind == "step" else ""))
+
+    def precompile_args(self, shape: tuple[str, int, int, int]) -> tuple[Callable, tuple]:
+        """The jitted function and abstract arguments of one `warmup_shapes` shape, read from
+        the scheduler's state (take them under the owner's lock); `precompile` then compiles
+        them without it."""
+        kind, R, W, A = shape
+        cache = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), self.cache
+        )
+        if kind == "step":
+            return self._step, (self.params, cache, self._build_batch([], [], R, W, A))
+        z = jnp.zeros((R, W), jnp.int32)
+        return self._prefill, (self.params, cache, z, z, jnp.zeros((R, W), bool),
+                               jnp.zeros(R, jnp.int32))  # fmt: skip
+
+    @staticmethod
+    def precompile(fn: Callable, args: tuple) -> None:
+        """Compile `fn` for `args` ahead of time, running nothing and touching no state (so a
+        serving scheduler may step meanwhile): its first real call of that shape finds the
+        executable compiled. Needs the plain jitted functions (not multi-host `calls`)."""
+        fn.lower(*args).compile()
 
     def session_stats(self) -> dict[str, dict[str, float]]:
         """Per tenant: alpha (accepted / drafted) and tokens per round."""

@@ -159,6 +159,13 @@ def checkpoint_vocab(checkpoint: str) -> int | None:
 
 def _why_not_bound(host: str, port: int) -> str:
     """The operating system's reason a port cannot be bound (gRPC's error does not say)."""
+    return _bind_error(host, port) or "gRPC could not bind it (GRPC_VERBOSITY=debug says why)"
+
+
+def _bind_error(host: str, port: int) -> str | None:
+    """Why a plain socket cannot bind host:port as gRPC would (None: it can). Asked before
+    gRPC tries, so a busy port is one clear line without gRPC core's own `E... add_port.cc`
+    log line on stderr first."""
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(
             host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -170,7 +177,7 @@ def _why_not_bound(host: str, port: int) -> str:
         if e.errno == errno.EADDRINUSE:
             return f"{e.strerror}: another process holds port {port} (choose one with --port)"
         return e.strerror or str(e)
-    return "gRPC could not bind it (GRPC_VERBOSITY=debug says why)"
+    return None
 
 
 # ---- the running server ----------------------------------------------------------------------
@@ -281,6 +288,9 @@ async def bind(
         ]
     )
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    why = _bind_error(host, port) if port else None
+    if why is not None:
+        raise OSError(f"cannot listen on {address}: {why}")
     try:
         if tls is None:
             bound = server.add_insecure_port(address)

@@ -29,18 +29,23 @@ import sys
 
 from rich.console import Console
 from rich.live import Live
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from edge.client import channel_target
 from jaxspec.flags import (
+    AUTO,
+    HelpFormatter,
     add_cache_flag,
     add_draft_flags,
+    add_max_new_tokens,
     add_sampling_flags,
     check_args,
     use_compilation_cache,
 )
 from jaxspec.protocol import VerifierError
 from jaxspec.shapes import bucket
-from jaxspec_apps.demo._pair import PAIRS, resolve_pair
+from jaxspec_apps.demo._pair import PAIRS, needs_fetch, resolve_pair
+from jaxspec_apps.demo._progress import StageLines, describe
 from jaxspec_apps.demo._render import Dashboard, save_capture, summary
 from jaxspec_apps.demo._run import CHAT_PROMPTS, DEFAULT_PROMPTS, DemoResult, make_state, run_demo
 from jaxspec_apps.demo._state import DemoState
@@ -52,12 +57,22 @@ MAX_TENANTS = 64
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `jaxspec demo` options (the CLI calls this while building its parser)."""
     p.description = "Live view of edge tenants drafting against a verifier service."
-    p.add_argument("--tenants", type=int, default=3, help="edge tenants (default 3)")
-    add_draft_flags(p, mode="pipelined", encoding=None, sparse_k=None)  # full q on the wire
+    p.formatter_class = HelpFormatter
+    p.add_argument(
+        "--num-tenants",
+        dest="tenants",
+        metavar="N",
+        type=int,
+        default=3,
+        help="edge tenants, each its own session and channel (`--tenants` of `python -m verify "
+        "serve` is its tenants file, a different thing)",
+    )
+    p.add_argument("--tenants", dest="tenants", type=int, help=argparse.SUPPRESS)  # old name
+    add_draft_flags(p, mode="pipelined", encoding=None, sparse_k=None, auto_gamma=True)
     add_cache_flag(p)
     p.add_argument("--depth", type=int, default=2, help="blocks in flight when pipelined")
-    p.add_argument("--rtt-ms", type=float, default=50.0, help="simulated round trip (ms)")
-    p.add_argument("--jitter-ms", type=float, default=5.0, help="± on the round trip (ms)")
+    p.add_argument("--rtt-ms", type=float, default=50.0, help="simulated round trip in ms")
+    p.add_argument("--jitter-ms", type=float, default=5.0, help="± on the round trip in ms")
     add_sampling_flags(
         p,
         temperature=0.7,
@@ -71,9 +86,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--prompt",
         action="append",
         default=None,
-        help="prompt (repeat for several; tenants take them in turn); default: Python code",
+        help="prompt (repeat for several; tenants take them in turn); default: chat questions "
+        "with SmolLM2, Python code with the tiny pair",
     )
-    p.add_argument("--tokens", type=int, default=160, help="new tokens per tenant and sample")
+    add_max_new_tokens(p, 160, dest="tokens", what=" per tenant and sample")
+    p.add_argument("--tokens", dest="tokens", type=int, help=argparse.SUPPRESS)  # old name
     p.add_argument(
         "--seconds",
         type=float,
@@ -90,20 +107,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="auto (default): SmolLM2-135M-Instruct and its own W4A16 copy when SmolLM2 "
         "can be had (fetched once), else the shipped tiny pair; smollm2; tiny",
     )
-    p.add_argument("--checkpoint", default=None, help="target the spawned verifier serves")
-    p.add_argument("--draft", default=None, help="draft checkpoint or built-in name")
+    p.add_argument(
+        "--checkpoint", default=None, help="target the spawned verifier serves (default: --pair's)"
+    )
+    p.add_argument(
+        "--draft", default=None, help="draft checkpoint or built-in name (default: --pair's)"
+    )
     p.add_argument(
         "--quantize",
         default="w4a16",
         choices=["w4a16", "w8a16", "none"],
-        help="the draft's weights on the edge (default w4a16)",
+        help="the draft's weights on the edge (default %(default)s)",
     )
     p.add_argument(
         "--warmup",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="the spawned verifier compiles every batch shape before serving (default): a "
-        "slower start, then no stalls; --no-warmup starts sooner and compiles on first use",
+        help="the spawned verifier compiles every batch shape of its pool (one slot per "
+        "tenant) before serving (default; the tenants start together, so they need them at "
+        "once); --no-warmup compiles each on first use (requests stall on each new shape)",
     )
     p.add_argument("--plain", action="store_true", help="no live view: print a summary at the end")
     p.add_argument(
@@ -121,8 +143,8 @@ def _check(args: argparse.Namespace) -> None:
     check_args(args)  # sampling values, seed, depth, the DraftSpec: the library's validators
     if not 1 <= args.tenants <= MAX_TENANTS:
         raise ValueError(f"--tenants must be in [1, {MAX_TENANTS}]")
-    if not 1 <= args.gamma <= 16:
-        raise ValueError("--gamma must be in [1, 16]")
+    if args.gamma != AUTO and not 1 <= args.gamma <= 16:
+        raise ValueError("--gamma must be in [1, 16] or auto")
     if args.depth < 1:
         raise ValueError("--depth must be >= 1")
     if args.tokens < 1:
@@ -146,10 +168,15 @@ def serve_args(args: argparse.Namespace) -> list[str]:
     need = max(len(p.encode()) for p in prompts) + template + args.tokens + 16
     max_len = bucket(need, 512)
     out = ["--checkpoint", args.checkpoint, "--max-sessions", str(args.tenants)]
-    out += ["--max-gamma", str(args.gamma), "--max-len", str(max_len), "--drain-timeout-s", "2"]
+    longest = args.max_gamma if args.gamma == AUTO else args.gamma
+    out += ["--max-gamma", str(longest), "--max-len", str(max_len), "--drain-timeout-s", "2"]
     if args.compilation_cache is not None:
         out += ["--compilation-cache", args.compilation_cache]
-    return out if args.warmup else [*out, "--no-warmup"]
+    # The tenants start together, so the first steps already batch every tenant's rows: the
+    # verifier compiles its whole (small) pool before it serves rather than making the first
+    # blocks wait for the largest row bucket (a wait past the edge's per-call deadline under
+    # load: measured).
+    return [*out, "--full-warmup"] if args.warmup else [*out, "--no-warmup"]
 
 
 def run(
@@ -170,7 +197,7 @@ def run(
 
     _check(args)
     live = console.is_terminal if live is None else live
-    notice = resolve_pair(args)
+    notice = _resolve_pair_showing_progress(args, console, live)
     if notice is not None:
         console.print(f"jaxspec demo: {notice}", highlight=False)
     if state is None:
@@ -213,7 +240,14 @@ def run(
                     with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
                         loop.add_signal_handler(sig, task.cancel)
                 try:
-                    return await run_demo(args, state, address, on_phase=on_phase, on_end=capture)
+                    return await run_demo(
+                        args,
+                        state,
+                        address,
+                        on_phase=on_phase,
+                        on_end=capture,
+                        verifier_log=None if server is None else lambda: server.lines,
+                    )
                 except asyncio.CancelledError:  # stopped before the tenants ran
                     task.uncancel()
                     with state.lock:
@@ -237,6 +271,36 @@ def run(
         with state.lock:
             state.phase = "interrupted"
     return result
+
+
+def _resolve_pair_showing_progress(
+    args: argparse.Namespace, console: Console, live: bool
+) -> str | None:
+    """`resolve_pair`, with the fetch (bytes), conversion and W4A16 build shown as they go
+    when there is anything to fetch or build: bars in a terminal, else a line every 2 s."""
+    if not needs_fetch(args):
+        return resolve_pair(args)
+    console.print(
+        "jaxspec demo: getting SmolLM2-135M-Instruct and building its W4A16 draft (once; "
+        "cached in ~/.cache/jaxspec)",
+        highlight=False,
+    )
+    if not live:
+        lines = StageLines(lambda text: console.print(f"jaxspec demo: {text}", highlight=False))
+        return resolve_pair(args, lines)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console
+    ) as bars:
+        tasks: dict[str, TaskID] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bars.add_task(describe(stage, done, total), total=total)
+            bars.update(
+                tasks[stage], completed=done, total=total, description=describe(stage, done, total)
+            )
+
+        return resolve_pair(args, progress)
 
 
 def _raise_on_termination(stack: contextlib.ExitStack) -> None:
@@ -273,8 +337,8 @@ def main(args: argparse.Namespace) -> int:
     except RuntimeError as e:  # the verifier did not start
         print(f"jaxspec demo: error: {e}", file=sys.stderr)
         return 1
-    if not live:
-        console.print(summary(result.state))
+    # The plain summary in every mode: under the final live frame, or after the progress lines.
+    console.print(summary(result.state), highlight=False)
     for err in result.errors:
         print(f"jaxspec demo: {err}", file=sys.stderr)
     if result.interrupted:

@@ -25,20 +25,34 @@ REAL_TARGET, REAL_DRAFT = "smollm2", "smollm2-w4a16"
 REAL_DRAFTS = (REAL_DRAFT, "smollm2-draft")  # the self-draft; the small one (weak devices)
 
 
-def _real_pair(fetch: bool) -> str:
+def _real_pair(fetch: bool, progress: hub.Progress | None = None) -> str:
     """The SmolLM2 checkpoint directory (fetching it, and building its W4A16 copy, when
-    `fetch`); CheckpointError says why the real pair cannot run here."""
+    `fetch`, reporting each stage to `progress`); CheckpointError says why the real pair
+    cannot run here."""
     if not fetch:
         return REAL_TARGET
-    target = str(hub.ensure(REAL_TARGET))
-    hub.ensure_copy(REAL_DRAFT)
+    target = str(hub.ensure(REAL_TARGET, progress))
+    hub.ensure_copy(REAL_DRAFT, progress)
     return target
 
 
-def resolve_pair(args: argparse.Namespace) -> str | None:
+def needs_fetch(args: argparse.Namespace) -> bool:
+    """Whether `resolve_pair(args)` will fetch or build something (minutes, worth a progress
+    bar) rather than find the real pair in the cache."""
+    if getattr(args, "chat", None) is not None or args.checkpoint or args.draft:
+        return False
+    if args.pair == "tiny" or args.verifier is not None:
+        return False
+    spec, copy = hub.remote_model(REAL_TARGET), hub.quantized_copy(REAL_DRAFT)
+    return not hub.is_pulled(spec) or not (hub.copy_dir(copy) / hub.SOURCE_FILE).is_file()
+
+
+def resolve_pair(args: argparse.Namespace, progress: hub.Progress | None = None) -> str | None:
     """Fill `args.checkpoint`, `args.draft` and `args.chat` (chat prompts for the real pair);
     return the one line to show when `auto` fell back to the tiny pair (None otherwise).
-    Idempotent. Raises ValueError for `--pair smollm2` when the real pair cannot run."""
+    Idempotent. `progress(stage, done, total)` hears a fetch's bytes and a conversion's
+    and quantization's steps. Raises ValueError for `--pair smollm2` when the real pair
+    cannot run."""
     if getattr(args, "chat", None) is not None:
         return None
     notice = None
@@ -52,7 +66,7 @@ def resolve_pair(args: argparse.Namespace) -> str | None:
         args.chat = False
     else:
         try:
-            args.checkpoint = _real_pair(fetch=args.verifier is None)
+            args.checkpoint = _real_pair(args.verifier is None, progress)
             args.draft, args.chat = REAL_DRAFT, True
         except CheckpointError as e:
             if args.pair == "smollm2":

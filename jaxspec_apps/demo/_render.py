@@ -86,13 +86,36 @@ def bar(fraction: float, width: int) -> str:
     return ("█" * full + partial).ljust(width, "░")
 
 
+FINISHED = ("done", "stopped", "error")
+REJECTED_LINE = 60  # characters of the latest rejected drafts under a finished tenant's text
+
+
+def rejected_line(view: TenantView, width: int = REJECTED_LINE) -> str:
+    """`rejected drafts (12): …ind ¦ 00 ¦ call ¦ rome`: the latest ones, cut at the left."""
+    drafts = [p.replace("\n", "⏎") for k, p in view.pieces if k == REJECT]
+    line = " ¦ ".join(d.strip() or repr(d) for d in drafts)
+    if len(line) > width:
+        line = "…" + line[-(width - 1) :]
+    return f"rejected drafts ({len(drafts)}): {line}"
+
+
 def tenant_text(view: TenantView) -> Text:
-    """The tenant's text with every piece in its style, drafts in flight at the end."""
+    """The tenant's text with every piece in its style, drafts in flight at the end.
+
+    While it runs, rejected drafts stand (struck through) where they were proposed; once it
+    has finished only the committed text is shown, the rejected drafts apart on a line of
+    their own, so the final screen reads without strikethrough."""
     text = Text(overflow="fold")
+    final = view.status in FINISHED
     for kind, piece in view.pieces:
-        text.append(piece, STYLES[kind])
+        if not (final and kind == REJECT):
+            text.append(piece, STYLES[kind])
     for _, piece in view.inflight:
         text.append(piece, STYLES["inflight"])
+    if view.status == "drafting" and view.tokens == 0:
+        text.append("  (waiting for the first verified block…)", "dim")
+    if final and view.rejections:
+        text.append("\n" + rejected_line(view), "dim red")
     if view.status == "error":
         text.append(f"\n{view.error}", "bold red")
     return text
@@ -325,8 +348,37 @@ class Dashboard:
             yield Fixed(layout, height)
 
 
+def answer_text(view: TenantView) -> str:
+    """What a tenant committed after its prompt: accepted drafts, corrections and bonus
+    tokens, never a rejected draft (samples of `--seconds` runs separated by a rule)."""
+    return "".join(p for k, p in view.pieces if k not in (PROMPT, REJECT)).strip("\n")
+
+
+def answers(state: DemoState) -> str:
+    """The plain-text end of every run: per tenant its figures, question and answer.
+
+    edge 1 · done · α 0.81 · 63.2 tok/s · 160 tokens
+      Q: Write a Python function that checks whether a string is a palindrome.
+      A: Here is a function ...
+    """
+    out = []
+    with state.lock:
+        for v in state.tenants:
+            head = (
+                f"edge {v.index + 1} · {v.status} · α {v.acceptance_rate:.2f} · "
+                f"{v.tokens_per_s:.1f} tok/s · {v.tokens} tokens"
+            )
+            q = v.prompt_text.strip().replace("\n", "\n     ")
+            a = answer_text(v).replace("\n", "\n     ") or "(nothing committed)"
+            out.append(f"{head}\n  Q: {q}\n  A: {a}")
+            if v.error:
+                out.append(f"  error: {v.error}")
+    return "\n\n".join(out)
+
+
 def summary(state: DemoState) -> Group:
-    """The plain report: one row per tenant, the verifier's figures, every tenant's text."""
+    """The plain report: one row per tenant, the verifier's figures, then every tenant's
+    question and committed answer (`answers`)."""
     s = state.settings
     table = Table(
         title=(
@@ -372,10 +424,7 @@ def summary(state: DemoState) -> Group:
                     f"{st.get('mean_occupancy', 0.0):.2f}"
                 )
             )
-        for v in state.tenants:
-            lines.append(Text(f"\n── edge {v.index + 1} ──", "bold"))
-            body = "".join(p for k, p in v.pieces if k != REJECT)
-            lines.append(Text(body + (f"\n{v.error}" if v.error else "")))
+        lines.append(Text("\n" + answers(state)))
     return Group(*lines)
 
 

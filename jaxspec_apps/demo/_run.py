@@ -23,8 +23,9 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
+from edge.adaptive import AdaptiveGamma
 from edge.client import GrpcEndpoint, check_verifier
 from edge.drafter import Drafter, load_drafter
 from edge.session import DelayedEndpoint, run_session
@@ -32,6 +33,7 @@ from jaxspec.flags import draft_spec_from_args
 from jaxspec.protocol import DraftBlock, SessionConfig, SessionInfo, VerifyResult
 from jaxspec.text import chat_prompt, encode_prompt
 from jaxspec_apps.demo._pair import resolve_pair
+from jaxspec_apps.demo._progress import warmup_progress
 from jaxspec_apps.demo._state import DemoSettings, DemoState, TenantView
 
 DEFAULT_PROMPTS = (
@@ -59,6 +61,7 @@ CHAT_PROMPTS = (
     "What are the main differences between a list and a tuple in Python?",
 )
 STATS_EVERY_S = 0.25
+PROGRESS_EVERY_S = 2.0  # start-up words that only count on are repeated at most this often
 CHECK_TIMEOUT_S = 10.0  # the first Stats call to a --verifier (an address that drops packets)
 WAIT_SERVING_S = 300.0  # how long the tenants wait for a verifier that warms up
 
@@ -184,20 +187,49 @@ async def run_demo(
     *,
     on_phase: Callable[[str], None] | None = None,
     on_end: Callable[[], None] | None = None,
+    verifier_log: Callable[[], Sequence[str]] | None = None,
 ) -> DemoResult:
     """Load the draft, wait for the verifier (`await wait_address()` gives its host:port
     once it serves), run the tenants until they finish, `--seconds` pass or the task is
-    cancelled (Ctrl-C); sessions and channels are closed before returning."""
+    cancelled (Ctrl-C); sessions and channels are closed before returning.
+
+    `verifier_log()` (a spawned verifier's output lines so far) lets the start-up words say
+    how far its warm-up is ("compiling its batch shapes 5/28"); `on_phase` hears every new
+    start-up text (repeats at most every `PROGRESS_EVERY_S`) and each tenant's first tokens.
+    """
 
     loop = asyncio.get_running_loop()
     result = DemoResult(state=state)
     s = state.settings
+    said = {"text": "", "t": float("-inf")}
 
-    def phase(word: str, detail: str = "") -> None:
+    def phase(word: str, detail: str = "", *, tick: bool = False) -> None:
         with state.lock:
             state.phase, state.detail = word, detail
-        if on_phase is not None:
-            on_phase(detail or word)
+        text, now = detail or word, loop.time()
+        if on_phase is not None and text != said["text"]:
+            if not tick or now - said["t"] >= PROGRESS_EVERY_S:
+                said.update(text=text, t=now)
+                on_phase(text)
+
+    step = {"text": ""}  # what the demo itself is doing while the verifier starts
+
+    def starting(text: str | None = None, *, tick: bool = False) -> None:
+        if text is not None:
+            step["text"] = text
+        words = step["text"]
+        if s.spawned and not address_fut.done():
+            counts = warmup_progress(verifier_log()) if verifier_log is not None else None
+            if counts is None:
+                words += "; the verifier is loading its target"
+            elif counts[1]:
+                words += f"; the verifier is compiling its batch shapes {counts[0]}/{counts[1]}"
+        phase("starting", words + "…", tick=tick)
+
+    async def tick_starting() -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            starting(tick=True)
 
     token = args.token or os.environ.get("JAXSPEC_TOKEN")
     if not s.spawned:  # the verifier first (a second), then the draft (tens of seconds)
@@ -205,22 +237,21 @@ async def run_demo(
         async with GrpcEndpoint(args.verifier, token=token, timeout_s=CHECK_TIMEOUT_S) as ep:
             await check_verifier(ep, serving=False)  # warming up is fine: waited for below
     address_fut = asyncio.ensure_future(wait_address())
+    ticker = asyncio.ensure_future(tick_starting())
     try:
-        busy = "; the verifier is loading" if s.spawned and not address_fut.done() else ""
-        phase("starting", f"loading the {s.quantize.upper()} draft {s.draft}{busy}…")
+        starting(f"loading the {s.quantize.upper()} draft {s.draft}")
         drafter = await loop.run_in_executor(
             None, load_drafter, args.draft, args.quantize, draft_spec_from_args(args)
         )
         configs = _configs(args, state, drafter)
-        busy = "; the verifier is loading" if s.spawned and not address_fut.done() else ""
-        phase("starting", f"compiling the draft model{busy}…")
+        starting("compiling the draft model")
         await loop.run_in_executor(None, _compile_drafter, drafter, configs, s.depth)
         if not address_fut.done():
-            what = "compiling its batch shapes" if args.warmup and s.spawned else "starting"
-            phase("starting", f"waiting for the verifier ({what})…")
+            starting("draft ready; waiting for the verifier")
         address = await address_fut
     finally:
         address_fut.cancel()
+        ticker.cancel()
     with state.lock:
         s.verifier = address
 
@@ -262,9 +293,22 @@ async def run_demo(
 
                 def on_event(kind: str, toks: tuple[int, ...]) -> None:
                     with state.lock:
+                        first = view.tokens == 0
                         view.on_event(kind, toks)
+                        first = first and view.tokens > 0
+                    if first and on_phase is not None:
+                        t = state.elapsed_s()
+                        on_phase(f"edge {i + 1}: first tokens {t:.1f} s after start")
 
-                await run_session(ep, drafter, cfg, depth=s.depth, on_event=on_event)
+                # --gamma auto: each block's length from what this session measures.
+                policy = (
+                    AdaptiveGamma(cfg.draft.gamma, cfg.mode, s.depth)
+                    if cfg.draft.adaptive
+                    else None
+                )
+                await run_session(
+                    ep, drafter, cfg, depth=s.depth, on_event=on_event, block_len=policy
+                )
                 sample += 1
                 if args.seconds <= 0 or stopping:
                     break

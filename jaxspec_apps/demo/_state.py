@@ -200,7 +200,7 @@ class DemoSettings:
     tenants: int = 3
     mode: str = "pipelined"
     depth: int = 2
-    gamma: int = 4
+    gamma: int | str = 4  # or "auto"
     rtt_ms: float = 50.0
     jitter_ms: float = 5.0
     temperature: float = 0.7
