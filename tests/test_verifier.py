@@ -358,6 +358,11 @@ def test_scheduler_config_is_validated_once_and_derives_its_buckets():
     flags = ["serve", "--max-sessions", "12", "--max-gamma", "3", "--mesh", "data=4,model=2"]
     c = scheduler_config_from_args(build_parser().parse_args(flags))
     assert (c.max_sessions, c.max_gamma, c.row_buckets) == (12, 3, (4, 8, 12))
+    assert c.kv_buckets == (256, 512)  # the default slot: half and whole
+    one = scheduler_config_from_args(build_parser().parse_args([*flags, "--kv-buckets", "512"]))
+    assert one.kv_buckets == (512,)
+    with pytest.raises(ValueError, match="kv buckets"):  # must end at --max-len
+        scheduler_config_from_args(build_parser().parse_args([*flags, "--kv-buckets", "128"]))
 
 
 def test_local_verifier_pipelined_blocks_in_flight():

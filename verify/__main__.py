@@ -142,6 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-len", type=int, default=512, help="positions per session")
     s.add_argument("--max-gamma", type=int, default=8, help="largest drafts per block")
     s.add_argument(
+        "--kv-buckets",
+        type=_positions,
+        default=None,
+        help="slot positions a verify step may attend over, comma-separated and ending at "
+        "--max-len (default: half the slot and the whole slot, for slots of 256 or more; "
+        "each bucket is one more set of compiled step shapes)",
+    )
+    s.add_argument(
         "--max-sparse-k", type=int, default=16, help="most q columns a sparse draft may carry"
     )
     s.add_argument(
@@ -213,8 +221,17 @@ def scheduler_config_from_args(args: argparse.Namespace) -> SchedulerConfig:
         max_gamma=args.max_gamma,
         max_sparse_k=args.max_sparse_k,
         row_buckets=row_buckets_for(args.max_sessions, data),
+        kv_buckets=getattr(args, "kv_buckets", None),
         idle_timeout_s=args.idle_timeout_s,
     )
+
+
+def _positions(text: str) -> tuple[int, ...]:
+    """`--kv-buckets`: "256,512" -> (256, 512)."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected positions like 256,512, got {text!r}") from None
 
 
 def load_target(args: argparse.Namespace) -> Model:

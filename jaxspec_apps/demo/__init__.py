@@ -170,6 +170,7 @@ def serve_args(args: argparse.Namespace) -> list[str]:
     out = ["--checkpoint", args.checkpoint, "--max-sessions", str(args.tenants)]
     longest = args.max_gamma if args.gamma == AUTO else args.gamma
     out += ["--max-gamma", str(longest), "--max-len", str(max_len), "--drain-timeout-s", "2"]
+    out += ["--kv-buckets", str(max_len)]  # one KV bucket: half the shapes to compile first
     if args.compilation_cache is not None:
         out += ["--compilation-cache", args.compilation_cache]
     # The tenants start together, so the first steps already batch every tenant's rows: the
