@@ -27,7 +27,9 @@ HEADLINE = [
     ("peer_plain_ratio", "our plain greedy ÷ transformers' plain greedy tokens/s"),
     ("peer_spec_ratio", "our speculative ÷ transformers' (faster) assisted generation tokens/s"),
     ("capacity_factor_measured", "clients sustained, edge-cloud SD ÷ co-located SD"),
-    ("capacity_factor_predicted", "1 + γ·t_d/t_v at measured t_d, t_v"),
+    ("capacity_factor_predicted", "1 + γ·t_d/t_v at t_d, t_v measured where co-located saturates"),
+    ("capacity_vs_cloud_ar", "clients sustained, edge-cloud SD ÷ cloud autoregressive"),
+    ("verify_over_decode", "verify step at batch 1 (γ + 1 positions) ÷ one plain decode token"),
 ]
 
 
@@ -36,7 +38,7 @@ def _headline(r: dict[str, Any]) -> list[str]:
     if "verify_roofline_fraction" in r:
         v = ", ".join(f"B={b}: {f:.2f}" for b, f in r["verify_roofline_fraction"].items())
         middle.append(
-            f"| `verify_roofline_fraction` | {v} | verify step: roofline (weights + KV) ÷ "
+            f"| `verify_roofline_fraction` | {v} | verify step: roofline (weights + live KV) ÷ "
             "measured, by batch |"
         )
     return headline_md(HEADLINE, r, middle)

@@ -508,7 +508,7 @@ def plots(r: dict[str, Any], bench: pathlib.Path) -> dict[str, str]:
         ax.set_xlabel("tokens/s (greedy, batch 1, identical tokens)")
         ax.set_title("jaxspec (blue) vs transformers (orange)")
         save(fig, "peer")
-    if "capacity" in s:
+    if "capacity" in s and "method" in s["capacity"]:  # (not a pre-bisection report's)
         c = s["capacity"]
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for m, color in zip(

@@ -52,6 +52,8 @@ def peer_md(pr: dict[str, Any]) -> list[str]:
 
 
 def capacity_md(c: dict[str, Any]) -> list[str]:
+    if "method" not in c:  # a report from before the bisection: its capped sweep
+        return _capacity_sweep_md(c)
     cap, names = c["capacity"], {"cloud_ar": "cloud AR", "colocated": "co-located SD",
                                  "edge_cloud": "edge-cloud SD"}  # fmt: skip
 
@@ -100,6 +102,31 @@ def capacity_md(c: dict[str, Any]) -> list[str]:
         f"Edge-cloud ÷ cloud AR = **{ratio(c['edge_over_cloud_ar'])}**.",
     ]
     return lines
+
+
+def _capacity_sweep_md(c: dict[str, Any]) -> list[str]:
+    """The capacity section of results written before the bisection (a fixed sweep of N)."""
+    lines = [
+        "| clients N | cloud AR tok/s per client | co-located SD | edge-cloud SD | edge α |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for pt in c["points"]:
+        rate, e = pt["per_client_tok_s"], pt["edge"]
+        lines.append(
+            f"| {pt['clients']} | {rate['cloud_ar']:.0f} | {rate['colocated']:.0f} | "
+            f"{rate['edge_cloud']:.0f} | {e['alpha']:.3f} |"
+        )
+    cap = c["capacity"]
+    n = {m: ("≥ " if cap[m]["censored"] else "") + f"{cap[m]['clients']:.1f}" for m in cap}
+    return [
+        *lines,
+        "",
+        f"Clients sustained at {c['client_rate']:g} tokens/s each (a capped sweep, from an "
+        f"earlier version of the section): cloud AR {n['cloud_ar']}, co-located SD "
+        f"{n['colocated']}, edge-cloud SD {n['edge_cloud']}. Edge-cloud / co-located = "
+        f"{ratio(c['capacity_factor_measured'])} measured vs "
+        f"{ratio(c['capacity_factor_predicted'])} predicted.",
+    ]
 
 
 def verifier_md(v: dict[str, Any]) -> list[str]:
