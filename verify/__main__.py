@@ -56,6 +56,7 @@ from verify.scheduler import (
     SchedulerConfig,
     WarmupCancelled,
     row_buckets_for,
+    shape_name,
     warmup_order,
 )
 from verify.serve import (
@@ -464,7 +465,7 @@ async def _warm_up_and_serve(
 
 def _warm_up_the_rest(
     verifier: LocalVerifier,
-    shapes: list[tuple[str, int, int]],
+    shapes: list[tuple[str, int, int, int]],
     done_before: int,
     progress: Callable[[int, int, str], None],
     t0: float,
@@ -480,15 +481,10 @@ def _warm_up_the_rest(
             fn, fn_args = sched.precompile_args(shape)
         sched.precompile(fn, fn_args)
         try:
-            progress(i, 0, _name(shape))
+            progress(i, 0, shape_name(shape))
         except WarmupCancelled:
             return
     log.info("fully warm: %d shapes in %.1f s", done_before + len(shapes), time.monotonic() - t0)
-
-
-def _name(shape: tuple[str, int, int]) -> str:
-    kind, rows, width = shape
-    return f"{kind} {rows}x{width}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -236,6 +236,13 @@ def kv_buckets_for(max_len: int) -> tuple[int, ...]:
     return (half, max_len) if 128 <= half < max_len else (max_len,)
 
 
+def shape_name(shape: tuple[str, int, int, int]) -> str:
+    """How logs name a `warmup_shapes` shape: "step RxWxA" (rows, width, KV bucket), "prefill
+    RxC" (rows, chunk)."""
+    kind, R, W, A = shape
+    return f"{kind} {R}x{W}" + (f"x{A}" if kind == "step" else "")
+
+
 def warmup_order(config: SchedulerConfig) -> list[tuple[str, int, int, int]]:
     """`warmup_shapes` in the order the first requests need them: row bucket by row bucket,
     smallest first, each bucket's prefill (a session's prompt comes first) and then its step
@@ -801,7 +808,7 @@ class Scheduler:
                 )  # fmt: skip
             jax.block_until_ready(self.cache)
             if progress is not None:
-                progress(done, len(shapes), f"{kind} {R}x{W}" + (f"x{A}" if kind == "step" else ""))
+                progress(done, len(shapes), shape_name((kind, R, W, A)))
 
     def precompile_args(self, shape: tuple[str, int, int, int]) -> tuple[Callable, tuple]:
         """The jitted function and abstract arguments of one `warmup_shapes` shape, read from
