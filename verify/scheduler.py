@@ -320,7 +320,7 @@ class Scheduler:
         self.tenant_committed: collections.Counter[str] = collections.Counter()
         self.metrics = Metrics()
         self._ticket = 0
-        self._zeros: dict[Any, jax.Array] = {}  # resident constants (`_zero_q`, `_arange`)
+        self._zeros: dict[Any, jax.Array] = {}  # device constants (`_resident`)
         # The last CLOSED_MEMORY sessions closed (by close, idle eviction): id -> tenant. The
         # service answers a second close of one of them OK for its own tenant (a normal end).
         self.closed: collections.OrderedDict[str, str] = collections.OrderedDict()
@@ -739,24 +739,22 @@ class Scheduler:
             ),
             keys=jnp.asarray(keys),
             is_full=jnp.asarray(is_full),
-            q_full=self._zero_q(R, K) if q_full is None else jnp.asarray(q_full),
+            q_full=jnp.asarray(q_full)
+            if q_full is not None
+            else self._resident((R, K), lambda: jnp.zeros((R, K, self.vocab), jnp.float32)),
             q_ids=jnp.asarray(q_ids),
             q_probs=jnp.asarray(q_probs),
-            attend=self._arange(A),
+            attend=self._resident(A, lambda: jnp.arange(A, dtype=jnp.int32)),
             counts=slot_counts.gather(self.counts, jnp.asarray(slots)),
         )
 
-    def _arange(self, A: int) -> jax.Array:
-        """`arange(A)` on the device, once per KV bucket (`VerifyBatch.attend`)."""
-        if A not in self._zeros:
-            self._zeros[A] = jnp.arange(A, dtype=jnp.int32)
-        return self._zeros[A]
-
-    def _zero_q(self, R: int, K: int) -> jax.Array:
-        """A device-resident `[R, K, V]` zero q_full for batches without a full row."""
-        if (R, K) not in self._zeros:
-            self._zeros[(R, K)] = jnp.zeros((R, K, self.vocab), jnp.float32)
-        return self._zeros[(R, K)]
+    def _resident(self, key: Any, make: Callable[[], jax.Array]) -> jax.Array:
+        """A device constant made once per key and reused by every step: `VerifyBatch.attend`
+        (`arange(A)`, key A) and the zero `[R, K, V]` q_full of batches without a full row
+        (key (R, K))."""
+        if key not in self._zeros:
+            self._zeros[key] = make()
+        return self._zeros[key]
 
     def _prefill_tick(self) -> None:
         todo = [s for s in self.sessions.values() if not s.ready_to_verify]
