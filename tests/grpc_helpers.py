@@ -156,8 +156,14 @@ def config(prompt=(1, 2, 3, 4), **kw) -> SessionConfig:
 BOB_CFG = config(prompt=(5, 6, 7), max_new_tokens=48, mode="sync", gamma=2, seed=11)
 
 
+# The test servers compile lazily (--no-warmup): a first block of a new shape waits for its
+# compile, which on a loaded 2-core CI machine has taken longer than 20 s.
+ENDPOINT_TIMEOUT_S = 120.0
+
+
 def endpoint(address: str, token: str | None = None, ca: pathlib.Path | None = None):
-    return GrpcEndpoint(address, token=token, tls_ca=None if ca is None else str(ca), timeout_s=20)
+    tls_ca = None if ca is None else str(ca)
+    return GrpcEndpoint(address, token=token, tls_ca=tls_ca, timeout_s=ENDPOINT_TIMEOUT_S)
 
 
 async def session(address, draft_dir, cfg, token=None, ca=None, depth=2, **kw):

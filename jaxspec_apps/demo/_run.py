@@ -64,6 +64,9 @@ STATS_EVERY_S = 0.25
 PROGRESS_EVERY_S = 2.0  # start-up words that only count on are repeated at most this often
 CHECK_TIMEOUT_S = 10.0  # the first Stats call to a --verifier (an address that drops packets)
 WAIT_SERVING_S = 300.0  # how long the tenants wait for a verifier that warms up
+# How long a tenant waits for one answer from a verifier spawned with --no-warmup: its first
+# block of each batch shape waits for that shape's compile (the default is GrpcEndpoint's).
+LAZY_RESULT_TIMEOUT_S = 180.0
 
 
 @dataclasses.dataclass
@@ -255,8 +258,10 @@ async def run_demo(
     with state.lock:
         s.verifier = address
 
-    endpoints = [GrpcEndpoint(address, token=token) for _ in state.tenants]
-    monitor = GrpcEndpoint(address, token=token)
+    lazy = args.verifier is None and args.no_warmup
+    kw = dict(token=token) | (dict(timeout_s=LAZY_RESULT_TIMEOUT_S) if lazy else {})
+    endpoints = [GrpcEndpoint(address, **kw) for _ in state.tenants]
+    monitor = GrpcEndpoint(address, **kw)
     try:  # the figures this demo's own are counted from, once the verifier serves
         state.set_baseline(
             await check_verifier(
