@@ -32,7 +32,9 @@ from edge.client import GrpcEndpoint, channel_target, check_verifier, retry_noti
 from edge.drafter import load_drafter
 from edge.session import SessionTrace, run_session
 from jaxspec.checkpoint import generation_defaults, load, load_tokenizer
-from jaxspec.flags import (
+from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
+from jaxspec.text import decode_text
+from jaxspec_host.flags import (
     HelpFormatter,
     add_cache_flag,
     add_draft_flags,
@@ -48,8 +50,6 @@ from jaxspec.flags import (
     sampling_from_model,
     use_compilation_cache,
 )
-from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
-from jaxspec.text import decode_text
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,6 +8,8 @@ and `[in, out]` by Flax; the mapping below is the only place that knows both.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import json
 import logging
 import os
@@ -19,7 +21,6 @@ import jax.numpy as jnp
 from safetensors import safe_open
 from safetensors.flax import save_file
 
-from jaxspec import hub
 from jaxspec.config import CheckpointError, LlamaConfig
 from jaxspec.gguf_import import _field as _gguf_field
 from jaxspec.gguf_import import _reader as _gguf_reader
@@ -50,7 +51,7 @@ class _NoTorchNotice(logging.Filter):
 logging.getLogger("transformers").addFilter(_NoTorchNotice())
 
 
-def _hf_name(flax_path: tuple[str, ...]) -> tuple[str, bool]:
+def hf_name(flax_path: tuple[str, ...]) -> tuple[str, bool]:
     """HF tensor name of a Flax param path, and whether it is transposed."""
     *mods, leaf = flax_path
     if mods == ["embed_tokens"]:
@@ -81,18 +82,43 @@ def _resolve(path: PathLike) -> pathlib.Path:
                 f"train it with {_TRAINED_BY.get(str(path), 'tools/train_default_models.py')}"
             )
         return builtin
-    if hub.remote_model(str(path)) is not None:
-        return hub.ensure(str(path))
-    if hub.quantized_copy(str(path)) is not None:
-        return hub.ensure_copy(str(path))
+    for fetcher in _fetchers():
+        fetched = fetcher.resolve(str(path))
+        if fetched is not None:
+            return fetched
     if p.exists():
         raise CheckpointError(
             f"{p} is a file; jaxspec.load wants a checkpoint directory or a .gguf file"
         )
     raise CheckpointError(
         f"no checkpoint directory or GGUF file at {str(path)!r} (built-in names: "
-        f"{sorted(BUILTIN_NAMES)}; fetched on first use: {hub.remote_names()})"
+        f"{sorted(BUILTIN_NAMES)}; fetched on first use: {_fetchable_names()})"
     )
+
+
+FETCHERS = "jaxspec.fetchers"  # the entry-point group of the fetchers of models by name
+GENERATION_FILE = "generation_config.json"  # HF's recommended sampling settings
+
+
+@functools.cache
+def _fetchers() -> list[Any]:
+    """The installed fetchers of models loadable by name (entry points of group `FETCHERS`,
+    e.g. `jaxspec_host.hub`): each has `resolve(name)` (a checkpoint path, fetched first if
+    need be, or None for a name it does not know) and `names()`. The core never imports one:
+    fetching runs pip, which is not the core's business. Every installed distribution is
+    read, not the first of each name: a stale `jaxspec.egg-info` left in a source checkout
+    (first on sys.path there) must not hide the installed entry points."""
+    found = {
+        ep.value: ep
+        for dist in importlib.metadata.distributions()
+        for ep in dist.entry_points
+        if ep.group == FETCHERS
+    }
+    return [ep.load() for ep in found.values()]
+
+
+def _fetchable_names() -> list[str]:
+    return sorted(n for f in _fetchers() for n in f.names())
 
 
 def _weight_files(d: pathlib.Path) -> list[pathlib.Path]:
@@ -130,8 +156,8 @@ def load(path: PathLike, *, dtype: Any = jnp.float32, tokenizer: bool = True) ->
       path: checkpoint directory or `.gguf` file; "default" / "default-draft" for the shipped
         tiny pair; "smollm2-draft" for the shipped W4A16 draft of SmolLM2; "smollm2" (alias
         of "smollm2-135m-instruct") for SmolLM2-135M-Instruct, fetched and converted on first
-        use (`jaxspec.hub`); "smollm2-w4a16" for its packed W4A16 copy, quantized once from
-        it on first use and cached beside it.
+        use (by a fetcher: `jaxspec_host.hub`); "smollm2-w4a16" for its packed W4A16 copy,
+        quantized once from it on first use and cached beside it.
       dtype: parameter and activation dtype (float32 matches transformers' float32 logits).
       tokenizer: load the tokenizer with `transformers.AutoTokenizer` when one is present.
 
@@ -170,7 +196,7 @@ def params_from_hf(
 
     def take(path: tuple[Any, ...], leaf: jax.ShapeDtypeStruct) -> jax.Array:
         keys = tuple(p.key for p in path)
-        name, transpose = _hf_name(keys)
+        name, transpose = hf_name(keys)
         if name not in tensors:
             raise CheckpointError(f"{where}: tensor {name!r} is missing")
         hf_shape = tuple(leaf.shape)[::-1] if transpose else tuple(leaf.shape)
@@ -224,7 +250,7 @@ def generation_defaults(path: PathLike) -> dict[str, float]:
     """The sampling settings a checkpoint recommends, those it has of `temperature`, `top_p`
     and `top_k`: from its HF `generation_config.json` (`do_sample: false` means greedy,
     temperature 0), or a GGUF's `general.sampling.*` keys; {} when it says nothing. Models by
-    name resolve as in `load` (`jaxspec.hub` records SmolLM2's model-card settings there at
+    name resolve as in `load` (`jaxspec_host.hub` records SmolLM2's model-card settings there at
     conversion). Chat commands use them where no flag says otherwise."""
     d = _resolve(path)
     if d.suffix == ".gguf" and d.is_file():
@@ -235,7 +261,7 @@ def generation_defaults(path: PathLike) -> dict[str, float]:
             if value is not None:
                 out[key] = float(value)
         return out
-    f = d / hub.GENERATION_FILE
+    f = d / GENERATION_FILE
     try:
         raw = json.loads(f.read_text())
     except (OSError, ValueError):
@@ -284,7 +310,7 @@ def save(model: Model, path: PathLike, *, dtype: Any = None) -> pathlib.Path:
     tensors: dict[str, jax.Array] = {}
 
     def put(path: tuple[Any, ...], leaf: jax.Array) -> None:
-        name, transpose = _hf_name(tuple(p.key for p in path))
+        name, transpose = hf_name(tuple(p.key for p in path))
         arr = jnp.asarray(leaf.T if transpose else leaf)
         if dtype is not None:
             arr = arr.astype(dtype)

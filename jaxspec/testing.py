@@ -152,7 +152,7 @@ def write_gguf(path: str | os.PathLike[str], model: Model, qtype: str = "F32") -
     import jax
     import numpy as np
 
-    from jaxspec.checkpoint import _hf_name
+    from jaxspec.checkpoint import hf_name
 
     c = model.config
     kind = gguf.GGMLQuantizationType[qtype]
@@ -187,7 +187,7 @@ def write_gguf(path: str | os.PathLike[str], model: Model, qtype: str = "F32") -
         "post_attention_layernorm": "ffn_norm",
     }
     for path_, leaf in jax.tree_util.tree_leaves_with_path(model.params):
-        name, transpose = _hf_name(tuple(p.key for p in path_))
+        name, transpose = hf_name(tuple(p.key for p in path_))
         arr = np.asarray(leaf, np.float32)
         arr = arr.T if transpose else arr
         if name in hf_to_gguf:

@@ -30,7 +30,10 @@ from rich.progress import (
 
 import jaxspec
 from jaxspec import analytic, hub, int4kernel
-from jaxspec.flags import (
+from jaxspec.testing import write_random_checkpoint
+from jaxspec.text import decode_text
+from jaxspec_apps import bench, demo
+from jaxspec_host.flags import (
     AUTO,
     HelpFormatter,
     add_cache_flag,
@@ -47,9 +50,6 @@ from jaxspec.flags import (
     sampling_from_model,
     use_compilation_cache,
 )
-from jaxspec.testing import write_random_checkpoint
-from jaxspec.text import decode_text
-from jaxspec_apps import bench, demo
 
 
 def _generate(args: argparse.Namespace) -> int:

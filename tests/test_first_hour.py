@@ -19,8 +19,8 @@ import pytest
 
 from edge.client import check_verifier, retry_notice, short_reason
 from edge.session import run_session
-from jaxspec.flags import add_draft_flags, add_sampling_flags, check_args
 from jaxspec.protocol import DraftSpec, SessionConfig, Unauthenticated, Unavailable
+from jaxspec_host.flags import add_draft_flags, add_sampling_flags, check_args
 
 MISSING = "/nonexistent/jaxspec-checkpoint"
 NOT_LOADED = "no checkpoint directory"  # what loading MISSING would have said

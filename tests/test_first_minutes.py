@@ -17,11 +17,11 @@ import pytest
 from rich.console import Console
 
 import jaxspec_apps.demo as demo
-from jaxspec import hub
 from jaxspec_apps.demo._progress import StageLines, describe, warmup_progress
 from jaxspec_apps.demo._render import STYLES, answers, rejected_line, summary, tenant_text
 from jaxspec_apps.demo._run import DemoResult
 from jaxspec_apps.demo._state import REJECT, DemoSettings, DemoState, TenantView
+from jaxspec_host import hub
 
 
 def chars(ids: list[int]) -> str:
@@ -217,7 +217,7 @@ def test_the_demo_shows_fetch_progress_when_the_real_pair_is_missing(monkeypatch
 
 def test_generation_defaults_from_hf_gguf_and_the_conversion_record(tmp_path, monkeypatch):
     """The model's recommended sampling: an HF generation_config.json, a GGUF's
-    general.sampling.* keys, or what jaxspec.hub records at conversion (SmolLM2's model card:
+    general.sampling.* keys, or what jaxspec_host.hub records at conversion (SmolLM2's model card:
     T 0.2, top-p 0.9, also added to a cache converted before it was recorded)."""
     import json
 
@@ -261,7 +261,7 @@ def _generate_parser() -> argparse.ArgumentParser:
 
 
 def test_chat_takes_the_models_settings_unless_a_flag_says_otherwise():
-    from jaxspec.flags import check_args, sampling_from_model
+    from jaxspec_host.flags import check_args, sampling_from_model
 
     smollm2 = {"temperature": 0.2, "top_p": 0.9}
     p = _generate_parser()
@@ -322,8 +322,8 @@ def test_a_folder_named_jaxspec_in_the_way_is_named_at_start(monkeypatch, capsys
     import types
 
     from edge.__main__ import main as edge_main
-    from jaxspec.flags import shadowing_folder
     from jaxspec_apps.cli import main as cli_main
+    from jaxspec_host.flags import shadowing_folder
     from verify.__main__ import main as verify_main
 
     assert shadowing_folder() is None  # the real package here
@@ -374,7 +374,7 @@ def test_an_http1_port_is_named_as_such_to_the_end():
 
 def test_the_edge_takes_the_models_chat_settings_too():
     from edge.__main__ import build_parser
-    from jaxspec.flags import check_args, sampling_from_model
+    from jaxspec_host.flags import check_args, sampling_from_model
 
     p = build_parser()
     argv = ["generate", "--verifier", "h:1", "--checkpoint", "smollm2", "--chat", "hi"]

@@ -1,4 +1,5 @@
-"""The shared command-line flags (`jaxspec.flags`) and the one shape bucket (`jaxspec.shapes`)."""
+"""The shared command-line flags (`jaxspec_host.flags`) and the one shape bucket
+(`jaxspec.shapes`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import argparse
 
 import pytest
 
-from jaxspec.flags import (
+from jaxspec.protocol import DraftSpec
+from jaxspec.shapes import bucket
+from jaxspec_host.flags import (
     add_draft_flags,
     add_penalty_flags,
     add_sampling_flags,
@@ -15,8 +18,6 @@ from jaxspec.flags import (
     logit_bias_from_args,
     penalties_from_args,
 )
-from jaxspec.protocol import DraftSpec
-from jaxspec.shapes import bucket
 
 
 def parser(**draft) -> argparse.ArgumentParser:

@@ -23,7 +23,7 @@ from jaxspec.model import Model, init_params
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.testing import tiny_config
-from jaxspec.xla_cache import compilation_cache_dir
+from jaxspec_host.xla_cache import compilation_cache_dir
 from tests import grpc_helpers as h
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 from verify.__main__ import build_parser, refuse_insecure_public

@@ -16,9 +16,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import jaxspec
-from jaxspec import hub
 from jaxspec.quantize import quant_spec, with_kernel
 from jaxspec_apps import cli
+from jaxspec_host import hub
 
 NEW = 24  # greedy tokens compared per prompt
 PAD = 96  # every logits forward is padded to this length: one compile

@@ -8,7 +8,7 @@ Everything runs in this process on this machine: the edge drafter (`edge.Drafter
 verifier (`verify.LocalVerifier`) behind `edge.DelayedEndpoint` (one-way delay RTT/2 each
 way, FIFO). t_d (draft time per token), t_v (one verify step) and t_ar (one target decode
 step) are measured first, alpha from co-located speculative decoding of the same prompt; the
-predictions are the papers' model (`jaxspec_apps.bench.analytic`, held equal to `proofs.latency`)
+predictions are the papers' model (`jaxspec.analytic`, held equal to `proofs.latency`)
 evaluated at those numbers. Cloud autoregressive decoding and co-located speculative decoding
 stream tokens the cloud computes, so their inter-token latency is their measured compute time
 per token (the RTT delays only the first token). Writes `<out>.md`, `<out>.json` and
@@ -25,8 +25,8 @@ import sys
 import jax
 
 import jaxspec
-from jaxspec.flags import add_draft_flags, add_sampling_flags
 from jaxspec_apps.bench import latency
+from jaxspec_host.flags import add_draft_flags, add_sampling_flags
 
 RTTS_MS = (0, 5, 20, 50, 100, 200)
 

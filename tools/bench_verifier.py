@@ -18,8 +18,8 @@ import json
 import sys
 
 import jaxspec
-from jaxspec.flags import add_draft_flags
 from jaxspec_apps.bench.verifier import batch_sweep
+from jaxspec_host.flags import add_draft_flags
 
 
 def main(argv: list[str] | None = None) -> int:

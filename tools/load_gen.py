@@ -26,7 +26,6 @@ from edge.session import run_session
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from jaxspec.flags import add_draft_flags, draft_spec_from_args
 from jaxspec.protocol import (
     DraftBlock,
     SessionConfig,
@@ -34,6 +33,7 @@ from jaxspec.protocol import (
     VerifierError,
     VerifyResult,
 )
+from jaxspec_host.flags import add_draft_flags, draft_spec_from_args
 
 
 @dataclasses.dataclass

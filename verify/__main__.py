@@ -40,7 +40,8 @@ import jax
 import jax.numpy as jnp
 
 import jaxspec
-from jaxspec.flags import (
+from jaxspec.model import Model
+from jaxspec_host.flags import (
     HelpFormatter,
     add_cache_flag,
     port_arg,
@@ -48,7 +49,6 @@ from jaxspec.flags import (
     refuse_shadowed_package,
     use_compilation_cache,
 )
-from jaxspec.model import Model
 from verify import multihost
 from verify.local import LocalVerifier
 from verify.scheduler import (

@@ -18,11 +18,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jaxspec
-from jaxspec import hub
 from jaxspec.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
 from jaxspec_apps.bench.common import check_same_tokens
-
-DECODERS = ("hf_plain", "hf_assisted", "hf_assisted_const", "ours_plain", "ours_spec")
+from jaxspec_host import hub
 
 
 def checkpoint_dir(name: str) -> pathlib.Path:

@@ -32,7 +32,14 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from edge.client import channel_target
-from jaxspec.flags import (
+from jaxspec.protocol import VerifierError
+from jaxspec.shapes import bucket
+from jaxspec_apps.demo._pair import PAIRS, needs_fetch, resolve_pair
+from jaxspec_apps.demo._progress import StageLines, describe
+from jaxspec_apps.demo._render import Dashboard, save_capture, summary
+from jaxspec_apps.demo._run import CHAT_PROMPTS, DEFAULT_PROMPTS, DemoResult, make_state, run_demo
+from jaxspec_apps.demo._state import DemoState
+from jaxspec_host.flags import (
     AUTO,
     HelpFormatter,
     add_cache_flag,
@@ -42,13 +49,6 @@ from jaxspec.flags import (
     check_args,
     use_compilation_cache,
 )
-from jaxspec.protocol import VerifierError
-from jaxspec.shapes import bucket
-from jaxspec_apps.demo._pair import PAIRS, needs_fetch, resolve_pair
-from jaxspec_apps.demo._progress import StageLines, describe
-from jaxspec_apps.demo._render import Dashboard, save_capture, summary
-from jaxspec_apps.demo._run import CHAT_PROMPTS, DEFAULT_PROMPTS, DemoResult, make_state, run_demo
-from jaxspec_apps.demo._state import DemoState
 from verify.process import VerifierProcess
 
 MAX_TENANTS = 64

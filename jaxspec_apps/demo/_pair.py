@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 
-from jaxspec import hub
 from jaxspec.checkpoint import CheckpointError
+from jaxspec_host import hub
 
 PAIRS = ("auto", "smollm2", "tiny")
 TINY = ("default", "default-draft")

@@ -1,7 +1,7 @@
 """Progress words for the demo's long waits: fetching and converting the real pair, building
 its W4A16 copy, the verifier's warm-up ("n/N shapes", read from its log) and the first token.
 
-`describe(stage, done, total)` turns a `jaxspec.hub` progress call into words;
+`describe(stage, done, total)` turns a `jaxspec_host.hub` progress call into words;
 `StageLines` prints them as plain lines (a new stage at once, then at most one line every
 `every_s` seconds and the stage's end), so a run without a terminal never sits silent for
 more than two seconds.
@@ -39,7 +39,7 @@ def describe(stage: str, done: int, total: int) -> str:
 
 
 class StageLines:
-    """A `jaxspec.hub` progress callback that emits `describe`'s words as lines: each new
+    """A `jaxspec_host.hub` progress callback that emits `describe`'s words as lines: each new
     stage and each stage's end at once, otherwise at most one line per `every_s`."""
 
     def __init__(

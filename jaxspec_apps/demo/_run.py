@@ -29,12 +29,12 @@ from edge.adaptive import AdaptiveGamma
 from edge.client import GrpcEndpoint, check_verifier
 from edge.drafter import Drafter, load_drafter
 from edge.session import DelayedEndpoint, run_session
-from jaxspec.flags import draft_spec_from_args
 from jaxspec.protocol import DraftBlock, SessionConfig, SessionInfo, VerifyResult
 from jaxspec.text import chat_prompt, encode_prompt
 from jaxspec_apps.demo._pair import resolve_pair
 from jaxspec_apps.demo._progress import warmup_progress
 from jaxspec_apps.demo._state import DemoSettings, DemoState, TenantView
+from jaxspec_host.flags import draft_spec_from_args
 
 DEFAULT_PROMPTS = (
     "def fibonacci(n):\n",

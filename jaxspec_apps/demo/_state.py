@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 # Piece kinds, in the vocabulary of vLLM's rejection sampler (accepted / recovered / bonus).
 PROMPT, ACCEPT, CORRECT, BONUS, REJECT = "prompt", "accept", "correct", "bonus", "reject"
 SEPARATOR = "separator"  # between samples in --seconds mode
-COMMITTED = (PROMPT, ACCEPT, CORRECT, BONUS)
 _CONTEXT = 8  # tokens of left context when decoding a piece (merges, leading spaces)
 
 

@@ -27,6 +27,7 @@ import threading
 import zipfile
 from collections.abc import Callable
 
+from jaxspec import checkpoint
 from jaxspec.config import CheckpointError
 
 # progress(stage, done, total): stage is "download" (bytes), "convert" (tensors), "save", or a
@@ -62,7 +63,7 @@ SMOLLM2 = RemoteModel(
     # settings and the GGUF no general.sampling.* keys).
     generation=(("temperature", 0.2), ("top_p", 0.9)),
 )
-GENERATION_FILE = "generation_config.json"
+GENERATION_FILE = checkpoint.GENERATION_FILE
 REMOTE = {m.name: m for m in (SMOLLM2,)}
 
 
@@ -115,7 +116,7 @@ def ensure_copy(name: str, progress: Progress | None = None) -> pathlib.Path:
     """The checkpoint directory of quantized copy `name`, built (and its base pulled) first
     if not cached, or cached from another method. Written to a temporary directory and
     renamed into place, as `pull` does."""
-    from jaxspec.checkpoint import load, save
+    from jaxspec.checkpoint import load, save  # (the quantizer is heavy: imported on use)
 
     spec = quantized_copy(name)
     if spec is None:
@@ -153,6 +154,22 @@ def remote_model(name: str) -> RemoteModel | None:
 def remote_names() -> list[str]:
     """Every name `jaxspec.load` fetches or builds on first use."""
     return sorted(_BY_NAME) + sorted(_COPY_BY_NAME)
+
+
+def names() -> list[str]:
+    """The names this fetcher resolves (the core's fetcher protocol, `jaxspec.checkpoint`)."""
+    return remote_names()
+
+
+def resolve(name: str) -> pathlib.Path | None:
+    """The checkpoint directory of `name`, fetched or built first if not cached; None for a
+    name this fetcher does not know. The core's `load(name)` calls it through the
+    `jaxspec.fetchers` entry point."""
+    if remote_model(name) is not None:
+        return ensure(name)
+    if quantized_copy(name) is not None:
+        return ensure_copy(name)
+    return None
 
 
 def home() -> pathlib.Path:
@@ -211,7 +228,7 @@ def pull(
     Raises:
       CheckpointError: unknown name, failed download (saying what to run), wrong checksum.
     """
-    from jaxspec.checkpoint import load_gguf, save  # checkpoint resolves names through here
+    from jaxspec.checkpoint import load_gguf, save
 
     spec = remote_model(name)
     if spec is None:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 import jax
 
-log = logging.getLogger("jaxspec.xla_cache")
+log = logging.getLogger("jaxspec_host.xla_cache")
 
 
 def compilation_cache_dir(flag: str | None, environ: Mapping[str, str] = os.environ) -> str | None:

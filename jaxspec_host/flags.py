@@ -26,7 +26,7 @@ from jaxspec.model import Model
 from jaxspec.protocol import ENCODINGS, MODES, Q_DTYPES, DraftSpec
 from jaxspec.sampling import check_logit_bias, check_penalties, check_sampling, check_seed
 from jaxspec.text import chat_prompt, encode_prompt
-from jaxspec.xla_cache import compilation_cache_dir, configure_compilation_cache
+from jaxspec_host.xla_cache import compilation_cache_dir, configure_compilation_cache
 
 SAMPLING_HELP = {
     "temperature": "sampling temperature; 0 = greedy (default %(default)s)",
@@ -358,7 +358,7 @@ def check_args(args: argparse.Namespace) -> DraftSpec:
 
 
 def add_cache_flag(parser: argparse.ArgumentParser) -> None:
-    """Add `--compilation-cache DIR` (see `jaxspec.xla_cache`)."""
+    """Add `--compilation-cache DIR` (see `jaxspec_host.xla_cache`)."""
     parser.add_argument(
         "--compilation-cache",
         default=None,
