@@ -19,12 +19,15 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, UInt32
 
 from jaxspec.model import KVCache, Llama, Model, init_cache
 from jaxspec.protocol import MODES, DraftSpec
 from jaxspec.sampling import Purpose, SamplingParams, TokenCounts, sample_at, session_keys
 from jaxspec.shapes import bucket
 from jaxspec.speculative import DecodeBatch, SpecCounters, SpecStats, speculative_decode
+from jaxspec.traces import traces
+from jaxspec.verification import EXACT, Variant
 
 PromptIds = Sequence[int] | Sequence[Sequence[int]] | np.ndarray
 
@@ -115,6 +118,7 @@ def generate(
     repetition_penalty: float | Sequence[float] = 1.0,
     presence_penalty: float | Sequence[float] = 0.0,
     frequency_penalty: float | Sequence[float] = 0.0,
+    sampling: SamplingParams | None = None,
     seed: int = 0,
     seeds: Sequence[int] | None = None,
     stop_tokens: Sequence[int] | None = None,
@@ -124,8 +128,8 @@ def generate(
     encoding: str = "full",
     sparse_k: int = 8,
     q_dtype: str = "float32",
+    draft_spec: DraftSpec | None = None,
     max_batch: int = 256,
-    _mutant: str | None = None,
 ) -> GenerateOutput:
     """Decode `max_new_tokens` new tokens for one prompt or a batch of prompts.
 
@@ -144,20 +148,93 @@ def generate(
         tokens subtract `presence * (count > 0) + frequency * count`. Lossless under
         speculation: draft and target both read the counts of the committed tokens plus
         the block's earlier drafts.
+      sampling: a `SamplingParams` built already (`SamplingParams.make`), of one row (every
+        prompt) or one per prompt, in place of the sampling keywords above (not both).
       seed: row i's session key is `fold_in(PRNGKey(seed), i)`; `seeds` gives each row its own.
       stop_tokens: ids that end a row (kept in its output); default: the config's EOS ids.
       draft: a draft model sharing the target's vocabulary turns on co-located speculative
         decoding: `gamma` drafts per round, `mode` "sync" (bonus token after a fully
         accepted block) or "pipelined" (no bonus), the draft q sent as `encoding` "full",
         "sparse" (top-`sparse_k`) or "onehot" (greedy drafts), validated as one
-        `jaxspec.DraftSpec`. Lossless: the output is distributed exactly as plain decoding's.
+        `jaxspec.DraftSpec` (or give that `draft_spec` in place of the four keywords).
+        Lossless: the output is distributed exactly as plain decoding's.
         `q_dtype="float16"` drafts from q rounded to float16 (times one float32 scale per
         draft), as an edge session of that `q_dtype` does: the same tokens as that session.
         `gamma=0` is speculation off: plain decoding, the draft unused (`stats.spec` None),
         as an edge session of gamma 0 gets the same tokens from the verifier.
       max_batch: rows decoded per jitted call; larger batches run in chunks.
-      _mutant: test hook, a deliberately wrong variant of the rule that tests must catch.
     """
+    _refuse_auto(gamma)
+    rows, single = normalize_prompts(prompt_ids, model.config.vocab_size)
+    _check_length(model, rows, max_new_tokens)
+    knobs = dict(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, logit_bias=logit_bias,
+        repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+    )  # fmt: skip
+    params = _sampling_rows(sampling, knobs, len(rows), model.config.vocab_size)
+    spec = None
+    if draft is not None:
+        kw = dict(gamma=gamma, encoding=encoding, sparse_k=sparse_k, q_dtype=q_dtype)
+        spec = _speculative_spec(model, draft, mode, draft_spec or DraftSpec(**kw))
+    stops = model.config.eos_token_ids if stop_tokens is None else tuple(stop_tokens)
+    keys = session_keys(seed if seeds is None else list(seeds), len(rows))
+    out, stats = decode(
+        model, rows, max_new_tokens, params, keys, stops, draft=draft, spec=spec, mode=mode,
+        max_batch=max_batch,
+    )  # fmt: skip
+    lists = [r[r >= 0].tolist() for r in out]
+    return GenerateOutput(tokens=lists[0] if single else lists, padded=out, stats=stats)
+
+
+def decode(
+    model: Model,
+    rows: list[list[int]],
+    max_new_tokens: int,
+    sampling: SamplingParams,
+    keys: UInt32[Array, "B 2"],
+    stop_tokens: Sequence[int],
+    *,
+    draft: Model | None = None,
+    spec: DraftSpec | None = None,
+    mode: str = "sync",
+    max_batch: int = 256,
+    variant: Variant = EXACT,
+) -> tuple[np.ndarray, GenerateStats]:
+    """`generate` below its checks: the validated objects in, `[B, max_new_tokens]` new tokens
+    (-1 padded) and the stats out. `variant` is the tests' hook (`jaxspec.verification.
+    Variant`): a deliberately wrong rule, drafting or counts that a test must catch."""
+    if draft is not None and (spec is None or not spec.speculative):
+        draft, spec = None, None  # gamma 0: speculation off, plain decoding (draft unused)
+    n = len(rows)
+    stop_arr = jnp.asarray(list(stop_tokens) or [-1], jnp.int32)
+    out = np.full((n, max_new_tokens), -1, np.int32)
+    compile_s, compiled, spec_stats = 0.0, False, None
+    start = time.perf_counter()
+    for lo in range(0, n, max_batch):
+        hi = min(n, lo + max_batch)
+        chunk, counters, lowering_s, traced = _run_chunk(
+            model, draft, rows[lo:hi], sampling, keys, lo, hi, stop_arr, max_new_tokens,
+            spec=spec, mode=mode, variant=variant,
+        )  # fmt: skip
+        out[lo:hi] = chunk
+        if traced:  # a new shape: its lowering was a compilation
+            compiled, compile_s = True, compile_s + lowering_s
+        if counters is not None:
+            chunk_stats = counters.to_stats()
+            spec_stats = chunk_stats if spec_stats is None else spec_stats + chunk_stats
+    stats = GenerateStats(
+        num_rows=n,
+        new_tokens=int(np.sum(out >= 0)),
+        wall_s=time.perf_counter() - start - compile_s,
+        compiled=compiled,
+        spec=spec_stats,
+        compile_s=compile_s,
+    )
+    return out, stats
+
+
+def _refuse_auto(gamma: int | str) -> None:
     if gamma == "auto":
         raise ValueError(
             "gamma='auto' (the edge picks each block's length from the verifier's answers) "
@@ -165,7 +242,9 @@ def generate(
             "co-located decoding drafts blocks of one fixed gamma (`jaxspec generate --gamma "
             "auto` measures the pair and picks one)"
         )
-    rows, single = normalize_prompts(prompt_ids, model.config.vocab_size)
+
+
+def _check_length(model: Model, rows: list[list[int]], max_new_tokens: int) -> None:
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     longest = max(len(r) for r in rows) + max_new_tokens
@@ -174,65 +253,37 @@ def generate(
             f"prompt + max_new_tokens = {longest} exceeds the model's "
             f"max_position_embeddings = {model.config.max_position_embeddings}"
         )
-    spec = None
-    if draft is not None:
-        spec = _speculative_spec(model, draft, mode, gamma, encoding, sparse_k, q_dtype)
-        if not spec.speculative:  # gamma 0: speculation off, plain decoding (draft unused)
-            draft, spec = None, None
-    n = len(rows)
-    params = SamplingParams.make(
-        n, temperature, top_k, top_p, min_p, logit_bias, model.config.vocab_size,
-        repetition_penalty, presence_penalty, frequency_penalty,
-    )  # fmt: skip
-    keys = session_keys(seed if seeds is None else list(seeds), n)
-    stops = model.config.eos_token_ids if stop_tokens is None else tuple(stop_tokens)
-    stop_arr = jnp.asarray(list(stops) or [-1], jnp.int32)
-
-    fn = _decode if draft is None else speculative_decode
-    out = np.full((n, max_new_tokens), -1, np.int32)
-    compiled = False
-    compile_s = 0.0
-    spec_stats: SpecStats | None = None
-    start = time.perf_counter()
-    for lo in range(0, n, max_batch):
-        hi = min(n, lo + max_batch)
-        before = fn._cache_size()
-        chunk, counters, lowering_s = _run_chunk(
-            model, draft, rows[lo:hi], params, keys, lo, hi, stop_arr, max_new_tokens,
-            spec=spec, mode=mode, mutant=_mutant,
-        )  # fmt: skip
-        out[lo:hi] = chunk
-        if fn._cache_size() > before:  # a new shape: its lowering was a compilation
-            compiled = True
-            compile_s += lowering_s
-        if counters is not None:
-            chunk_stats = counters.to_stats()
-            spec_stats = chunk_stats if spec_stats is None else spec_stats + chunk_stats
-    wall = time.perf_counter() - start - compile_s
-
-    lists = [r[r >= 0].tolist() for r in out]
-    stats = GenerateStats(
-        num_rows=n,
-        new_tokens=int(sum(map(len, lists))),
-        wall_s=wall,
-        compiled=compiled,
-        spec=spec_stats,
-        compile_s=compile_s,
-    )
-    return GenerateOutput(tokens=lists[0] if single else lists, padded=out, stats=stats)
 
 
-def _speculative_spec(
-    model: Model,
-    draft: Model,
-    mode: str,
-    gamma: int,
-    encoding: str,
-    sparse_k: int,
-    q_dtype: str = "float32",
-) -> DraftSpec:
-    """The draft settings as a `DraftSpec`, validated (it raises `InvalidArgument`, a
-    `ValueError`) against the target's vocabulary; the draft must share that vocabulary."""
+_KNOB_DEFAULTS = dict(
+    temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, logit_bias=None, repetition_penalty=1.0,
+    presence_penalty=0.0, frequency_penalty=0.0,
+)  # fmt: skip
+
+
+def _sampling_rows(
+    sampling: SamplingParams | None, knobs: dict[str, Any], n: int, vocab: int
+) -> SamplingParams:
+    """`n` rows of sampling params: `sampling` (one row repeated, or n rows) or the knobs'."""
+    if sampling is None:
+        return SamplingParams.make(n, **knobs, vocab_size=vocab)
+    changed = sorted(k for k, v in knobs.items() if not _is_default(v, _KNOB_DEFAULTS[k]))
+    if changed:
+        raise ValueError(f"give sampling= or the sampling keywords, not both (got {changed})")
+    rows = sampling.temperature.shape[0]
+    if rows not in (1, n):
+        raise ValueError(f"sampling has {rows} rows for {n} prompts (give 1 or {n})")
+    full = sampling.with_penalties()
+    return full if rows == n else jax.tree.map(lambda a: jnp.repeat(a, n, axis=0), full)
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    return value is default or (isinstance(value, int | float) and value == default)
+
+
+def _speculative_spec(model: Model, draft: Model, mode: str, spec: DraftSpec) -> DraftSpec:
+    """`spec`, checked (it raises `InvalidArgument`, a `ValueError`) against the target's
+    vocabulary, which the draft must share; `mode` must be one of `MODES`."""
     if draft.config.vocab_size != model.config.vocab_size:
         raise ValueError(
             f"draft vocabulary ({draft.config.vocab_size}) differs from the target's "
@@ -240,7 +291,6 @@ def _speculative_spec(
         )
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    spec = DraftSpec(gamma=gamma, encoding=encoding, sparse_k=sparse_k, q_dtype=q_dtype)
     spec.check(vocab_size=model.config.vocab_size)
     return spec
 
@@ -258,11 +308,12 @@ def _run_chunk(
     *,
     spec: DraftSpec | None,
     mode: str,
-    mutant: str | None,
-) -> tuple[np.ndarray, SpecCounters | None, float]:
+    variant: Variant,
+) -> tuple[np.ndarray, SpecCounters | None, float, bool]:
     """Pad one chunk to its bucket and run the jitted decoder: `[hi - lo, max_new]` tokens,
-    for speculative decoding (`spec` given) its counters, and the seconds spent lowering and
-    compiling ahead of the run (a cache lookup when the shape is compiled already).
+    for speculative decoding (`spec` given) its counters, the seconds spent lowering and
+    compiling ahead of the run (a cache lookup when the shape is compiled already), and
+    whether that lowering traced (a shape met for the first time).
 
     The decoder is compiled with `.lower(...).compile()` before it is called, so its run is
     timed without the compilation: the jitted call then finds the executable in JAX's
@@ -291,13 +342,14 @@ def _run_chunk(
         sync = jnp.full((B,), mode == "sync")
         fn = speculative_decode
         call_args = (model.module, draft.module, model.params, draft.params, batch, sync)
-        kw = {"spec": spec, "buffer": N, "mutant": mutant}
+        kw = {"spec": spec, "buffer": N, "variant": variant}
     t0 = time.perf_counter()
-    fn.lower(*call_args, **kw).compile()
+    with traces() as traced:
+        fn.lower(*call_args, **kw).compile()
     lowering_s = time.perf_counter() - t0
     result = fn(*call_args, **kw)
     out, counters = (result, None) if draft is None else result
-    return np.asarray(out)[:b, :max_new], counters, lowering_s
+    return np.asarray(out)[:b, :max_new], counters, lowering_s, bool(traced)
 
 
 @flax.struct.dataclass(kw_only=True)

@@ -506,6 +506,43 @@ def quantize(
       A `Model` usable wherever a model is (`generate` as target or draft, `save`, ...);
       `nbytes()` is its resident size.
     """
+    method = _check_quantize(model, scheme, group_size, method, head_bits, mode)
+    if scheme == "none":
+        return model
+    if head_bits == SCHEMES[scheme][0]:
+        head_bits = None
+    spec = QuantSpec(scheme, group_size, embeddings, packed, method, head_bits)
+
+    def keep_or_store(path: Any, leaf: jax.Array) -> jax.Array:
+        keys = tuple(str(p.key) for p in path)
+        return leaf if _quantized_leaf(spec, keys) else leaf.astype(STORE_DTYPE)
+
+    float_params = jax.tree_util.tree_map_with_path(keep_or_store, model.params)
+    suffix = f"{scheme}" + ("" if group_size is None else f"-g{group_size}")
+    suffix += "" if method == "rtn" else f"-{method}"
+    suffix += "" if head_bits is None else f"-head{head_bits}"
+    if mode == "train":
+        m = _module(model, spec, "train")
+        name = f"{model.name}:{suffix}:train"
+        return model.with_params(
+            float_params, dense_cls=m.dense_cls, embed_cls=m.embed_cls, name=name
+        )
+    served = _served_params(model, spec, float_params, calibration, progress)
+    m = _module(model, spec, "serve")
+    return model.with_params(
+        served, dense_cls=m.dense_cls, embed_cls=m.embed_cls, name=f"{model.name}:{suffix}"
+    )
+
+
+def _check_quantize(
+    model: Model,
+    scheme: str,
+    group_size: int | None,
+    method: str | None,
+    head_bits: int | None,
+    mode: str,
+) -> str:
+    """`quantize`'s arguments checked (ValueError naming the bad one); returns the method."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; choose one of {sorted(SCHEMES)}")
     if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
@@ -529,37 +566,29 @@ def quantize(
     if head_bits not in (None, 4, 8):
         raise ValueError(f"head_bits must be 4, 8 or None, got {head_bits!r}")
     if scheme == "none":
-        return model
+        return method
     dtypes = {jnp.dtype(model.dtype)} | {jnp.dtype(a.dtype) for a in jax.tree.leaves(model.params)}
     if not dtypes <= {jnp.dtype(t) for t in (jnp.float32, jnp.bfloat16, jnp.float16)}:
         raise ValueError(
             f"AQT quantizes float32/bfloat16/float16 models, got {sorted(map(str, dtypes))}"
         )
-    if head_bits == SCHEMES[scheme][0]:
-        head_bits = None
-    spec = QuantSpec(scheme, group_size, embeddings, packed, method, head_bits)
+    return method
 
-    def keep_or_store(path: Any, leaf: jax.Array) -> jax.Array:
-        keys = tuple(str(p.key) for p in path)
-        return leaf if _quantized_leaf(spec, keys) else leaf.astype(STORE_DTYPE)
 
-    float_params = jax.tree_util.tree_map_with_path(keep_or_store, model.params)
-    suffix = f"{scheme}" + ("" if group_size is None else f"-g{group_size}")
-    suffix += "" if method == "rtn" else f"-{method}"
-    suffix += "" if head_bits is None else f"-head{head_bits}"
-    if mode == "train":
-        m = _module(model, spec, "train")
-        return model.with_params(
-            float_params,
-            dense_cls=m.dense_cls,
-            embed_cls=m.embed_cls,
-            name=f"{model.name}:{suffix}:train",
-        )
-    if method == "rtn":
+def _served_params(
+    model: Model,
+    spec: QuantSpec,
+    float_params: Any,
+    calibration: Sequence[Sequence[int]] | None,
+    progress: Callable[[str, int, int], None] | None,
+) -> Any:
+    """The SERVE module's params (ints and scales) of `spec.method`, checked against the
+    shapes and int dtypes the module expects."""
+    if spec.method == "rtn":
         served = _convert(_module(model, spec, "convert"), spec, float_params)
     else:
         hessians = {}
-        if method == "gptq":
+        if spec.method == "gptq":
             from jaxspec import calibration as calib
 
             seqs = calibration or calib.default_sequences(model, progress=progress)
@@ -569,9 +598,7 @@ def quantize(
     expected = jax.tree.map(_shape_and_int_dtype, jax.eval_shape(lambda: _init(m, model.config)))
     if expected != jax.tree.map(_shape_and_int_dtype, served):
         raise AssertionError("the served params do not match the SERVE module")
-    return model.with_params(
-        served, dense_cls=m.dense_cls, embed_cls=m.embed_cls, name=f"{model.name}:{suffix}"
-    )
+    return served
 
 
 def _quantize_asym(

@@ -4,7 +4,7 @@ Each round, for every live row with P committed tokens (prompt + new):
 
     draft   feed last committed token at P-1, then d_0.. : K draft steps -> d_0..d_{K-1}, q
     target  one forward over [last, d_0 .. d_{K-1}] at positions P-1 .. P+K-1 -> K+1 logits
-    verify  `verification._verify` (docs/design.md §3) -> accepted drafts + correction / bonus
+    verify  `verification.verify_block` (docs/design.md §3) -> accepted drafts + correction / bonus
     commit  append (cut at a stop token or max_new_tokens); both caches roll back to P'-1
 
 A draft at absolute position t is sampled with U(DRAFT, t), so outputs depend only on
@@ -25,7 +25,7 @@ import numpy as np
 from jaxspec.model import KVCache, Llama, init_cache
 from jaxspec.protocol import DraftSpec
 from jaxspec.sampling import Purpose, SamplingParams, TokenCounts, sample, uniforms, warp
-from jaxspec.verification import DraftQ, _verify
+from jaxspec.verification import EXACT, DraftQ, Variant, Verdicts, verify_block
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +168,7 @@ def draft_q_for(
     u_B: jax.Array,
     encoding: str,
     sparse_k: int,
-    mutant: str | None = None,
+    variant: Variant = EXACT,
     q_dtype: str = "float32",
     counts: TokenCounts | None = None,
 ) -> tuple[jax.Array, Any]:
@@ -193,16 +193,16 @@ def draft_q_for(
         probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
         sent, scale = _f16_q(probs) if f16 else (probs, None)
         # mutant: sampled from the unrounded top-k, but the float16 q is sent
-        pick = sample(probs if mutant == "f16_sampled_unrounded" else sent, u_B)
+        pick = sample(probs if variant.is_("f16_sampled_unrounded") else sent, u_B)
         d = jnp.take_along_axis(ids, pick[:, None], axis=-1)[:, 0]
         out = (ids.astype(jnp.int32), sent)
         return d.astype(jnp.int32), ((*out, scale) if f16 else out)
     sent, scale = _f16_q(q) if f16 else (q, None)
     # mutant: sampled from the unrounded q, but the float16 q is sent
-    d = sample(q if mutant == "f16_sampled_unrounded" else sent, u_B)
-    if mutant == "warp_p_not_q":  # sampled from warped q, but the unwarped q is sent
+    d = sample(q if variant.is_("f16_sampled_unrounded") else sent, u_B)
+    if variant.is_("warp_p_not_q"):  # sampled from warped q, but the unwarped q is sent
         sent = jax.nn.softmax(logits_BV, axis=-1)
-    if mutant == "options_p_not_q":  # sampled with logit bias / min-p, q sent without them
+    if variant.is_("options_p_not_q"):  # sampled with logit bias / min-p, q sent without them
         sent = warp(logits_BV, sampling, counts, options=False)
     return d, ((sent, scale) if f16 else sent)
 
@@ -244,7 +244,7 @@ def draft_block(
     keys_B2: jax.Array,
     *,
     spec: DraftSpec,
-    mutant: str | None = None,
+    variant: Variant = EXACT,
     counts: TokenCounts | None = None,
 ) -> tuple[jax.Array, DraftQ, Any]:
     """Draft `spec.gamma` tokens per row at positions next_pos .. next_pos+gamma-1 (traced),
@@ -261,13 +261,13 @@ def draft_block(
     def propose(logits_BV, pos_B, counts):
         u = uniforms(keys_B2, pos_B[:, None], Purpose.DRAFT)[:, 0]
         return draft_q_for(
-            logits_BV, sampling, u, spec.encoding, spec.k, mutant, spec.q_dtype, counts
+            logits_BV, sampling, u, spec.encoding, spec.k, variant, spec.q_dtype, counts
         )
 
     def seen(counts, d_B):
         """The counts the next draft reads: these plus draft d (the mutant
         `draft_counts_stale` forgets the block's own drafts)."""
-        if counts is None or mutant == "draft_counts_stale":
+        if counts is None or variant.is_("draft_counts_stale"):
             return counts
         return counts.add(jnp.where(live_B, d_B, -1)[:, None])
 
@@ -294,10 +294,7 @@ def draft_block(
     return d_GB.T, pack_q(spec.encoding, qs), cache
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("target", "draft", "spec", "buffer", "mutant"),
-)
+@functools.partial(jax.jit, static_argnames=("target", "draft", "spec", "buffer", "variant"))
 def speculative_decode(
     target: Llama,
     draft: Llama,
@@ -308,94 +305,118 @@ def speculative_decode(
     *,
     spec: DraftSpec,
     buffer: int,
-    mutant: str | None = None,
+    variant: Variant = EXACT,
 ) -> tuple[jax.Array, SpecCounters]:
     """The jitted round loop (`spec.gamma` drafts per round, q sent as `spec.encoding`);
     returns new tokens `[B, buffer]` (-1 padded) and the counters."""
-    prompt_BT, lengths_B, keys_B2 = batch.prompt, batch.lengths, batch.keys
-    sampling, stop_ids, max_new = batch.sampling, batch.stop_ids, batch.max_new
-    B, T = prompt_BT.shape
+    B, T = batch.prompt.shape
     K = spec.gamma
     S = T + buffer + K + 1
     tcache = init_cache(target.config, B, S, target.dtype)
     dcache = init_cache(draft.config, B, S, draft.dtype)
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    pre_valid = positions < (lengths_B - 1)[:, None]
-    _, tcache = target.apply({"params": target_params}, prompt_BT, positions, pre_valid, tcache)
-    _, dcache = draft.apply({"params": draft_params}, prompt_BT, positions, pre_valid, dcache)
-    last_B = jnp.take_along_axis(prompt_BT, (lengths_B - 1)[:, None], axis=1)[:, 0]
-    prev_B = jnp.take_along_axis(prompt_BT, jnp.maximum(lengths_B - 2, 0)[:, None], axis=1)[:, 0]
-    V = target.config.vocab_size
-
-    def round_(s: RoundState) -> RoundState:
-        n_B, prev_B, last_B = s.num_new, s.prev, s.last
-        live_B = ~s.done
-        P_B = lengths_B + n_B  # committed length; the next token sits at P
-
-        d_BK, draft_q, dcache = draft_block(
-            draft, draft_params, s.draft_cache, prev_B, last_B, P_B, P_B >= 2, live_B, sampling,
-            keys_B2, spec=spec, mutant=mutant, counts=s.counts,
-        )  # fmt: skip
-        block = jnp.concatenate([last_B[:, None], d_BK], axis=1)
-        pos = P_B[:, None] - 1 + jnp.arange(K + 1)[None, :]
-        valid = jnp.broadcast_to(live_B[:, None], (B, K + 1))
-        logits, tcache = target.apply({"params": target_params}, block, pos, valid, s.target_cache)
-        num_draft = jnp.where(live_B, K, 0)
-        vr = _verify(
-            d_BK, num_draft, logits, draft_q, sampling, keys_B2, P_B, sync_B, s.counts,
-            mutant=mutant,
-        )  # fmt: skip
-
-        # Commit, cut at the first stop token and at max_new.
-        cols = jnp.arange(K + 1)[None, :]
-        emitted = cols < vr.num_emitted[:, None]
-        is_stop = emitted & jnp.isin(vr.tokens, stop_ids)
-        first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1) + 1, K + 2)
-        cnt = jnp.minimum(jnp.minimum(vr.num_emitted, first_stop), max_new - n_B)
-        cnt = jnp.where(live_B, cnt, 0).astype(jnp.int32)
-        idx = jnp.where(cols < cnt[:, None], n_B[:, None] + cols, buffer)
-        out = s.out.at[jnp.arange(B)[:, None], idx].set(vr.tokens, mode="drop")
-        new_last = jnp.take_along_axis(vr.tokens, jnp.maximum(cnt - 1, 0)[:, None], axis=1)[:, 0]
-        new_prev = jnp.take_along_axis(vr.tokens, jnp.maximum(cnt - 2, 0)[:, None], axis=1)[:, 0]
-        prev_B = jnp.where(cnt >= 2, new_prev, jnp.where(cnt == 1, last_B, prev_B))
-        last_B = jnp.where(cnt > 0, new_last, last_B)
-        n_B = n_B + cnt
-        done_B = s.done | (first_stop <= cnt) | (n_B >= max_new)
-        # The penalties' counts follow the committed tokens only (rolled back with the caches).
-        counts = s.counts.add(vr.tokens, cnt)
-        if mutant == "counts_not_rolled_back":  # every draft counted, rejected ones too
-            fixed = jnp.take_along_axis(vr.tokens, vr.num_accepted[:, None], axis=1)
-            extra = (cnt > vr.num_accepted).astype(jnp.int32)
-            counts = s.counts.add(d_BK, jnp.where(live_B, num_draft, 0)).add(fixed, extra)
-        rollback = (lengths_B + n_B - 1).astype(jnp.int32)
-        tcache = tcache.replace(lengths=rollback)
-        dcache = dcache.replace(lengths=rollback)
-
-        live_i = live_B.astype(jnp.int32)
-        c = s.counters
-        counters = SpecCounters(
-            rounds=c.rounds + jnp.sum(live_i, dtype=jnp.int32),
-            drafted=c.drafted + jnp.sum(num_draft, dtype=jnp.int32),
-            accepted=c.accepted + jnp.sum(vr.num_accepted * live_i, dtype=jnp.int32),
-            emitted=c.emitted + jnp.sum(cnt, dtype=jnp.int32),
-            per_position=c.per_position
-            + jnp.sum(vr.accepted & live_B[:, None], axis=0).astype(jnp.int32),
-        )
-        return RoundState(
-            out=out, num_new=n_B, prev=prev_B, last=last_B, done=done_B,
-            target_cache=tcache, draft_cache=dcache, counters=counters, counts=counts,
-        )  # fmt: skip
-
+    pre_valid = positions < (batch.lengths - 1)[:, None]
+    _, tcache = target.apply({"params": target_params}, batch.prompt, positions, pre_valid, tcache)
+    _, dcache = draft.apply({"params": draft_params}, batch.prompt, positions, pre_valid, dcache)
+    at = functools.partial(jnp.take_along_axis, batch.prompt, axis=1)
     state = RoundState(
         out=jnp.full((B, buffer), -1, jnp.int32),
         num_new=jnp.zeros(B, jnp.int32),
-        prev=prev_B,
-        last=last_B,
+        prev=at(jnp.maximum(batch.lengths - 2, 0)[:, None])[:, 0],
+        last=at((batch.lengths - 1)[:, None])[:, 0],
         done=jnp.arange(B) >= batch.num_live,
         target_cache=tcache,
         draft_cache=dcache,
         counters=SpecCounters.zeros(K),
-        counts=TokenCounts.of(prompt_BT, lengths_B, lengths_B, V),
+        counts=TokenCounts.of(batch.prompt, batch.lengths, batch.lengths, target.config.vocab_size),
     )
-    final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), round_, state)
+    loop = _Round(target, draft, target_params, draft_params, batch, sync_B, spec, buffer, variant)
+    final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), loop, state)
     return final.out, final.counters
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity (arrays inside)
+class _Round:
+    """One round of `speculative_decode`'s loop (its body: draft, target, rule, commit), with
+    what stays fixed across rounds."""
+
+    target: Llama
+    draft: Llama
+    target_params: Any
+    draft_params: Any
+    batch: DecodeBatch
+    sync_B: jax.Array
+    spec: DraftSpec
+    buffer: int
+    variant: Variant
+
+    def __call__(self, s: RoundState) -> RoundState:
+        b, K = self.batch, self.spec.gamma
+        B = b.prompt.shape[0]
+        live_B = ~s.done
+        P_B = b.lengths + s.num_new  # committed length; the next token sits at P
+        d_BK, draft_q, dcache = draft_block(
+            self.draft, self.draft_params, s.draft_cache, s.prev, s.last, P_B, P_B >= 2, live_B,
+            b.sampling, b.keys, spec=self.spec, variant=self.variant, counts=s.counts,
+        )  # fmt: skip
+        block = jnp.concatenate([s.last[:, None], d_BK], axis=1)
+        pos = P_B[:, None] - 1 + jnp.arange(K + 1)[None, :]
+        valid = jnp.broadcast_to(live_B[:, None], (B, K + 1))
+        params = {"params": self.target_params}
+        logits, tcache = self.target.apply(params, block, pos, valid, s.target_cache)
+        num_draft = jnp.where(live_B, K, 0)
+        vr = verify_block(
+            d_BK, num_draft, logits, draft_q, b.sampling, b.keys, P_B, self.sync_B, s.counts,
+            self.variant,
+        )  # fmt: skip
+        return self._commit(s, vr, d_BK, num_draft, tcache, dcache)
+
+    def _commit(self, s, vr: Verdicts, d_BK, num_draft, tcache, dcache) -> RoundState:
+        """Append the verdict's tokens (cut at the first stop token and at max_new), roll
+        both caches back to the committed length, count."""
+        b, K, B = self.batch, self.spec.gamma, self.batch.prompt.shape[0]
+        live_B, n_B = ~s.done, s.num_new
+        cols = jnp.arange(K + 1)[None, :]
+        emitted = cols < vr.num_emitted[:, None]
+        is_stop = emitted & jnp.isin(vr.tokens, b.stop_ids)
+        first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1) + 1, K + 2)
+        cnt = jnp.minimum(jnp.minimum(vr.num_emitted, first_stop), b.max_new - n_B)
+        cnt = jnp.where(live_B, cnt, 0).astype(jnp.int32)
+        idx = jnp.where(cols < cnt[:, None], n_B[:, None] + cols, self.buffer)
+        out = s.out.at[jnp.arange(B)[:, None], idx].set(vr.tokens, mode="drop")
+        at = functools.partial(jnp.take_along_axis, vr.tokens, axis=1)
+        new_last = at(jnp.maximum(cnt - 1, 0)[:, None])[:, 0]
+        new_prev = at(jnp.maximum(cnt - 2, 0)[:, None])[:, 0]
+        prev_B = jnp.where(cnt >= 2, new_prev, jnp.where(cnt == 1, s.last, s.prev))
+        n_B = n_B + cnt
+        rollback = (b.lengths + n_B - 1).astype(jnp.int32)
+        return RoundState(
+            out=out, num_new=n_B, prev=prev_B, last=jnp.where(cnt > 0, new_last, s.last),
+            done=s.done | (first_stop <= cnt) | (n_B >= b.max_new),
+            target_cache=tcache.replace(lengths=rollback),
+            draft_cache=dcache.replace(lengths=rollback),
+            counters=_counted(s.counters, vr, num_draft, cnt, live_B),
+            counts=self._counts(s, vr, d_BK, num_draft, cnt),
+        )  # fmt: skip
+
+    def _counts(self, s, vr: Verdicts, d_BK, num_draft, cnt) -> TokenCounts:
+        """The penalties' counts follow the committed tokens only (rolled back with the
+        caches); the mutant `counts_not_rolled_back` counts every draft, rejected ones too."""
+        if not self.variant.is_("counts_not_rolled_back"):
+            return s.counts.add(vr.tokens, cnt)
+        fixed = jnp.take_along_axis(vr.tokens, vr.num_accepted[:, None], axis=1)
+        extra = (cnt > vr.num_accepted).astype(jnp.int32)
+        return s.counts.add(d_BK, jnp.where(~s.done, num_draft, 0)).add(fixed, extra)
+
+
+def _counted(c: SpecCounters, vr: Verdicts, num_draft, cnt, live_B) -> SpecCounters:
+    """The counters after one round (live rows only)."""
+    live_i = live_B.astype(jnp.int32)
+    return SpecCounters(
+        rounds=c.rounds + jnp.sum(live_i, dtype=jnp.int32),
+        drafted=c.drafted + jnp.sum(num_draft, dtype=jnp.int32),
+        accepted=c.accepted + jnp.sum(vr.num_accepted * live_i, dtype=jnp.int32),
+        emitted=c.emitted + jnp.sum(cnt, dtype=jnp.int32),
+        per_position=c.per_position
+        + jnp.sum(vr.accepted & live_B[:, None], axis=0).astype(jnp.int32),
+    )

@@ -19,8 +19,8 @@ Output: `tokens [B, K+1]` (-1 padded), `num_accepted [B]`, per-position `accepte
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Literal
 
 import flax.struct
 import jax
@@ -39,7 +39,45 @@ from jaxspec.sampling import (
     warp,
 )
 
-Encoding = Literal["full", "sparse", "onehot"]
+# The deliberately wrong variants of the speculative path that the tests keep and must catch
+# (docs/testing.md): of the rule, of the drafting, and of the penalties' counts.
+MUTANTS = (
+    "reused_uniform",  # one accept uniform for every draft of a block
+    "residual_from_p",  # the correction drawn from p, not from max(0, p - q)
+    "unnormalized_residual",  # the residual's draw not scaled by its mass
+    "bonus_from_q",  # the bonus drawn from the draft's last q, not from p
+    "nonstrict_accept",  # u * q(d) <= p(d): accepts p(d) = 0 at u = 0
+    "f16_sampled_unrounded",  # drafted from the float32 q, the float16 q sent
+    "warp_p_not_q",  # drafted from the warped q, the unwarped q sent
+    "options_p_not_q",  # drafted with logit bias / min-p, q sent without them
+    "draft_counts_stale",  # a draft's penalties forget the block's earlier drafts
+    "counts_not_rolled_back",  # the committed counts keep a rejected block's drafts
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """The speculative path as built (`EXACT`) or one named mutant of `MUTANTS`.
+
+    Hashable, so it is a static argument of the jitted code: a mutant compiles its own
+    program, and EXACT's program has no trace of one. Users never pass it; the tests reach the
+    jitted code with it through the lower layers (`jaxspec.generate.decode`, `Scheduler`)."""
+
+    mutant: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mutant is not None and self.mutant not in MUTANTS:
+            raise ValueError(f"unknown mutant {self.mutant!r}; known: {MUTANTS}")
+
+    def is_(self, name: str) -> bool:
+        """Whether this is mutant `name` (a name outside `MUTANTS` is a bug: ValueError)."""
+        if name not in MUTANTS:
+            raise ValueError(f"unknown mutant {name!r}; known: {MUTANTS}")
+        return self.mutant == name
+
+
+EXACT = Variant()
+
 # A residual with less mass than this is "p == q up to rounding": sample from p instead.
 RESIDUAL_EPS = 1e-6
 
@@ -193,109 +231,113 @@ def verify_block(
     start: Int[Array, " B"],
     mode: str | Bool[Array, " B"] = "sync",
     counts: TokenCounts | None = None,
+    variant: Variant = EXACT,
 ) -> Verdicts:
     """Apply the rule of docs/design.md §3 to every row of a padded batch (see the module doc).
 
-    `mode` is "sync" (bonus after a fully accepted block), "pipelined" (no bonus), or a
-    per-row bool array (True = sync). Entries past `num_draft[b]` are ignored. The q's are
-    trusted here; `check_draft_q` is the host-side validator for untrusted input. `counts`
-    are each row's token counts before the block (its prompt and committed output), needed
-    when `sampling` sets penalties.
+    The one entry point of the rule: the co-located decoder, the verifier's step and the
+    tests all call it (inside their own jit or not). `mode` is "sync" (bonus after a fully
+    accepted block), "pipelined" (no bonus), or a per-row bool array (True = sync). Entries
+    past `num_draft[b]` are ignored. The q's are trusted here; `check_draft_q` is the
+    host-side validator for untrusted input. `counts` are each row's token counts before the
+    block (its prompt and committed output), needed when `sampling` sets penalties.
+    `variant` is the tests' hook (`Variant`): EXACT is the rule.
     """
     bonus = _mode_array(mode, draft_tokens.shape[0])
     return _verify(
-        draft_tokens, num_draft, target_logits, draft_q, sampling, keys, start, bonus, counts
-    )
+        draft_tokens, num_draft, target_logits, draft_q, sampling, keys, start, bonus, counts,
+        variant=variant,
+    )  # fmt: skip
 
 
-@functools.partial(jax.jit, static_argnames=("mutant",))
+@functools.partial(jax.jit, static_argnames=("variant",))
 def _verify(
-    draft_BK,
-    num_draft_B,
-    logits_BKV,
-    draft_q,
-    sampling,
-    keys_B2,
-    start_B,
-    bonus_B,
-    counts=None,
-    mutant=None,
-) -> Verdicts:
-    """The rule; `mutant` names a deliberately wrong variant that the tests must catch."""
+    draft_BK, num_draft_B, logits_BKV, draft_q, sampling, keys_B2, start_B, bonus_B,
+    counts=None, variant: Variant = EXACT,
+) -> Verdicts:  # fmt: skip
+    """The rule, jitted: accept left to right, then the correction or the bonus."""
     B, K = draft_BK.shape
     V = logits_BKV.shape[-1]
     dtype = logits_BKV.dtype
     draft_BK = draft_BK.astype(jnp.int32)
-
-    # p for every position: warp each of the K+1 target distributions with the row's params.
-    # Position j's penalties see the row's counts plus its drafts d_0 .. d_{j-1}.
-    rep = jax.tree.map(lambda a: jnp.repeat(a, K + 1, axis=0), sampling)
-    flat = logits_BKV.reshape(B * (K + 1), V)
-    if counts is None:
-        p_BKV = warp(flat, rep).reshape(B, K + 1, V)
-    else:  # the per-position counts are built only when a row sets a penalty
-        p_BKV = _cond(
-            sampling.penalized(),
-            lambda x: warp(x, rep, counts.per_position(draft_BK, K + 1)),
-            lambda x: warp(x, rep),
-            flat,
-        ).reshape(B, K + 1, V)
-
-    pos_BK = start_B[:, None] + jnp.arange(K)[None, :]
-    u_acc_BK = uniforms(keys_B2, pos_BK, Purpose.ACCEPT).astype(dtype)
-    if mutant == "reused_uniform":
-        u_acc_BK = jnp.broadcast_to(u_acc_BK[:, :1], (B, K))
-    p_d = jnp.take_along_axis(p_BKV[:, :K], draft_BK[..., None], axis=-1)[..., 0]
-    q_d = draft_q.at_drafts(draft_BK, dtype)
-    ok_BK = _accepts(u_acc_BK, q_d, p_d, mutant)
+    p_BKV = _target_probs(logits_BKV, draft_BK, sampling, counts)
     in_block_BK = jnp.arange(K)[None, :] < num_draft_B[:, None]
-    ok_BK = ok_BK & in_block_BK
+    ok_BK = _accepted(p_BKV, draft_BK, draft_q, keys_B2, start_B, dtype, variant) & in_block_BK
     # r = index of the first rejection (num_draft when every draft is accepted).
     r_B = jnp.sum(jnp.cumprod(ok_BK.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
     all_ok_B = r_B >= num_draft_B
-
-    rows = jnp.arange(B)
-    p_r = p_BKV[rows, r_B]
+    p_r = p_BKV[jnp.arange(B), r_B]
     q_r = jnp.where(all_ok_B[:, None], 0, draft_q.row(jnp.minimum(r_B, K - 1), draft_BK, V, dtype))
-    residual = jnp.maximum(p_r - q_r, 0)
-    if mutant == "residual_from_p":
-        residual = p_r
-    mass = jnp.sum(residual, axis=-1, keepdims=True)
-    residual = jnp.where(mass > RESIDUAL_EPS, residual, p_r)
-    u_res = uniforms(keys_B2, (start_B + r_B)[:, None], Purpose.RESIDUAL)[:, 0]
-    if mutant == "unnormalized_residual":  # u not scaled by the residual's mass
-        cum = jnp.cumsum(residual, axis=-1)
-        correction = jnp.minimum(jnp.sum(cum <= u_res[:, None], axis=-1), V - 1)
-    else:
-        correction = sample(residual, u_res)
-
+    correction = _correction(p_r, q_r, keys_B2, start_B + r_B, variant)
     bonus_dist = p_r
-    if mutant == "bonus_from_q":
+    if variant.is_("bonus_from_q"):
         bonus_dist = draft_q.row(jnp.maximum(num_draft_B - 1, 0), draft_BK, V, dtype)
     u_bonus = uniforms(keys_B2, (start_B + num_draft_B)[:, None], Purpose.BONUS)[:, 0]
-    bonus_tok = sample(bonus_dist, u_bonus)
+    last = jnp.where(all_ok_B, sample(bonus_dist, u_bonus), correction)
+    return _verdicts(draft_BK, r_B, last, ~all_ok_B | bonus_B, in_block_BK)
 
-    last = jnp.where(all_ok_B, bonus_tok, correction)
-    emit_last_B = ~all_ok_B | bonus_B
-    num_emitted_B = r_B + emit_last_B.astype(jnp.int32)
+
+def _target_probs(logits_BKV, draft_BK, sampling, counts) -> jax.Array:
+    """p `[B, K+1, V]`: each of the K+1 target distributions warped with its row's params;
+    position j's penalties see the row's counts plus its drafts d_0 .. d_{j-1}."""
+    B, K1, V = logits_BKV.shape
+    rep = jax.tree.map(lambda a: jnp.repeat(a, K1, axis=0), sampling)
+    flat = logits_BKV.reshape(B * K1, V)
+    if counts is None:
+        return warp(flat, rep).reshape(B, K1, V)
+    # the per-position counts are built only when a row sets a penalty
+    return _cond(
+        sampling.penalized(),
+        lambda x: warp(x, rep, counts.per_position(draft_BK, K1)),
+        lambda x: warp(x, rep),
+        flat,
+    ).reshape(B, K1, V)
+
+
+def _accepted(p_BKV, draft_BK, draft_q, keys_B2, start_B, dtype, variant: Variant) -> jax.Array:
+    """`[B, K]` bool: the accept test of every draft (before the block's first rejection)."""
+    B, K = draft_BK.shape
+    pos_BK = start_B[:, None] + jnp.arange(K)[None, :]
+    u_acc_BK = uniforms(keys_B2, pos_BK, Purpose.ACCEPT).astype(dtype)
+    if variant.is_("reused_uniform"):
+        u_acc_BK = jnp.broadcast_to(u_acc_BK[:, :1], (B, K))
+    p_d = jnp.take_along_axis(p_BKV[:, :K], draft_BK[..., None], axis=-1)[..., 0]
+    q_d = draft_q.at_drafts(draft_BK, dtype)
+    return _accepts(u_acc_BK, q_d, p_d, variant)
+
+
+def _correction(p_r, q_r, keys_B2, pos_B, variant: Variant) -> jax.Array:
+    """`[B]` the token drawn from norm(max(0, p - q)) at the first rejection (from p itself
+    when that residual has no mass), with the RESIDUAL uniform of its position."""
+    residual = p_r if variant.is_("residual_from_p") else jnp.maximum(p_r - q_r, 0)
+    mass = jnp.sum(residual, axis=-1, keepdims=True)
+    residual = jnp.where(mass > RESIDUAL_EPS, residual, p_r)
+    u_res = uniforms(keys_B2, pos_B[:, None], Purpose.RESIDUAL)[:, 0]
+    if variant.is_("unnormalized_residual"):  # u not scaled by the residual's mass
+        cum = jnp.cumsum(residual, axis=-1)
+        return jnp.minimum(jnp.sum(cum <= u_res[:, None], axis=-1), residual.shape[-1] - 1)
+    return sample(residual, u_res)
+
+
+def _verdicts(draft_BK, r_B, last_B, emit_last_B, in_block_BK) -> Verdicts:
+    """The accepted drafts, then `last` (correction or bonus) where it is emitted."""
+    K = draft_BK.shape[1]
     cols = jnp.arange(K + 1)[None, :]
     drafts = jnp.pad(draft_BK, ((0, 0), (0, 1)))
     tokens = jnp.where(cols < r_B[:, None], drafts, -1)
-    tokens = jnp.where((cols == r_B[:, None]) & emit_last_B[:, None], last[:, None], tokens)
-    accepted = jnp.arange(K)[None, :] < r_B[:, None]
-    tested = (jnp.arange(K)[None, :] <= r_B[:, None]) & in_block_BK
+    tokens = jnp.where((cols == r_B[:, None]) & emit_last_B[:, None], last_B[:, None], tokens)
     return Verdicts(
         tokens=tokens.astype(jnp.int32),
         num_accepted=r_B,
-        num_emitted=num_emitted_B,
-        accepted=accepted,
-        tested=tested,
+        num_emitted=r_B + emit_last_B.astype(jnp.int32),
+        accepted=jnp.arange(K)[None, :] < r_B[:, None],
+        tested=(jnp.arange(K)[None, :] <= r_B[:, None]) & in_block_BK,
     )
 
 
-def _accepts(u: jax.Array, q_d: jax.Array, p_d: jax.Array, mutant: str | None = None):
+def _accepts(u: jax.Array, q_d: jax.Array, p_d: jax.Array, variant: Variant = EXACT):
     """The accept test `u * q(d) < p(d)`: strict, so p(d) = 0 never accepts, even at u = 0."""
-    if mutant == "nonstrict_accept":
+    if variant.is_("nonstrict_accept"):
         return u * q_d <= p_d
     return u * q_d < p_d
 

@@ -254,7 +254,7 @@ def test_a_mismatch_fails_the_command_but_still_writes_the_report(
 
 
 def test_the_analytic_model_equals_the_proofs_exactly():
-    """`jaxspec_apps.bench.analytic` is the installed copy of `proofs/latency.py`'s formulas."""
+    """`jaxspec.analytic` is the installed copy of `proofs/latency.py`'s formulas."""
     fracs = [Fraction(0), Fraction(1, 3), Fraction(9, 10), Fraction(1)]
     times = [Fraction(1, 7), Fraction(2), Fraction(5)]
     for g, a, td, tv, rtt, depth in itertools.product(

@@ -20,6 +20,7 @@ import jaxspec
 from jaxspec.sampling import SamplingParams, TokenCounts, warp
 from jaxspec.testing import tiny_config, to_dtype
 from proofs.enumerate import Params
+from tests.mutant_helpers import mutated
 
 B, V = 4, 8
 
@@ -229,7 +230,7 @@ def test_counts_not_rolled_back_is_caught(pair, exact_law):
     """The verifier's counts keep a rejected block's drafts: the law moves, and the same
     fit test rejects it."""
     target, draft = pair
-    samples, _ = _sample(target, draft, mode="sync", gamma=2, _mutant="counts_not_rolled_back")
+    samples, _ = mutated(target, draft, PROMPT, ROWS, N_NEW, "counts_not_rolled_back", **PEN)
     assert gof_pvalue(samples, exact_law) < 1e-6
 
 
@@ -240,7 +241,7 @@ def test_draft_counts_stale_is_caught_by_acceptance(pair):
     the q it sends is the q it sampled from)."""
     target = pair[0]
     _, good = _sample(target, target, mode="sync", gamma=2)
-    _, bad = _sample(target, target, mode="sync", gamma=2, _mutant="draft_counts_stale")
+    _, bad = mutated(target, target, PROMPT, ROWS, N_NEW, "draft_counts_stale", **PEN)
     assert good.spec.acceptance_rate > 0.999
     assert bad.spec.acceptance_rate < 0.95
 

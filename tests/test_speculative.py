@@ -13,6 +13,7 @@ from scipy import stats
 import jaxspec
 from jaxspec.sampling import SamplingParams, warp
 from jaxspec.testing import tiny_config, to_dtype
+from tests.mutant_helpers import mutated
 
 N_NEW, PROMPT, ROWS = 3, [1, 2], 8192
 
@@ -111,7 +112,7 @@ MUTANTS = [
 
 @pytest.mark.parametrize(("mutant", "sampling"), MUTANTS)
 def test_the_fit_test_rejects_every_mutant(pair, mutant, sampling):
-    samples, _ = _sample(pair, mode="sync", encoding="full", gamma=2, _mutant=mutant, **sampling)
+    samples, _ = mutated(*pair, PROMPT, ROWS, N_NEW, mutant, **sampling)
     assert gof_pvalue(samples, exact_law(pair[0], sampling)) < 1e-6
 
 

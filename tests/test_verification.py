@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxspec.sampling import Purpose, SamplingParams, session_keys, uniforms, warp
-from jaxspec.verification import DraftQ, _accepts, _verify, check_draft_q, verify_block
+from jaxspec.traces import traces
+from jaxspec.verification import DraftQ, Variant, _accepts, check_draft_q, verify_block
 from proofs import rule
 from proofs import warp as exact_warp
 
@@ -67,10 +68,10 @@ def _run(rows, mutant=None):
         keys = session_keys([r["seed"] for r in rows], B)
         start = np.array([r["start"] for r in rows], np.int32)
         sync = np.array([r["sync"] for r in rows])
-        res = _verify(
+        res = verify_block(
             jnp.asarray(d), jnp.asarray(n), jnp.asarray(logits, jnp.float64),
             DraftQ.full(jnp.asarray(q, jnp.float64)), sampling, keys, jnp.asarray(start),
-            jnp.asarray(sync), mutant=mutant,
+            jnp.asarray(sync), variant=Variant(mutant),
         )  # fmt: skip
         pos = start[:, None] + np.arange(K + 1)[None, :]
         u = {
@@ -149,7 +150,9 @@ def test_a_zero_probability_token_is_never_accepted_even_at_u_zero():
     assert not bool(_accepts(jnp.float32(0), jnp.float32(0.5), jnp.float32(0)))
     assert bool(_accepts(jnp.float32(0), jnp.float32(0.5), jnp.float32(1e-9)))
     # The mutant that uses <= accepts it: the test above is able to fail.
-    assert bool(_accepts(jnp.float32(0), jnp.float32(0.5), jnp.float32(0), "nonstrict_accept"))
+    assert bool(
+        _accepts(jnp.float32(0), jnp.float32(0.5), jnp.float32(0), Variant("nonstrict_accept"))
+    )
 
 
 def test_warp_matches_the_exact_warp():
@@ -184,12 +187,12 @@ def test_mixed_rows_one_compilation_and_padding():
     start = jnp.array([3, 10, 7])
     args = (d, jnp.array([0, 2, 4]), logits, DraftQ.full(q))
     res = verify_block(*args, SamplingParams.make(B, temperature=[0.0, 1.0, 0.5]), keys, start)
-    before = _verify._cache_size()
-    res2 = verify_block(
-        *args, SamplingParams.make(B, temperature=1.3, top_k=2), keys, start,
-        mode=jnp.array([True, False, True]),
-    )  # fmt: skip
-    assert _verify._cache_size() == before
+    with traces() as traced:
+        res2 = verify_block(
+            *args, SamplingParams.make(B, temperature=1.3, top_k=2), keys, start,
+            mode=jnp.array([True, False, True]),
+        )  # fmt: skip
+    assert traced == []
     for r in (res, res2):
         toks = np.asarray(r.tokens)
         for b in range(B):

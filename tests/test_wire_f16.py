@@ -39,6 +39,7 @@ from jaxspec.protocol import (
 from jaxspec.sampling import SamplingParams
 from jaxspec.speculative import draft_q_for
 from jaxspec.testing import peaked_pair
+from jaxspec.verification import Variant
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 V, K = 64, 8  # tiny_config's vocabulary; sparse columns
@@ -55,8 +56,8 @@ def x64():
 
 @functools.cache
 def draft_fn():
-    """`draft_q_for`, jitted once for every test here (static: encoding, k, mutant, dtype)."""
-    return jax.jit(draft_q_for, static_argnames=("encoding", "sparse_k", "mutant", "q_dtype"))
+    """`draft_q_for`, jitted once for every test here (static: encoding, k, variant, dtype)."""
+    return jax.jit(draft_q_for, static_argnames=("encoding", "sparse_k", "variant", "q_dtype"))
 
 
 def _draft(logits, u, encoding, mutant=None, q_dtype="float16", temperature=1.0):
@@ -64,7 +65,7 @@ def _draft(logits, u, encoding, mutant=None, q_dtype="float16", temperature=1.0)
     sampling = SamplingParams.make(rows, temperature)
     return draft_fn()(
         jnp.asarray(logits, jnp.float32), sampling, jnp.asarray(u, jnp.float32),
-        encoding=encoding, sparse_k=K, mutant=mutant, q_dtype=q_dtype,
+        encoding=encoding, sparse_k=K, variant=Variant(mutant), q_dtype=q_dtype,
     )  # fmt: skip
 
 

@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxspec.model import KVCache, Llama
 from jaxspec.sampling import Purpose, SamplingParams, TokenCounts, sample_at
-from jaxspec.verification import DraftQ, _verify
+from jaxspec.verification import DraftQ, verify_block
 
 DATA, MODEL = "data", "model"
 
@@ -108,7 +108,7 @@ def verify_step_fn(
     # mode too (0 drafts + a bonus: the rule's bonus is a sample of p at `start`) ...
     bonus = batch.sync | (num_draft == 0)
     q = DraftQ.mixed(batch.q_full, batch.is_full, batch.q_ids, batch.q_probs)
-    res = _verify(
+    res = verify_block(
         batch.tokens[:, 1:], num_draft, logits, q, batch.sampling, batch.keys, batch.start, bonus,
         batch.counts,
     )  # fmt: skip

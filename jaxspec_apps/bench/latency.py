@@ -5,7 +5,7 @@ Everything runs in this process: the edge drafter (`edge.Drafter`), the verifier
 (`verify.LocalVerifier`) behind `edge.DelayedEndpoint` (one-way delay RTT/2 each way, FIFO).
 t_d (draft time per token), t_v (one verify step) and t_ar (one target decode step) are
 measured first, alpha from co-located speculative decoding of the same prompt; the
-predictions are `jaxspec_apps.bench.analytic` at those numbers. Cloud autoregressive and
+predictions are `jaxspec.analytic` at those numbers. Cloud autoregressive and
 co-located speculative decoding stream tokens the cloud computes, so their inter-token
 latency is their measured compute time per token (the RTT delays only the first token).
 """

@@ -381,8 +381,9 @@ def markdown(r: dict[str, Any], plots: dict[str, str], extra: dict[str, str] | N
             "",
             f"Greedy, γ = {lat['gamma']}, {lat['new_tokens']} tokens, one prompt. The edge "
             "drafter and `verify.LocalVerifier` run in this process behind "
-            "`edge.DelayedEndpoint` (RTT/2 each way); pipelined depth covers the round trip "
-            "(capped at 8). Predictions: the papers' model (`jaxspec_apps.bench.analytic`, "
+            "`edge.delayed.DelayedEndpoint` (RTT/2 each way); pipelined depth covers the "
+            "round trip "
+            "(capped at 8). Predictions: the papers' model (`jaxspec.analytic`, "
             "held equal to `proofs/latency.py`) at the measured t_d, t_v, α. Cloud AR and "
             "co-located decoding stream what the cloud computes, so their time per token is "
             "their compute time.",
