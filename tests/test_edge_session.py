@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxspec
+from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
-from edge.session import DelayedEndpoint, run_session
+from edge.session import run_session
 from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec.testing import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
