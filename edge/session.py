@@ -13,8 +13,10 @@ not of depth, delays or how the transport interleaves messages. Pipelined, not o
 either (no bonus: the token at each position is the draft or correction drawn for it), so an
 adaptive session's block lengths (`block_len`) change its speed, never its output.
 
-The session runs against any `VerifierEndpoint` (in-process, gRPC, or `DelayedEndpoint`,
-which simulates a WAN with one-way delays and jitter while keeping each direction FIFO).
+`EdgeSession` holds one session's state (committed tokens, epoch, blocks in flight, the
+drafter's state, the trace) and runs it in small steps; `run_session` is the entry point that
+makes one and runs it. The session runs against any `VerifierEndpoint` (in-process, gRPC, or
+`edge.delayed.DelayedEndpoint`, which simulates a WAN).
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import operator
-import random
 import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
-from edge.drafter import DraftBatch, Drafter
+from edge.drafter import DraftBatch, Drafter, DrafterState
 from jaxspec.protocol import (
     AcceptanceFigures,
     DraftBlock,
@@ -94,6 +96,276 @@ def _to_wire(batch: DraftBatch, session_id: str, epoch: int) -> DraftBlock:
     )
 
 
+def _checked_depth(
+    drafter: Drafter | None,
+    config: SessionConfig,
+    depth: int,
+    block_len: Callable[[], int] | None,
+) -> int:
+    """The session's pipeline depth (1 in sync mode and with gamma 0), after checking that
+    the drafter drafts as the session's spec says and that `block_len` has an adaptive spec."""
+    if config.draft.speculative and (drafter is None or drafter.spec != config.draft):
+        have = None if drafter is None else drafter.spec
+        raise ValueError(f"the drafter's {have} must match the session's draft {config.draft}")
+    if block_len is not None and not config.draft.adaptive:
+        raise ValueError("block_len needs an adaptive draft spec (gamma='auto')")
+    if config.mode == "sync" or not config.draft.speculative:  # gamma 0: nothing to draft ahead
+        depth = 1
+    if depth < 1:
+        raise ValueError("depth must be >= 1")
+    return depth
+
+
+class EdgeSession:
+    """One edge session (the state machine of the module docstring), run once by `run()`.
+
+    The arguments are `run_session`'s, which says what each does. The state is named here:
+    `committed` (the prompt and every token the verifier confirmed), `epoch`, `inflight`
+    (blocks sent, oldest first, with the tasks awaiting their answers), `state` (the
+    drafter's, None with gamma 0), `behind` (an empty block went out while the drafter's KV
+    lags its context) and `trace` (what the caller gets back). `run()` opens the session,
+    then each `_step()` fills the pipeline and takes the oldest answer: a resume, a stale
+    block or a verified one (commit, and roll back on a correction).
+    """
+
+    def __init__(
+        self,
+        endpoint: VerifierEndpoint,
+        drafter: Drafter | None,
+        config: SessionConfig,
+        *,
+        depth: int = 1,
+        on_event: Callable[[str, tuple[int, ...]], None] | None = None,
+        on_rollback: Callable[[Any, list[int]], None] | None = None,
+        resume_timeout_s: float = 0.0,
+        resume_backoff_s: float = 0.2,
+        on_retry: Callable[[Unavailable, float], None] | None = None,
+        block_len: Callable[[], int] | None = None,
+    ) -> None:
+        self.depth = _checked_depth(drafter, config, depth, block_len)
+        self.endpoint, self.drafter, self.config = endpoint, drafter, config
+        self.on_event, self.on_rollback, self.on_retry = on_event, on_rollback, on_retry
+        self.resume_timeout_s, self.resume_backoff_s = resume_timeout_s, resume_backoff_s
+        self.block_len = block_len
+        # A `block_len` that measures (`edge.adaptive.AdaptiveGamma`) hears each block's draft
+        # time and, when it is answered, how many drafts were accepted and how long it took.
+        self.observe_draft = getattr(block_len, "observe_draft", None)
+        self.observe_result = getattr(block_len, "observe_result", None)
+        self.speculative = config.draft.speculative
+        self.gamma = config.draft.gamma  # the longest block
+        self.prompt = list(config.prompt)
+        self.trace = SessionTrace()
+        # Set when the session opens (`_start`), after the verifier has accepted the config.
+        self.sid = ""
+        self.max_len = 0
+        self.state: DrafterState | None = None
+        self.sampling: SamplingParams | None = None
+        self.keys: jax.Array | None = None
+        self.committed = list(self.prompt)
+        self.epoch = 0
+        self.before_resume = AcceptanceFigures()  # the figures of the sessions a resume closed
+        self.inflight: list[tuple[DraftBlock, asyncio.Task[VerifyResult]]] = []
+        self.sent_at: dict[int, float] = {}  # id(block) -> when it went out
+        self.behind = False  # an empty block was sent: the draft's KV lags its context
+        self.finished = False
+        self._ran = False
+
+    async def run(self) -> SessionTrace:
+        """Generate until the verifier says finished; the session is closed however it ends
+        once it has opened (a session runs once)."""
+        if self._ran:
+            raise RuntimeError("an EdgeSession runs once")
+        self._ran = True
+        self.trace.start_time = time.perf_counter()
+        await self._start()
+        try:
+            while not self.finished:
+                await self._step()
+        finally:
+            for _, task in self.inflight:
+                task.cancel()
+            await self.endpoint.close_session(self.sid)
+            self.trace.end_time = time.perf_counter()
+        return self.trace
+
+    async def _start(self) -> None:
+        """Open the session, then size and prefill the drafter and make its sampling."""
+        self.sid = await self._open(self.config)
+        c = self.config
+        need = len(self.prompt) + c.max_new_tokens + (self.depth + 1) * self.gamma + 2
+        self.max_len = bucket(need, 64)  # sessions share compilations
+        if self.speculative:
+            self.state = self.drafter.prefill(self.drafter.init(1, self.max_len), [self.prompt])
+        self.sampling = SamplingParams.make(
+            1, c.temperature, c.top_k, c.top_p, c.min_p, dict(c.logit_bias), None,
+            c.repetition_penalty, c.presence_penalty, c.frequency_penalty,
+        )  # fmt: skip
+        self.keys = session_key(c.seed, 0)[None]
+
+    async def _open(self, cfg: SessionConfig) -> str:
+        """Open a session, retrying an unavailable verifier for `resume_timeout_s`."""
+        give_up = time.monotonic() + self.resume_timeout_s
+        told = False
+        while True:
+            try:
+                return (await self.endpoint.open_session(cfg)).session_id
+            except Unavailable as e:
+                if time.monotonic() + self.resume_backoff_s > give_up:
+                    if not told:
+                        raise
+                    raise Unavailable(f"{e} (gave up after {self.resume_timeout_s:g} s)") from None
+                if not told and self.on_retry is not None:
+                    self.on_retry(e, self.resume_timeout_s)
+                told = True
+                await asyncio.sleep(self.resume_backoff_s)
+
+    def _emit(self, kind: str, toks: Any) -> None:
+        """Record an event in the trace and tell `on_event`."""
+        self.trace.events.append((kind, tuple(int(t) for t in toks)))
+        if self.on_event is not None:
+            self.on_event(kind, tuple(int(t) for t in toks))
+
+    def _roll_back(self, length: int, token: int | None = None) -> None:
+        """Cut the drafter's context to `length` tokens (then append `token`)."""
+        if not self.speculative:
+            return
+        self.state = self.drafter.rollback(self.state, [0], [length])
+        if token is not None:
+            self.state = self.drafter.append(self.state, [0], [[token]])
+        if self.on_rollback is not None:
+            self.on_rollback(self.state, self.committed)
+
+    # --- sending ----------------------------------------------------------------------------
+
+    def _fill(self) -> None:
+        """Keep `depth` blocks in flight, drafting along the optimistic path."""
+        if not self.speculative:
+            while len(self.inflight) < self.depth:
+                self._send(self._empty_block())
+            return
+        while len(self.inflight) < self.depth and self._room():
+            n = self._next_len()
+            if n == 0:  # no drafting: the verifier samples the token (edge.adaptive)
+                block = self._empty_block()
+                self.sent_at[id(block)] = time.perf_counter()
+                self._send(block)
+                self.behind = True
+            else:
+                self._send_drafts(n)
+
+    def _room(self) -> bool:
+        """Whether the drafter's context has room for one more longest block."""
+        return int(self.state.length[0]) + self.gamma <= self.max_len
+
+    def _next_len(self) -> int:
+        """The next block's length: `gamma`, or what `block_len()` picks (checked)."""
+        n = self.gamma if self.block_len is None else operator.index(self.block_len())
+        low = 0 if self.config.mode == "sync" else 1  # 0: stop drafting (sync only)
+        if not low <= n <= self.gamma:
+            raise ValueError(f"block_len() must be in [{low}, {self.gamma}], got {n}")
+        return n
+
+    def _empty_block(self) -> DraftBlock:
+        """A block with no drafts at the committed length: the verifier samples its token."""
+        start = len(self.committed)
+        return DraftBlock(session_id=self.sid, epoch=self.epoch, start=start, tokens=())
+
+    def _send_drafts(self, n: int) -> None:
+        """Draft a block of `n` tokens, send it and report it ("draft")."""
+        if self.behind:  # tokens came while nothing drafted: rebuild the draft's KV
+            self.state = self.drafter.prefill(
+                self.state, [self.committed], prompt_len=[len(self.prompt)]
+            )
+            self.behind = False
+        t_draft = time.perf_counter()
+        self.state, batch = self.drafter.draft(self.state, self.sampling, self.keys, gamma=n)
+        block = _to_wire(batch, self.sid, self.epoch)  # waits for the drafts: timed whole
+        self.sent_at[id(block)] = time.perf_counter()
+        if self.observe_draft is not None:
+            self.observe_draft(n, self.sent_at[id(block)] - t_draft)
+        self._send(block)
+        self._emit("draft", block.tokens)
+
+    def _send(self, block: DraftBlock) -> None:
+        """Put `block` in flight: its answer is awaited in the order sent."""
+        self.inflight.append((block, asyncio.ensure_future(self.endpoint.verify(block))))
+        self.trace.blocks_sent += 1
+
+    # --- answers ----------------------------------------------------------------------------
+
+    async def _step(self) -> None:
+        """Fill the pipeline, then take the oldest block's answer."""
+        self._fill()
+        block, task = self.inflight.pop(0)
+        sent = self.sent_at.pop(id(block), None)
+        try:
+            r = await task
+        except Unavailable:
+            if self.resume_timeout_s <= 0:
+                raise
+            await self._resume()
+            return
+        self.trace.figures = self.before_resume + r.figures
+        if r.stale:
+            self._on_stale(block, r)
+        else:
+            self._on_verified(block, sent, r)
+
+    async def _resume(self) -> None:
+        """The verifier went away: drop what was in flight, reopen with the committed tokens
+        (epoch 0 again) and redraft from the committed prefix."""
+        for _, t in self.inflight:
+            t.cancel()
+        self.inflight.clear()
+        self.sent_at.clear()
+        await self.endpoint.close_session(self.sid)
+        self.before_resume = self.trace.figures
+        done = tuple(self.committed[len(self.prompt) :])
+        self.sid = await self._open(dataclasses.replace(self.config, committed=done))
+        self.epoch = 0
+        if self.speculative:
+            self.state = self.drafter.rollback(self.state, [0], [len(self.committed)])
+        self.trace.resumes += 1
+        self._emit("resume", ())
+
+    def _on_stale(self, block: DraftBlock, r: VerifyResult) -> None:
+        """The verifier dropped `block` (an old epoch or a wrong start)."""
+        self.trace.stale += 1
+        self._emit("stale", block.tokens)
+        if r.epoch == self.epoch and block.start == len(self.committed):
+            raise RuntimeError("the verifier dropped a current block as stale")
+        if not self.inflight or r.epoch == self.epoch:
+            # Nothing valid is in flight: redraft from the committed prefix.
+            self._roll_back(len(self.committed))
+        self.finished = r.finished
+
+    def _on_verified(self, block: DraftBlock, sent: float | None, r: VerifyResult) -> None:
+        """Commit the answer to `block` (sent at `sent`); on a correction or bonus token, roll
+        the drafter back to it and move to the answer's epoch."""
+        trace = self.trace
+        trace.rounds += 1
+        trace.drafted += len(block.tokens)
+        trace.accepted += r.accepted
+        now = time.perf_counter()
+        if self.observe_result is not None and sent is not None:
+            self.observe_result(len(block.tokens), r.accepted, now - sent, r.step_s)
+        self.committed += r.tokens
+        trace.tokens += r.tokens
+        trace.token_times += [now] * len(r.tokens)
+        self._emit("accept", r.tokens[: r.accepted])
+        self.finished = r.finished
+        if r.accepted < len(block.tokens):
+            self._emit("reject", block.tokens[r.accepted :])
+        if r.next_token is not None:
+            kind = "correct" if r.accepted < len(block.tokens) else "bonus"
+            self._emit(kind, (r.next_token,))
+            # The drafter's context holds drafts past the accepted ones: cut them and
+            # append the verifier's token; every block still in flight is now stale.
+            self._roll_back(block.start + r.accepted, r.next_token)
+            trace.rollbacks += r.new_epoch != self.epoch
+        self.epoch = r.new_epoch
+
+
 async def run_session(
     endpoint: VerifierEndpoint,
     drafter: Drafter | None,
@@ -119,7 +391,8 @@ async def run_session(
     says so: the wait is not silent); giving up raises `Unavailable` saying how long it tried.
 
     `block_len()` (adaptive sessions, `config.draft.adaptive`: `gamma="auto"`) is called
-    before each block is drafted and returns its length in [1, config.draft.gamma] (a
+    before each block is drafted and returns its length in [1, config.draft.gamma] (in sync
+    mode [0, gamma]: 0 sends an empty block, answered with one token the verifier samples; a
     `ValueError` otherwise); without it every block has `config.draft.gamma` drafts. It may
     read what `on_event` reported so far (accepts, rejects) to choose; one that has
     `observe_draft(n, seconds)` / `observe_result(drafted, accepted, latency_s, step_s)` (an
@@ -131,224 +404,16 @@ async def run_session(
     each block is empty and the verifier answers it with one token it sampled (a "bonus"
     event), one block at a time in either mode; the tokens are plain decoding's.
     """
-    speculative = config.draft.speculative
-    if speculative and (drafter is None or drafter.spec != config.draft):
-        have = None if drafter is None else drafter.spec
-        raise ValueError(f"the drafter's {have} must match the session's draft {config.draft}")
-    if block_len is not None and not config.draft.adaptive:
-        raise ValueError("block_len needs an adaptive draft spec (gamma='auto')")
-    if config.mode == "sync" or not speculative:  # gamma 0: nothing to draft ahead
-        depth = 1
-    if depth < 1:
-        raise ValueError("depth must be >= 1")
-    trace = SessionTrace(start_time=time.perf_counter())
-
-    def emit(kind: str, toks) -> None:
-        trace.events.append((kind, tuple(int(t) for t in toks)))
-        if on_event is not None:
-            on_event(kind, tuple(int(t) for t in toks))
-
-    async def open_session(cfg: SessionConfig) -> str:
-        give_up = time.monotonic() + resume_timeout_s
-        told = False
-        while True:
-            try:
-                return (await endpoint.open_session(cfg)).session_id
-            except Unavailable as e:
-                if time.monotonic() + resume_backoff_s > give_up:
-                    if not told:
-                        raise
-                    raise Unavailable(f"{e} (gave up after {resume_timeout_s:g} s)") from None
-                if not told and on_retry is not None:
-                    on_retry(e, resume_timeout_s)
-                told = True
-                await asyncio.sleep(resume_backoff_s)
-
-    sid = await open_session(config)
-    prompt = list(config.prompt)
-    gamma = config.draft.gamma  # the longest block
-    need = len(prompt) + config.max_new_tokens + (depth + 1) * gamma + 2
-    max_len = bucket(need, 64)  # sessions share compilations
-    state = drafter.prefill(drafter.init(1, max_len), [prompt]) if speculative else None
-
-    def roll_back(length: int, token: int | None = None) -> None:
-        """Cut the drafter's context to `length` tokens (then append `token`)."""
-        nonlocal state
-        if not speculative:
-            return
-        state = drafter.rollback(state, [0], [length])
-        if token is not None:
-            state = drafter.append(state, [0], [[token]])
-        if on_rollback is not None:
-            on_rollback(state, committed)
-
-    sampling = SamplingParams.make(
-        1, config.temperature, config.top_k, config.top_p, config.min_p,
-        dict(config.logit_bias), None, config.repetition_penalty, config.presence_penalty,
-        config.frequency_penalty,
-    )  # fmt: skip
-    keys = session_key(config.seed, 0)[None]
-
-    committed = list(prompt)
-    epoch = 0
-    before_resume = AcceptanceFigures()  # the figures of the sessions a resume closed
-    inflight: list[tuple[DraftBlock, asyncio.Task[VerifyResult]]] = []
-    # A `block_len` that measures (`edge.adaptive.AdaptiveGamma`) hears each block's draft
-    # time and, when it is answered, how many drafts were accepted and how long it took.
-    observe_draft = getattr(block_len, "observe_draft", None)
-    observe_result = getattr(block_len, "observe_result", None)
-    sent_at: dict[int, float] = {}  # id(block) -> when it went out
-    behind = False  # an empty block was sent: the draft's KV lags its context
-    finished = False
-    try:
-        while not finished:
-            # Keep `depth` blocks in flight, drafting along the optimistic path.
-            while len(inflight) < depth and not speculative:
-                block = DraftBlock(session_id=sid, epoch=epoch, start=len(committed), tokens=())
-                inflight.append((block, asyncio.ensure_future(endpoint.verify(block))))
-                trace.blocks_sent += 1
-            while speculative and len(inflight) < depth and int(state.length[0]) + gamma <= max_len:
-                n = gamma if block_len is None else operator.index(block_len())
-                low = 0 if config.mode == "sync" else 1  # 0: stop drafting (sync only)
-                if not low <= n <= gamma:
-                    raise ValueError(f"block_len() must be in [{low}, {gamma}], got {n}")
-                if n == 0:  # no drafting: the verifier samples the token (edge.adaptive)
-                    block = DraftBlock(session_id=sid, epoch=epoch, start=len(committed), tokens=())
-                    sent_at[id(block)] = time.perf_counter()
-                    inflight.append((block, asyncio.ensure_future(endpoint.verify(block))))
-                    trace.blocks_sent += 1
-                    behind = True
-                    continue
-                if behind:  # tokens came while nothing drafted: rebuild the draft's KV
-                    state = drafter.prefill(state, [committed], prompt_len=[len(prompt)])
-                    behind = False
-                t_draft = time.perf_counter()
-                state, batch = drafter.draft(state, sampling, keys, gamma=n)
-                block = _to_wire(batch, sid, epoch)  # waits for the drafts: timed whole
-                sent_at[id(block)] = time.perf_counter()
-                if observe_draft is not None:
-                    observe_draft(n, sent_at[id(block)] - t_draft)
-                inflight.append((block, asyncio.ensure_future(endpoint.verify(block))))
-                trace.blocks_sent += 1
-                emit("draft", block.tokens)
-            block, task = inflight.pop(0)
-            sent = sent_at.pop(id(block), None)
-            try:
-                r = await task
-            except Unavailable:
-                if resume_timeout_s <= 0:
-                    raise
-                # Resume: drop what was in flight, reopen with the committed tokens (epoch
-                # 0 again) and redraft from the committed prefix.
-                for _, t in inflight:
-                    t.cancel()
-                inflight.clear()
-                sent_at.clear()
-                await endpoint.close_session(sid)
-                before_resume = trace.figures
-                done = tuple(committed[len(prompt) :])
-                sid = await open_session(dataclasses.replace(config, committed=done))
-                epoch = 0
-                if speculative:
-                    state = drafter.rollback(state, [0], [len(committed)])
-                trace.resumes += 1
-                emit("resume", ())
-                continue
-            trace.figures = before_resume + r.figures
-            if r.stale:
-                trace.stale += 1
-                emit("stale", block.tokens)
-                if r.epoch == epoch and block.start == len(committed):
-                    raise RuntimeError("the verifier dropped a current block as stale")
-                if not inflight or r.epoch == epoch:
-                    # Nothing valid is in flight: redraft from the committed prefix.
-                    roll_back(len(committed))
-                finished = r.finished
-                continue
-            trace.rounds += 1
-            trace.drafted += len(block.tokens)
-            trace.accepted += r.accepted
-            now = time.perf_counter()
-            if observe_result is not None and sent is not None:
-                observe_result(len(block.tokens), r.accepted, now - sent, r.step_s)
-            committed += r.tokens
-            trace.tokens += r.tokens
-            trace.token_times += [now] * len(r.tokens)
-            emit("accept", r.tokens[: r.accepted])
-            finished = r.finished
-            if r.accepted < len(block.tokens):
-                emit("reject", block.tokens[r.accepted :])
-            if r.next_token is not None:
-                emit("correct" if r.accepted < len(block.tokens) else "bonus", (r.next_token,))
-                # The drafter's context holds drafts past the accepted ones: cut them and
-                # append the verifier's token; every block still in flight is now stale.
-                roll_back(block.start + r.accepted, r.next_token)
-                trace.rollbacks += r.new_epoch != epoch
-            epoch = r.new_epoch
-    finally:
-        for _, task in inflight:
-            task.cancel()
-        await endpoint.close_session(sid)
-        trace.end_time = time.perf_counter()
-    return trace
-
-
-class DelayedEndpoint:
-    """Wraps an endpoint with one-way delays (seconds) and jitter, like a WAN link. Each
-    direction stays FIFO (a stream over TCP): a message arrives after its own delay and never
-    before the message sent ahead of it. `delays` scripts the delays (tests); after the
-    script runs out, `one_way_s +- jitter_s` (uniform, seeded) applies."""
-
-    def __init__(
-        self,
-        inner: VerifierEndpoint,
-        one_way_s: float = 0.0,
-        jitter_s: float = 0.0,
-        seed: int = 0,
-        delays: list[float] | None = None,
-    ):
-        self.inner = inner
-        self.one_way_s = one_way_s
-        self.jitter_s = jitter_s
-        self._rng = random.Random(seed)
-        self._script = list(delays or [])
-        self._tail: dict[str, asyncio.Future[None] | None] = {"up": None, "down": None}
-
-    def _delay(self) -> float:
-        if self._script:
-            return self._script.pop(0)
-        return max(0.0, self.one_way_s + self._rng.uniform(-1, 1) * self.jitter_s)
-
-    async def _cross(self, direction: str) -> None:
-        """Return when this message arrives. The caller must deliver it before its next
-        await: the next message's wake-up is only scheduled, it cannot overtake."""
-        prev = self._tail[direction]
-        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._tail[direction] = mine
-        try:
-            await asyncio.sleep(self._delay())
-            if prev is not None:
-                await asyncio.shield(prev)  # our cancel must not cancel the one ahead
-        finally:
-            # Arrived, or cancelled in flight: either way the next message may go once the
-            # one ahead of us has (a lost message must not stall the link forever).
-            if prev is None or prev.done():
-                if not mine.done():
-                    mine.set_result(None)
-            else:
-                prev.add_done_callback(lambda _: mine.done() or mine.set_result(None))
-
-    async def open_session(self, config: SessionConfig):
-        await self._cross("up")
-        info = await self.inner.open_session(config)
-        await self._cross("down")
-        return info
-
-    async def verify(self, block: DraftBlock) -> VerifyResult:
-        await self._cross("up")
-        r = await self.inner.verify(block)  # queued before any later message can run
-        await self._cross("down")
-        return r
-
-    async def close_session(self, session_id: str) -> None:
-        await self.inner.close_session(session_id)
+    session = EdgeSession(
+        endpoint,
+        drafter,
+        config,
+        depth=depth,
+        on_event=on_event,
+        on_rollback=on_rollback,
+        resume_timeout_s=resume_timeout_s,
+        resume_backoff_s=resume_backoff_s,
+        on_retry=on_retry,
+        block_len=block_len,
+    )
+    return await session.run()

@@ -14,8 +14,9 @@ import pytest
 
 import jaxspec
 from edge.adaptive import AdaptiveGamma
+from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
-from edge.session import DelayedEndpoint, run_session
+from edge.session import run_session
 from jaxspec import analytic
 from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec.testing import tiny_config, to_dtype

@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxspec
+from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
-from edge.session import DelayedEndpoint, run_session
+from edge.session import EdgeSession, run_session
 from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec.testing import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
@@ -175,6 +176,32 @@ def test_block_len_is_checked():
             session(mode, 4, 1, adaptive=True, block_len=lambda bad=bad: bad)
     with pytest.raises(ValueError, match="adaptive"):
         session("sync", 4, 1, block_len=lambda: 2)
+
+
+def test_an_edge_session_keeps_its_state_and_runs_once():
+    """`EdgeSession` is what `run_session` runs: the same tokens, its state readable after
+    the run (the committed tokens are the prompt and the trace's tokens), and a second
+    `run()` is refused rather than continuing from a closed session."""
+    spec = DraftSpec(gamma=3, encoding="full", sparse_k=4)
+    cfg = SessionConfig(
+        prompt=PROMPT, max_new_tokens=NEW, mode="pipelined", temperature=1.0, seed=3, draft=spec
+    )
+
+    async def go():
+        v = LocalVerifier(scheduler=scheduler())
+        try:
+            s = EdgeSession(v, Drafter(models()[1], spec), cfg, depth=2)
+            trace = await s.run()
+            with pytest.raises(RuntimeError, match="runs once"):
+                await s.run()
+            return s, trace
+        finally:
+            await v.aclose()
+
+    s, trace = asyncio.run(go())
+    assert trace is s.trace and s.finished
+    assert s.committed == [*PROMPT, *trace.tokens]
+    assert trace.tokens == session("pipelined", 3, 2).tokens
 
 
 def test_a_message_cancelled_in_flight_does_not_stall_the_link():

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from edge.adaptive import AdaptiveGamma
+from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
-from edge.session import DelayedEndpoint, run_session
+from edge.session import run_session
 from jaxspec.protocol import DraftSpec, SessionConfig
 from verify import LocalVerifier
 

@@ -20,8 +20,9 @@ from typing import Any
 import jax
 
 import jaxspec
+from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
-from edge.session import DelayedEndpoint, run_session
+from edge.session import run_session
 from jaxspec import analytic
 from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
 from jaxspec.sampling import SamplingParams, session_key

@@ -27,8 +27,9 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from edge.adaptive import AdaptiveGamma
 from edge.client import GrpcEndpoint, check_verifier
+from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter, load_drafter
-from edge.session import DelayedEndpoint, run_session
+from edge.session import run_session
 from jaxspec.protocol import DraftBlock, SessionConfig, SessionInfo, VerifyResult
 from jaxspec.text import chat_prompt, encode_prompt
 from jaxspec_apps.demo._pair import resolve_pair
