@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import logging
 import signal
@@ -35,6 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -100,6 +102,7 @@ def _coordinator_arg(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """`python -m verify serve`'s flags (one `_add_*_flags` per group, in --help's order)."""
     p = argparse.ArgumentParser(
         prog="python -m verify", description="the jaxspec verifier", formatter_class=HelpFormatter
     )
@@ -107,6 +110,19 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "serve", help="serve jaxspec.v1.Verifier over gRPC", formatter_class=HelpFormatter
     )
+    _add_listen_flags(s)
+    _add_device_flags(s)
+    _add_scheduler_flags(s)
+    _add_timeout_flags(s)
+    _add_observability_flags(s)
+    _add_warmup_flags(s)
+    _add_multihost_flags(s)
+    add_cache_flag(s)
+    return p
+
+
+def _add_listen_flags(s: argparse.ArgumentParser) -> None:
+    """What is served, where, and to whom: the target, the address, tenants and TLS."""
     s.add_argument(
         "--checkpoint",
         default="default",
@@ -132,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--tls-cert", default=None, help="PEM certificate chain (enables TLS)")
     s.add_argument("--tls-key", default=None, help="PEM private key")
+
+
+def _add_device_flags(s: argparse.ArgumentParser) -> None:
+    """The devices the target is sharded over, and its dtype."""
     s.add_argument("--mesh", type=_mesh_arg, default=(1, 1), help="data=N,model=M devices")
     s.add_argument(
         "--dtype",
@@ -139,26 +159,52 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["float32", "bfloat16"],
         help="the target's weights and activations",
     )
-    s.add_argument("--max-sessions", type=int, default=64, help="KV slots (live sessions)")
-    s.add_argument("--max-len", type=int, default=512, help="positions per session")
-    s.add_argument("--max-gamma", type=int, default=8, help="largest drafts per block")
+
+
+def _scheduler_default(field: str) -> Any:
+    """`SchedulerConfig`'s own default for `field`: a scheduler flag's default is stated once,
+    there."""
+    return next(f.default for f in dataclasses.fields(SchedulerConfig) if f.name == field)
+
+
+def _add_scheduler_flags(s: argparse.ArgumentParser) -> None:
+    """The scheduler's settings (`scheduler_config_from_args`), defaulting to
+    `SchedulerConfig`'s."""
+    default = _scheduler_default
+    s.add_argument(
+        "--max-sessions",
+        type=int,
+        default=default("max_sessions"),
+        help="KV slots (live sessions)",
+    )
+    s.add_argument("--max-len", type=int, default=default("max_len"), help="positions per session")
+    s.add_argument(
+        "--max-gamma", type=int, default=default("max_gamma"), help="largest drafts per block"
+    )
     s.add_argument(
         "--kv-buckets",
         type=_positions,
-        default=None,
+        default=default("kv_buckets"),
         help="slot positions a verify step may attend over, comma-separated and ending at "
         "--max-len (default: half the slot and the whole slot, for slots of 256 or more; "
         "each bucket is one more set of compiled step shapes)",
     )
     s.add_argument(
-        "--max-sparse-k", type=int, default=16, help="most q columns a sparse draft may carry"
+        "--max-sparse-k",
+        type=int,
+        default=default("max_sparse_k"),
+        help="most q columns a sparse draft may carry",
     )
     s.add_argument(
         "--idle-timeout-s",
         type=float,
-        default=300.0,
+        default=default("idle_timeout_s"),
         help="a session without progress this long is evicted",
     )
+
+
+def _add_timeout_flags(s: argparse.ArgumentParser) -> None:
+    """How long a stream, a handshake and the drain may take."""
     s.add_argument(
         "--write-timeout-s",
         type=float,
@@ -175,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--drain-timeout-s", type=float, default=30.0, help="most time to drain")
     s.add_argument("--drain-min-s", type=float, default=0.5, help="least time NOT_SERVING")
+
+
+def _add_observability_flags(s: argparse.ArgumentParser) -> None:
+    """The Prometheus endpoint and gRPC reflection."""
     s.add_argument(
         "--metrics-port",
         type=port_arg(zero_picks_free=True),
@@ -185,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-host", default="127.0.0.1", help="metrics bind address (default: loopback)"
     )
     s.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
+
+
+def _add_warmup_flags(s: argparse.ArgumentParser) -> None:
+    """Which step shapes compile before serving."""
     s.add_argument("--no-warmup", action="store_true", help="compile lazily (tests, demos)")
     s.add_argument(
         "--full-warmup",
@@ -193,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
         "as a lone session's shapes (the smallest row bucket) are compiled and compiles the "
         "rest in the background (multi-host always compiles everything first)",
     )
+
+
+def _add_multihost_flags(s: argparse.ArgumentParser) -> None:
+    """One verifier over several processes (docs/multihost.md)."""
     s.add_argument(
         "--coordinator",
         type=_coordinator_arg,
@@ -208,8 +266,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=10,
         help="multi-host: a process silent this long is dead (the others exit 3)",
     )
-    add_cache_flag(s)
-    return p
 
 
 def scheduler_config_from_args(args: argparse.Namespace) -> SchedulerConfig:
