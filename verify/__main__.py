@@ -35,7 +35,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -440,69 +440,23 @@ async def _warm_up_and_serve(
     tls: bool,
     lockstep: multihost.Lockstep | None = None,
 ) -> int:
-    config = scheduler_config_from_args(args)
-    order = [] if args.no_warmup else warmup_order(config)
-    shapes = len(order)
-    # Serve once a lone session's shapes are compiled (the smallest row bucket: its prefill
-    # and every step width); the rest compile in the background, between steps. Multi-host
-    # and --full-warmup compile everything first.
-    partial = shapes > 0 and lockstep is None and not args.full_warmup
-    first = order[: 1 + len(config.width_buckets)] if partial else order
-    rest = order[len(first) :]
+    """Load the target and compile the first shapes (health NOT_SERVING meanwhile), serve
+    (the other shapes compiling in the background), and drain on SIGTERM/SIGINT: exit 0
+    (also when stopped while warming up)."""
+    warm = _WarmUp.plan(args, scheduler_config_from_args(args), lockstep)
     print(
         f"jaxspec verifier listening on {args.host}:{server.port}{' (TLS)' if tls else ''}, "
-        f"warming up: {shapes} shapes{' (--no-warmup)' if args.no_warmup else ''}"
-        + (f", serving after the first {len(first)}" if rest else ""),
+        f"warming up: {warm.shapes} shapes{' (--no-warmup)' if args.no_warmup else ''}"
+        + (f", serving after the first {len(warm.first)}" if warm.rest else ""),
         flush=True,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    cancel = threading.Event()
-    t0 = time.monotonic()
-
-    def progress(done: int, total: int, shape: str) -> None:
-        log.info("warm-up: %d/%d shapes compiled (%s), %.1f s", done, shapes, shape,
-                 time.monotonic() - t0)  # fmt: skip
-        if cancel.is_set():
-            raise WarmupCancelled
-
-    def prepare() -> LocalVerifier:  # in a worker thread: the health service keeps answering
-        target = model or load_target(args)
-        if target.config.vocab_size != vocab:
-            raise ValueError(f"{args.checkpoint}: config.json and the loaded target disagree")
-        log.info("loaded %s in %.1f s", args.checkpoint, time.monotonic() - t0)
-        verifier = make_verifier(args, target, lockstep)
-        if lockstep is not None:
-            lockstep.ready()  # every follower has loaded the target too
-        if first:
-            verifier.scheduler.warmup(progress, first)
-        return verifier
-
-    prepared = loop.run_in_executor(None, prepare)
-    stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({prepared, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    if not prepared.done():  # SIGTERM while warming up: nothing to drain
-        log.warning("stopping: interrupted while warming up")
-        cancel.set()
-        await asyncio.gather(prepared, return_exceptions=True)
+    stop = _stop_on_signals()
+    warm.t0 = time.monotonic()  # its log lines count from here
+    verifier = await _prepare_unless_stopped(warm, stop, args, model, vocab, lockstep)
+    if verifier is None:  # SIGTERM while warming up: nothing to drain
         return 0
-    stopped.cancel()
-    verifier = prepared.result()
     await server.ready(verifier)
-    background = None
-    if rest:
-        log.info(
-            "partially warm: serving with %d/%d shapes compiled in %.1f s; compiling the "
-            "other %d in the background (a request that needs one waits for it)",
-            len(first), shapes, time.monotonic() - t0, len(rest),
-        )  # fmt: skip
-        background = loop.run_in_executor(
-            None, _warm_up_the_rest, verifier, rest, len(first), progress, t0
-        )
-    elif shapes:
-        log.info("warmed up: %d shapes in %.1f s", shapes, time.monotonic() - t0)
+    background = warm.the_rest_in_background(verifier)
     m = server.metrics
     extra = f", metrics on http://{m.host}:{m.port}/metrics" if m is not None else ""
     print(
@@ -512,35 +466,132 @@ async def _warm_up_and_serve(
     )
     await stop.wait()
     if background is not None:
-        cancel.set()  # stop after the shape being compiled
+        warm.cancel.set()  # stop after the shape being compiled
         await asyncio.gather(background, return_exceptions=True)
     log.warning("draining: no new sessions; answering the blocks already received")
     await server.drain(args.drain_timeout_s, args.drain_min_s)
     return 0
 
 
-def _warm_up_the_rest(
-    verifier: LocalVerifier,
-    shapes: list[tuple[str, int, int, int]],
-    done_before: int,
-    progress: Callable[[int, int, str], None],
-    t0: float,
-) -> None:
-    """Compile `shapes` one by one while the verifier serves (a worker thread), ahead of time:
-    nothing runs and no state changes, so steps go on meanwhile (the lock is held only to
-    read the shapes' arguments). A request that needs a shape not compiled yet compiles it on
-    first use (jit) and waits for that. Stops at the first `WarmupCancelled` from `progress`
-    (SIGTERM)."""
-    sched = verifier.scheduler
-    for i, shape in enumerate(shapes, done_before + 1):
-        with verifier._lock:  # a snapshot of the state's shapes, not the compilation
-            fn, fn_args = sched.precompile_args(shape)
-        sched.precompile(fn, fn_args)
-        try:
-            progress(i, 0, shape_name(shape))
-        except WarmupCancelled:
-            return
-    log.info("fully warm: %d shapes in %.1f s", done_before + len(shapes), time.monotonic() - t0)
+def _stop_on_signals() -> asyncio.Event:
+    """An event SIGTERM and SIGINT set (in place of their default ends)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _prepare_unless_stopped(
+    warm: _WarmUp,
+    stop: asyncio.Event,
+    args: argparse.Namespace,
+    model: Model | None,
+    vocab: int,
+    lockstep: multihost.Lockstep | None,
+) -> LocalVerifier | None:
+    """The verifier, loaded and warmed up (`_WarmUp.prepare`, in a worker thread: the
+    health service keeps answering); None when `stop` came first (the warm-up then stops
+    after the shape being compiled)."""
+    loop = asyncio.get_running_loop()
+    prepared = loop.run_in_executor(None, warm.prepare, args, model, vocab, lockstep)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({prepared, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not prepared.done():
+        log.warning("stopping: interrupted while warming up")
+        warm.cancel.set()
+        await asyncio.gather(prepared, return_exceptions=True)
+        return None
+    stopped.cancel()
+    return prepared.result()
+
+
+@dataclasses.dataclass
+class _WarmUp:
+    """The warm-up of `python -m verify serve`: the step shapes to compile (`order`, none
+    with --no-warmup), `first` of them before serving and the `rest` in the background
+    while serving; `cancel` (SIGTERM) stops it after the shape being compiled; `t0` is
+    when it started (its log lines give the time since)."""
+
+    order: list[tuple[str, int, int, int]]
+    first: list[tuple[str, int, int, int]]
+    rest: list[tuple[str, int, int, int]]
+    cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+    t0: float = dataclasses.field(default_factory=time.monotonic)
+
+    @classmethod
+    def plan(
+        cls, args: argparse.Namespace, config: SchedulerConfig, lockstep: multihost.Lockstep | None
+    ) -> _WarmUp:
+        """Serve once a lone session's shapes are compiled (the smallest row bucket: its
+        prefill and every step width); the rest compile in the background, between steps.
+        Multi-host and --full-warmup compile everything first."""
+        order = [] if args.no_warmup else warmup_order(config)
+        partial = bool(order) and lockstep is None and not args.full_warmup
+        first = order[: 1 + len(config.width_buckets)] if partial else order
+        return cls(order, first, order[len(first) :])
+
+    @property
+    def shapes(self) -> int:
+        return len(self.order)
+
+    def progress(self, done: int, total: int, shape: str) -> None:
+        """Log one compiled shape; `WarmupCancelled` once `cancel` is set."""
+        log.info("warm-up: %d/%d shapes compiled (%s), %.1f s", done, self.shapes, shape,
+                 time.monotonic() - self.t0)  # fmt: skip
+        if self.cancel.is_set():
+            raise WarmupCancelled
+
+    def prepare(
+        self,
+        args: argparse.Namespace,
+        model: Model | None,
+        vocab: int,
+        lockstep: multihost.Lockstep | None,
+    ) -> LocalVerifier:
+        """Load the target (unless `model` is it), build the verifier, compile `first`
+        (in a worker thread); multi-host: wait until every follower has loaded too."""
+        target = model or load_target(args)
+        if target.config.vocab_size != vocab:
+            raise ValueError(f"{args.checkpoint}: config.json and the loaded target disagree")
+        log.info("loaded %s in %.1f s", args.checkpoint, time.monotonic() - self.t0)
+        verifier = make_verifier(args, target, lockstep)
+        if lockstep is not None:
+            lockstep.ready()  # every follower has loaded the target too
+        if self.first:
+            verifier.scheduler.warmup(self.progress, self.first)
+        return verifier
+
+    def the_rest_in_background(self, verifier: LocalVerifier) -> asyncio.Future | None:
+        """Start compiling `rest` in a worker thread while `verifier` serves (the future of
+        that; None when nothing is left to compile)."""
+        if not self.rest:
+            if self.shapes:
+                log.info("warmed up: %d shapes in %.1f s", self.shapes, time.monotonic() - self.t0)
+            return None
+        log.info(
+            "partially warm: serving with %d/%d shapes compiled in %.1f s; compiling the "
+            "other %d in the background (a request that needs one waits for it)",
+            len(self.first), self.shapes, time.monotonic() - self.t0, len(self.rest),
+        )  # fmt: skip
+        return asyncio.get_running_loop().run_in_executor(None, self._compile_the_rest, verifier)
+
+    def _compile_the_rest(self, verifier: LocalVerifier) -> None:
+        """Compile `rest` one by one while the verifier serves (a worker thread), ahead of
+        time: nothing runs and no state changes, so steps go on meanwhile (the lock is held
+        only to read the shapes' arguments). A request that needs a shape not compiled yet
+        compiles it on first use (jit) and waits for that. Stops at the first
+        `WarmupCancelled` from `progress` (SIGTERM)."""
+        sched = verifier.scheduler
+        for i, shape in enumerate(self.rest, len(self.first) + 1):
+            with verifier._lock:  # a snapshot of the state's shapes, not the compilation
+                fn, fn_args = sched.precompile_args(shape)
+            sched.precompile(fn, fn_args)
+            try:
+                self.progress(i, 0, shape_name(shape))
+            except WarmupCancelled:
+                return
+        log.info("fully warm: %d shapes in %.1f s", self.shapes, time.monotonic() - self.t0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
