@@ -363,6 +363,8 @@ def test_scheduler_config_is_validated_once_and_derives_its_buckets():
     assert one.kv_buckets == (512,)
     with pytest.raises(ValueError, match="kv buckets"):  # must end at --max-len
         scheduler_config_from_args(build_parser().parse_args([*flags, "--kv-buckets", "128"]))
+    # Without scheduler flags: SchedulerConfig's own defaults (stated there only).
+    assert scheduler_config_from_args(build_parser().parse_args(["serve"])) == SchedulerConfig()
 
 
 def test_local_verifier_pipelined_blocks_in_flight():

@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import logging
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -100,6 +102,7 @@ def _coordinator_arg(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """`python -m verify serve`'s flags (one `_add_*_flags` per group, in --help's order)."""
     p = argparse.ArgumentParser(
         prog="python -m verify", description="the jaxspec verifier", formatter_class=HelpFormatter
     )
@@ -107,6 +110,19 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "serve", help="serve jaxspec.v1.Verifier over gRPC", formatter_class=HelpFormatter
     )
+    _add_listen_flags(s)
+    _add_device_flags(s)
+    _add_scheduler_flags(s)
+    _add_timeout_flags(s)
+    _add_observability_flags(s)
+    _add_warmup_flags(s)
+    _add_multihost_flags(s)
+    add_cache_flag(s)
+    return p
+
+
+def _add_listen_flags(s: argparse.ArgumentParser) -> None:
+    """What is served, where, and to whom: the target, the address, tenants and TLS."""
     s.add_argument(
         "--checkpoint",
         default="default",
@@ -132,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--tls-cert", default=None, help="PEM certificate chain (enables TLS)")
     s.add_argument("--tls-key", default=None, help="PEM private key")
+
+
+def _add_device_flags(s: argparse.ArgumentParser) -> None:
+    """The devices the target is sharded over, and its dtype."""
     s.add_argument("--mesh", type=_mesh_arg, default=(1, 1), help="data=N,model=M devices")
     s.add_argument(
         "--dtype",
@@ -139,26 +159,52 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["float32", "bfloat16"],
         help="the target's weights and activations",
     )
-    s.add_argument("--max-sessions", type=int, default=64, help="KV slots (live sessions)")
-    s.add_argument("--max-len", type=int, default=512, help="positions per session")
-    s.add_argument("--max-gamma", type=int, default=8, help="largest drafts per block")
+
+
+def _scheduler_default(field: str) -> Any:
+    """`SchedulerConfig`'s own default for `field`: a scheduler flag's default is stated once,
+    there."""
+    return next(f.default for f in dataclasses.fields(SchedulerConfig) if f.name == field)
+
+
+def _add_scheduler_flags(s: argparse.ArgumentParser) -> None:
+    """The scheduler's settings (`scheduler_config_from_args`), defaulting to
+    `SchedulerConfig`'s."""
+    default = _scheduler_default
+    s.add_argument(
+        "--max-sessions",
+        type=int,
+        default=default("max_sessions"),
+        help="KV slots (live sessions)",
+    )
+    s.add_argument("--max-len", type=int, default=default("max_len"), help="positions per session")
+    s.add_argument(
+        "--max-gamma", type=int, default=default("max_gamma"), help="largest drafts per block"
+    )
     s.add_argument(
         "--kv-buckets",
         type=_positions,
-        default=None,
+        default=default("kv_buckets"),
         help="slot positions a verify step may attend over, comma-separated and ending at "
         "--max-len (default: half the slot and the whole slot, for slots of 256 or more; "
         "each bucket is one more set of compiled step shapes)",
     )
     s.add_argument(
-        "--max-sparse-k", type=int, default=16, help="most q columns a sparse draft may carry"
+        "--max-sparse-k",
+        type=int,
+        default=default("max_sparse_k"),
+        help="most q columns a sparse draft may carry",
     )
     s.add_argument(
         "--idle-timeout-s",
         type=float,
-        default=300.0,
+        default=default("idle_timeout_s"),
         help="a session without progress this long is evicted",
     )
+
+
+def _add_timeout_flags(s: argparse.ArgumentParser) -> None:
+    """How long a stream, a handshake and the drain may take."""
     s.add_argument(
         "--write-timeout-s",
         type=float,
@@ -175,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--drain-timeout-s", type=float, default=30.0, help="most time to drain")
     s.add_argument("--drain-min-s", type=float, default=0.5, help="least time NOT_SERVING")
+
+
+def _add_observability_flags(s: argparse.ArgumentParser) -> None:
+    """The Prometheus endpoint and gRPC reflection."""
     s.add_argument(
         "--metrics-port",
         type=port_arg(zero_picks_free=True),
@@ -185,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-host", default="127.0.0.1", help="metrics bind address (default: loopback)"
     )
     s.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
+
+
+def _add_warmup_flags(s: argparse.ArgumentParser) -> None:
+    """Which step shapes compile before serving."""
     s.add_argument("--no-warmup", action="store_true", help="compile lazily (tests, demos)")
     s.add_argument(
         "--full-warmup",
@@ -193,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
         "as a lone session's shapes (the smallest row bucket) are compiled and compiles the "
         "rest in the background (multi-host always compiles everything first)",
     )
+
+
+def _add_multihost_flags(s: argparse.ArgumentParser) -> None:
+    """One verifier over several processes (docs/multihost.md)."""
     s.add_argument(
         "--coordinator",
         type=_coordinator_arg,
@@ -208,8 +266,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=10,
         help="multi-host: a process silent this long is dead (the others exit 3)",
     )
-    add_cache_flag(s)
-    return p
 
 
 def scheduler_config_from_args(args: argparse.Namespace) -> SchedulerConfig:
@@ -384,69 +440,23 @@ async def _warm_up_and_serve(
     tls: bool,
     lockstep: multihost.Lockstep | None = None,
 ) -> int:
-    config = scheduler_config_from_args(args)
-    order = [] if args.no_warmup else warmup_order(config)
-    shapes = len(order)
-    # Serve once a lone session's shapes are compiled (the smallest row bucket: its prefill
-    # and every step width); the rest compile in the background, between steps. Multi-host
-    # and --full-warmup compile everything first.
-    partial = shapes > 0 and lockstep is None and not args.full_warmup
-    first = order[: 1 + len(config.width_buckets)] if partial else order
-    rest = order[len(first) :]
+    """Load the target and compile the first shapes (health NOT_SERVING meanwhile), serve
+    (the other shapes compiling in the background), and drain on SIGTERM/SIGINT: exit 0
+    (also when stopped while warming up)."""
+    warm = _WarmUp.plan(args, scheduler_config_from_args(args), lockstep)
     print(
         f"jaxspec verifier listening on {args.host}:{server.port}{' (TLS)' if tls else ''}, "
-        f"warming up: {shapes} shapes{' (--no-warmup)' if args.no_warmup else ''}"
-        + (f", serving after the first {len(first)}" if rest else ""),
+        f"warming up: {warm.shapes} shapes{' (--no-warmup)' if args.no_warmup else ''}"
+        + (f", serving after the first {len(warm.first)}" if warm.rest else ""),
         flush=True,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    cancel = threading.Event()
-    t0 = time.monotonic()
-
-    def progress(done: int, total: int, shape: str) -> None:
-        log.info("warm-up: %d/%d shapes compiled (%s), %.1f s", done, shapes, shape,
-                 time.monotonic() - t0)  # fmt: skip
-        if cancel.is_set():
-            raise WarmupCancelled
-
-    def prepare() -> LocalVerifier:  # in a worker thread: the health service keeps answering
-        target = model or load_target(args)
-        if target.config.vocab_size != vocab:
-            raise ValueError(f"{args.checkpoint}: config.json and the loaded target disagree")
-        log.info("loaded %s in %.1f s", args.checkpoint, time.monotonic() - t0)
-        verifier = make_verifier(args, target, lockstep)
-        if lockstep is not None:
-            lockstep.ready()  # every follower has loaded the target too
-        if first:
-            verifier.scheduler.warmup(progress, first)
-        return verifier
-
-    prepared = loop.run_in_executor(None, prepare)
-    stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({prepared, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    if not prepared.done():  # SIGTERM while warming up: nothing to drain
-        log.warning("stopping: interrupted while warming up")
-        cancel.set()
-        await asyncio.gather(prepared, return_exceptions=True)
+    stop = _stop_on_signals()
+    warm.t0 = time.monotonic()  # its log lines count from here
+    verifier = await _prepare_unless_stopped(warm, stop, args, model, vocab, lockstep)
+    if verifier is None:  # SIGTERM while warming up: nothing to drain
         return 0
-    stopped.cancel()
-    verifier = prepared.result()
     await server.ready(verifier)
-    background = None
-    if rest:
-        log.info(
-            "partially warm: serving with %d/%d shapes compiled in %.1f s; compiling the "
-            "other %d in the background (a request that needs one waits for it)",
-            len(first), shapes, time.monotonic() - t0, len(rest),
-        )  # fmt: skip
-        background = loop.run_in_executor(
-            None, _warm_up_the_rest, verifier, rest, len(first), progress, t0
-        )
-    elif shapes:
-        log.info("warmed up: %d shapes in %.1f s", shapes, time.monotonic() - t0)
+    background = warm.the_rest_in_background(verifier)
     m = server.metrics
     extra = f", metrics on http://{m.host}:{m.port}/metrics" if m is not None else ""
     print(
@@ -456,35 +466,132 @@ async def _warm_up_and_serve(
     )
     await stop.wait()
     if background is not None:
-        cancel.set()  # stop after the shape being compiled
+        warm.cancel.set()  # stop after the shape being compiled
         await asyncio.gather(background, return_exceptions=True)
     log.warning("draining: no new sessions; answering the blocks already received")
     await server.drain(args.drain_timeout_s, args.drain_min_s)
     return 0
 
 
-def _warm_up_the_rest(
-    verifier: LocalVerifier,
-    shapes: list[tuple[str, int, int, int]],
-    done_before: int,
-    progress: Callable[[int, int, str], None],
-    t0: float,
-) -> None:
-    """Compile `shapes` one by one while the verifier serves (a worker thread), ahead of time:
-    nothing runs and no state changes, so steps go on meanwhile (the lock is held only to
-    read the shapes' arguments). A request that needs a shape not compiled yet compiles it on
-    first use (jit) and waits for that. Stops at the first `WarmupCancelled` from `progress`
-    (SIGTERM)."""
-    sched = verifier.scheduler
-    for i, shape in enumerate(shapes, done_before + 1):
-        with verifier._lock:  # a snapshot of the state's shapes, not the compilation
-            fn, fn_args = sched.precompile_args(shape)
-        sched.precompile(fn, fn_args)
-        try:
-            progress(i, 0, shape_name(shape))
-        except WarmupCancelled:
-            return
-    log.info("fully warm: %d shapes in %.1f s", done_before + len(shapes), time.monotonic() - t0)
+def _stop_on_signals() -> asyncio.Event:
+    """An event SIGTERM and SIGINT set (in place of their default ends)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _prepare_unless_stopped(
+    warm: _WarmUp,
+    stop: asyncio.Event,
+    args: argparse.Namespace,
+    model: Model | None,
+    vocab: int,
+    lockstep: multihost.Lockstep | None,
+) -> LocalVerifier | None:
+    """The verifier, loaded and warmed up (`_WarmUp.prepare`, in a worker thread: the
+    health service keeps answering); None when `stop` came first (the warm-up then stops
+    after the shape being compiled)."""
+    loop = asyncio.get_running_loop()
+    prepared = loop.run_in_executor(None, warm.prepare, args, model, vocab, lockstep)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({prepared, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not prepared.done():
+        log.warning("stopping: interrupted while warming up")
+        warm.cancel.set()
+        await asyncio.gather(prepared, return_exceptions=True)
+        return None
+    stopped.cancel()
+    return prepared.result()
+
+
+@dataclasses.dataclass
+class _WarmUp:
+    """The warm-up of `python -m verify serve`: the step shapes to compile (`order`, none
+    with --no-warmup), `first` of them before serving and the `rest` in the background
+    while serving; `cancel` (SIGTERM) stops it after the shape being compiled; `t0` is
+    when it started (its log lines give the time since)."""
+
+    order: list[tuple[str, int, int, int]]
+    first: list[tuple[str, int, int, int]]
+    rest: list[tuple[str, int, int, int]]
+    cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+    t0: float = dataclasses.field(default_factory=time.monotonic)
+
+    @classmethod
+    def plan(
+        cls, args: argparse.Namespace, config: SchedulerConfig, lockstep: multihost.Lockstep | None
+    ) -> _WarmUp:
+        """Serve once a lone session's shapes are compiled (the smallest row bucket: its
+        prefill and every step width); the rest compile in the background, between steps.
+        Multi-host and --full-warmup compile everything first."""
+        order = [] if args.no_warmup else warmup_order(config)
+        partial = bool(order) and lockstep is None and not args.full_warmup
+        first = order[: 1 + len(config.width_buckets)] if partial else order
+        return cls(order, first, order[len(first) :])
+
+    @property
+    def shapes(self) -> int:
+        return len(self.order)
+
+    def progress(self, done: int, total: int, shape: str) -> None:
+        """Log one compiled shape; `WarmupCancelled` once `cancel` is set."""
+        log.info("warm-up: %d/%d shapes compiled (%s), %.1f s", done, self.shapes, shape,
+                 time.monotonic() - self.t0)  # fmt: skip
+        if self.cancel.is_set():
+            raise WarmupCancelled
+
+    def prepare(
+        self,
+        args: argparse.Namespace,
+        model: Model | None,
+        vocab: int,
+        lockstep: multihost.Lockstep | None,
+    ) -> LocalVerifier:
+        """Load the target (unless `model` is it), build the verifier, compile `first`
+        (in a worker thread); multi-host: wait until every follower has loaded too."""
+        target = model or load_target(args)
+        if target.config.vocab_size != vocab:
+            raise ValueError(f"{args.checkpoint}: config.json and the loaded target disagree")
+        log.info("loaded %s in %.1f s", args.checkpoint, time.monotonic() - self.t0)
+        verifier = make_verifier(args, target, lockstep)
+        if lockstep is not None:
+            lockstep.ready()  # every follower has loaded the target too
+        if self.first:
+            verifier.scheduler.warmup(self.progress, self.first)
+        return verifier
+
+    def the_rest_in_background(self, verifier: LocalVerifier) -> asyncio.Future | None:
+        """Start compiling `rest` in a worker thread while `verifier` serves (the future of
+        that; None when nothing is left to compile)."""
+        if not self.rest:
+            if self.shapes:
+                log.info("warmed up: %d shapes in %.1f s", self.shapes, time.monotonic() - self.t0)
+            return None
+        log.info(
+            "partially warm: serving with %d/%d shapes compiled in %.1f s; compiling the "
+            "other %d in the background (a request that needs one waits for it)",
+            len(self.first), self.shapes, time.monotonic() - self.t0, len(self.rest),
+        )  # fmt: skip
+        return asyncio.get_running_loop().run_in_executor(None, self._compile_the_rest, verifier)
+
+    def _compile_the_rest(self, verifier: LocalVerifier) -> None:
+        """Compile `rest` one by one while the verifier serves (a worker thread), ahead of
+        time: nothing runs and no state changes, so steps go on meanwhile (the lock is held
+        only to read the shapes' arguments). A request that needs a shape not compiled yet
+        compiles it on first use (jit) and waits for that. Stops at the first
+        `WarmupCancelled` from `progress` (SIGTERM)."""
+        sched = verifier.scheduler
+        for i, shape in enumerate(self.rest, len(self.first) + 1):
+            with verifier._lock:  # a snapshot of the state's shapes, not the compilation
+                fn, fn_args = sched.precompile_args(shape)
+            sched.precompile(fn, fn_args)
+            try:
+                self.progress(i, 0, shape_name(shape))
+            except WarmupCancelled:
+                return
+        log.info("fully warm: %d shapes in %.1f s", self.shapes, time.monotonic() - self.t0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

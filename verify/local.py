@@ -4,6 +4,8 @@
 Callers (the edge session, the demo, benchmarks, tests) await `verify(block)`; a single
 worker task runs `Scheduler.tick()` in a thread whenever work is queued, so every block that
 is ready at that moment shares one batch, and resolves each caller's future.
+`for_tenant(name)` gives a `TenantEndpoint`: the same verifier acting as that tenant (what
+the gRPC servicer hands each caller).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from verify.scheduler import Scheduler, SchedulerConfig
 
 
 class LocalVerifier:
-    """An asyncio `VerifierEndpoint` over a `Scheduler` (one tenant identity per instance
-    unless `tenant` is given per call)."""
+    """An asyncio `VerifierEndpoint` over a `Scheduler`, as the tenant `tenant` unless a
+    call names another (`for_tenant` gives an endpoint that does)."""
 
     def __init__(
         self,
@@ -51,23 +53,15 @@ class LocalVerifier:
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
 
-    def for_tenant(self, tenant: str) -> LocalVerifier:
-        """A view of the same verifier that acts as another tenant."""
-        view = LocalVerifier(scheduler=self.scheduler, tenant=tenant)
-        view._x64 = self._x64
-        view._lock, view._futures = self._lock, self._futures
-        view.step_observers = self.step_observers
-        view._shared = self
-        return view
-
-    def _root(self) -> LocalVerifier:
-        return getattr(self, "_shared", self)
+    def for_tenant(self, tenant: str) -> TenantEndpoint:
+        """This verifier acting as `tenant`: a `VerifierEndpoint` whose sessions are that
+        tenant's (the same scheduler, worker and waiting callers as this one)."""
+        return TenantEndpoint(self, tenant)
 
     def _ensure_worker(self) -> None:
-        root = self._root()
-        if root._worker is None or root._worker.done():
-            root._wake = asyncio.Event()
-            root._worker = asyncio.get_running_loop().create_task(root._run())
+        if self._worker is None or self._worker.done():
+            self._wake = asyncio.Event()
+            self._worker = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
         assert self._wake is not None
@@ -107,25 +101,31 @@ class LocalVerifier:
             if fut is not None and not fut.done():
                 fut.set_result(res)
 
-    async def open_session(self, config: SessionConfig) -> SessionInfo:
+    async def open_session(
+        self, config: SessionConfig, *, tenant: str | None = None
+    ) -> SessionInfo:
+        """Open a session for `tenant` (this verifier's own tenant when None)."""
         with self._lock:
-            info = self.scheduler.open(config, self.tenant)
+            info = self.scheduler.open(config, self.tenant if tenant is None else tenant)
         self._ensure_worker()
-        self._root()._wake.set()  # start the prefill now
+        self._wake.set()  # start the prefill now
         return info
 
-    async def verify(self, block: DraftBlock) -> VerifyResult:
+    async def verify(self, block: DraftBlock, *, tenant: str | None = None) -> VerifyResult:
+        """The block's result, once a step has verified it (the block is queued before the
+        first await, so blocks submitted one after the other keep their order)."""
         self._ensure_worker()
         with self._lock:
-            ticket = self.scheduler.submit(block, self.tenant)
+            ticket = self.scheduler.submit(block, self.tenant if tenant is None else tenant)
             fut = asyncio.get_running_loop().create_future()
             self._futures[ticket] = fut
-        self._root()._wake.set()
+        self._wake.set()
         return await fut
 
-    async def close_session(self, session_id: str) -> None:
+    async def close_session(self, session_id: str, *, tenant: str | None = None) -> None:
+        """Close `tenant`'s session (NotFound for an unknown id or another tenant's)."""
         with self._lock:
-            results = self.scheduler.close(session_id, self.tenant)
+            results = self.scheduler.close(session_id, self.tenant if tenant is None else tenant)
         self._resolve(results)
 
     async def evict_idle(self) -> None:
@@ -136,11 +136,35 @@ class LocalVerifier:
 
     async def aclose(self) -> None:
         """Stop the worker task."""
-        root = self._root()
-        if root._worker is not None:
-            root._worker.cancel()
+        if self._worker is not None:
+            self._worker.cancel()
             try:
-                await root._worker
+                await self._worker
             except (asyncio.CancelledError, Exception):
                 pass
-            root._worker = None
+            self._worker = None
+
+
+class TenantEndpoint:
+    """A `VerifierEndpoint` that is `verifier` acting as `tenant` (`LocalVerifier.for_tenant`):
+    each call goes to the shared verifier with this tenant named, so every tenant's blocks
+    share its worker and its batches, and a tenant sees only its own sessions. The gRPC
+    servicer hands one to each authenticated caller."""
+
+    def __init__(self, verifier: LocalVerifier, tenant: str):
+        self.verifier = verifier
+        self.tenant = tenant
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The shared verifier's scheduler."""
+        return self.verifier.scheduler
+
+    async def open_session(self, config: SessionConfig) -> SessionInfo:
+        return await self.verifier.open_session(config, tenant=self.tenant)
+
+    async def verify(self, block: DraftBlock) -> VerifyResult:
+        return await self.verifier.verify(block, tenant=self.tenant)
+
+    async def close_session(self, session_id: str) -> None:
+        await self.verifier.close_session(session_id, tenant=self.tenant)

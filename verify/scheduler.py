@@ -167,6 +167,58 @@ def row_buckets_for(max_sessions: int, data: int = 1) -> tuple[int, ...]:
     return (*rows, max_sessions)
 
 
+def _row_arrays(pairs: list[tuple[Session, DraftBlock]], R: int, W: int) -> dict[str, np.ndarray]:
+    """A batch's per-row arrays, sampling and q aside (`VerifyBatch`'s tokens, start,
+    num_draft, slots, live, sync, keys) for its (session, head block) rows; rows past them
+    are filler: zeros, start 1, not live."""
+    tokens = np.zeros((R, W), np.int32)
+    start = np.ones(R, np.int32)
+    num_draft = np.zeros(R, np.int32)
+    slots = np.zeros(R, np.int32)
+    live = np.zeros(R, bool)
+    sync = np.zeros(R, bool)
+    keys = np.zeros((R, 2), np.uint32)
+    for i, (s, b) in enumerate(pairs):
+        n = len(b.tokens)
+        tokens[i, 0] = s.tokens[-1]
+        tokens[i, 1 : n + 1] = b.tokens
+        start[i], num_draft[i], slots[i], live[i] = s.committed, n, s.slot, True
+        sync[i] = s.config.mode == "sync"
+        keys[i] = s.key
+    return dict(
+        tokens=tokens, start=start, num_draft=num_draft, slots=slots, live=live, sync=sync,
+        keys=keys,
+    )  # fmt: skip
+
+
+def _sampling(pairs: list[tuple[Session, DraftBlock]], R: int) -> SamplingParams:
+    """A batch's sampling settings for its (session, head block) rows; filler rows past
+    them have every setting off (greedy, no top-k/p, min-p, bias or penalty)."""
+    temp, top_k, top_p = np.zeros(R, np.float32), np.zeros(R, np.int32), np.ones(R, np.float32)
+    min_p = np.zeros(R, np.float32)
+    rep_pen, pres_pen = np.ones(R, np.float32), np.zeros(R, np.float32)
+    freq_pen = np.zeros(R, np.float32)
+    bias_ids = np.full((R, MAX_LOGIT_BIAS), -1, np.int32)
+    bias_values = np.zeros((R, MAX_LOGIT_BIAS), np.float32)
+    for i, (s, _) in enumerate(pairs):
+        c = s.config
+        temp[i], top_k[i], top_p[i] = c.temperature, c.top_k, c.top_p
+        min_p[i], (bias_ids[i], bias_values[i]) = c.min_p, s.bias
+        rep_pen[i], pres_pen[i] = c.repetition_penalty, c.presence_penalty
+        freq_pen[i] = c.frequency_penalty
+    return SamplingParams(
+        temperature=jnp.asarray(temp),
+        top_k=jnp.asarray(top_k),
+        top_p=jnp.asarray(top_p),
+        min_p=jnp.asarray(min_p),
+        bias_ids=jnp.asarray(bias_ids),
+        bias_values=jnp.asarray(bias_values),
+        repetition_penalty=jnp.asarray(rep_pen),
+        presence_penalty=jnp.asarray(pres_pen),
+        frequency_penalty=jnp.asarray(freq_pen),
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class SchedulerConfig:
     """The scheduler's static settings, validated once here (`ValueError`).
@@ -667,85 +719,59 @@ class Scheduler:
     def _build_batch(
         self, rows: list[Session], blocks: list[DraftBlock], R: int, W: int, A: int
     ) -> VerifyBatch:
-        K, k = W - 1, self.config.max_sparse_k
-        tokens = np.zeros((R, W), np.int32)
-        start = np.ones(R, np.int32)
-        num_draft = np.zeros(R, np.int32)
-        slots = np.zeros(R, np.int32)
-        live = np.zeros(R, bool)
-        sync = np.zeros(R, bool)
-        temp, top_k, top_p = np.zeros(R, np.float32), np.zeros(R, np.int32), np.ones(R, np.float32)
-        min_p = np.zeros(R, np.float32)
-        rep_pen, pres_pen = np.ones(R, np.float32), np.zeros(R, np.float32)
-        freq_pen = np.zeros(R, np.float32)
-        bias_ids = np.full((R, MAX_LOGIT_BIAS), -1, np.int32)
-        bias_values = np.zeros((R, MAX_LOGIT_BIAS), np.float32)
-        keys = np.zeros((R, 2), np.uint32)
-        is_full = np.zeros(R, bool)
-        full_rows = any(
-            s.config.draft.encoding == "full" and b.tokens
-            for s, b in zip(rows, blocks, strict=True)
+        """The step's padded batch: row i is `rows[i]` with its head block `blocks[i]`, then
+        filler rows (not live) up to R; W columns (the last committed token, then the
+        drafts); attending over the first A positions of each slot."""
+        pairs = list(zip(rows, blocks, strict=True))
+        arrays = _row_arrays(pairs, R, W)
+        # Filler rows point at a free slot (or any slot: they write nothing, live=False).
+        used = {s.slot for s in rows}
+        arrays["slots"][len(rows) :] = next((x for x in self.free_slots if x not in used), 0)
+        fields = {name: jnp.asarray(x) for name, x in arrays.items()}
+        return VerifyBatch(
+            **fields,
+            sampling=_sampling(pairs, R),
+            **self._draft_q(pairs, R, W - 1),
+            attend=self._resident(A, lambda: jnp.arange(A, dtype=jnp.int32)),
+            counts=slot_counts.gather(self.counts, fields["slots"]),
         )
-        # [R, K, V] float32 (0.8 MB a row at SmolLM2's vocabulary): built and copied to the
-        # device only when a row is full; otherwise one resident zero buffer per shape.
+
+    def _draft_q(
+        self, pairs: list[tuple[Session, DraftBlock]], R: int, K: int
+    ) -> dict[str, jax.Array]:
+        """The batch's draft distributions (`VerifyBatch`'s is_full, q_full, q_ids, q_probs)
+        for K draft positions: a full row's q in q_full, a sparse row's ids and
+        probabilities, a one-hot row's tokens; every other position a valid (unused) one-hot
+        on token 0. q_full, [R, K, V] float32 (0.8 MB a row at SmolLM2's vocabulary), is
+        built and copied to the device only when a row is full; otherwise one resident zero
+        buffer per shape."""
+        k = self.config.max_sparse_k
+        full_rows = any(s.config.draft.encoding == "full" and b.tokens for s, b in pairs)
+        is_full = np.zeros(R, bool)
         q_full = np.zeros((R, K, self.vocab), np.float32) if full_rows else None
         q_ids = np.zeros((R, K, k), np.int32)
         q_probs = np.zeros((R, K, k), np.float32)
         q_probs[:, :, 0] = 1.0  # filler positions: a valid (unused) one-hot on token 0
-        used = set()
-        for i, (s, b) in enumerate(zip(rows, blocks, strict=True)):
-            n, c = len(b.tokens), s.config
-            tokens[i, 0] = s.tokens[-1]
-            tokens[i, 1 : n + 1] = b.tokens
-            start[i], num_draft[i], slots[i], live[i] = s.committed, n, s.slot, True
-            sync[i] = c.mode == "sync"
-            temp[i], top_k[i], top_p[i] = c.temperature, c.top_k, c.top_p
-            min_p[i], (bias_ids[i], bias_values[i]) = c.min_p, s.bias
-            rep_pen[i], pres_pen[i] = c.repetition_penalty, c.presence_penalty
-            freq_pen[i] = c.frequency_penalty
-            keys[i] = s.key
-            used.add(s.slot)
+        for i, (s, b) in enumerate(pairs):
+            n, draft = len(b.tokens), s.config.draft
             if n == 0:
                 pass  # no drafts: the step samples the token (verify.step)
-            elif c.draft.encoding == "full":
+            elif draft.encoding == "full":
                 is_full[i] = True
                 q_full[i, :n] = b.q
-            elif c.draft.encoding == "sparse":
-                q_ids[i, :n, : c.draft.sparse_k] = b.q_ids
-                q_probs[i, :n, : c.draft.sparse_k] = b.q
-                q_probs[i, :n, c.draft.sparse_k :] = 0.0  # unused id columns weigh nothing
+            elif draft.encoding == "sparse":
+                q_ids[i, :n, : draft.sparse_k] = b.q_ids
+                q_probs[i, :n, : draft.sparse_k] = b.q
+                q_probs[i, :n, draft.sparse_k :] = 0.0  # unused id columns weigh nothing
             else:
                 q_ids[i, :n, 0] = b.tokens
-        # Filler rows point at a free slot (or any slot: they write nothing, live=False).
-        filler = next((x for x in self.free_slots if x not in used), 0)
-        slots[len(rows) :] = filler
-        return VerifyBatch(
-            tokens=jnp.asarray(tokens),
-            start=jnp.asarray(start),
-            num_draft=jnp.asarray(num_draft),
-            slots=jnp.asarray(slots),
-            live=jnp.asarray(live),
-            sync=jnp.asarray(sync),
-            sampling=SamplingParams(
-                temperature=jnp.asarray(temp),
-                top_k=jnp.asarray(top_k),
-                top_p=jnp.asarray(top_p),
-                min_p=jnp.asarray(min_p),
-                bias_ids=jnp.asarray(bias_ids),
-                bias_values=jnp.asarray(bias_values),
-                repetition_penalty=jnp.asarray(rep_pen),
-                presence_penalty=jnp.asarray(pres_pen),
-                frequency_penalty=jnp.asarray(freq_pen),
-            ),
-            keys=jnp.asarray(keys),
+        return dict(
             is_full=jnp.asarray(is_full),
             q_full=jnp.asarray(q_full)
             if q_full is not None
             else self._resident((R, K), lambda: jnp.zeros((R, K, self.vocab), jnp.float32)),
             q_ids=jnp.asarray(q_ids),
             q_probs=jnp.asarray(q_probs),
-            attend=self._resident(A, lambda: jnp.arange(A, dtype=jnp.int32)),
-            counts=slot_counts.gather(self.counts, jnp.asarray(slots)),
         )
 
     def _resident(self, key: Any, make: Callable[[], jax.Array]) -> jax.Array:

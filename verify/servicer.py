@@ -277,198 +277,257 @@ class VerifierService(pb_grpc.VerifierServicer):
             kv_padding=m.kv_padding,  # metrics only (not in StatsResponse)
         )
 
-    async def _write(self, context: Any, response: pb.VerifyResponse) -> None:
-        """Send one answer, or `WriteTimeout` when the client reads none for the timeout."""
-        try:
-            await asyncio.wait_for(context.write(response), self.write_timeout_s)
-        except TimeoutError:
-            raise WriteTimeout(
-                f"the client read no answer for {self.write_timeout_s:g} s: stream ended, "
-                "session closed"
-            ) from None
-
     async def Verify(self, request_iterator: AsyncIterator[pb.DraftBlock], context: Any) -> None:
         """One session: opened by the first message (or named by it), then blocks up,
-        results down in order. Errors end the stream with their status after every earlier
-        block's result (a session from OpenSession stays for a new stream, one the stream
-        opened is closed with it); the end of the stream — half-close, cancel, a vanished
-        client — closes the session. At most `max_unanswered` blocks are read ahead of their
-        answers; an answer the client does not read for `write_timeout_s` ends the stream
-        (RESOURCE_EXHAUSTED) and closes its session whoever opened it. Every task started
-        here is awaited or cancelled before the handler returns."""
+        results down in order (`VerifyStream`, after authentication). Errors end the stream
+        with their status after every earlier block's result (a session from OpenSession
+        stays for a new stream, one the stream opened is closed with it); the end of the
+        stream — half-close, cancel, a vanished client — closes the session. At most
+        `max_unanswered` blocks are read ahead of their answers; an answer the client does
+        not read for `write_timeout_s` ends the stream (RESOURCE_EXHAUSTED) and closes its
+        session whoever opened it. Every task started here is awaited or cancelled before
+        the handler returns."""
         tenant = await self._auth(context, "Verify")
         verifier = await self._ready(context, "Verify")
+        await VerifyStream(self, verifier, tenant, context).run(request_iterator)
+
+
+class VerifyStream:
+    """One Verify stream of `service` for `tenant`: its state, and the two tasks that share
+    it. The reader (`_read`) takes the client's messages — the `open`, or the first block
+    naming a session; then blocks, each submitted to the verifier as a task of its own in the
+    order read — and queues each on `items`; the handler's own task (`_answer_all`) writes
+    the answers in that order. `room` holds one permit per block read and not yet answered:
+    without one the reader reads nothing more (gRPC core then stops opening the stream's
+    flow-control window). `_end` runs once, before any status is sent."""
+
+    def __init__(
+        self, service: VerifierService, verifier: LocalVerifier, tenant: Tenant, context: Any
+    ):
+        self.service = service
+        self.verifier = verifier
+        self.tenant = tenant
+        self.context = context
+        self.endpoint = verifier.for_tenant(tenant.name)
+        # (block, received at, future of its result), ("opened", info), an error, or None
+        self.items: asyncio.Queue[Any] = asyncio.Queue()
+        self.room = asyncio.Semaphore(service.max_unanswered)
+        self.tasks: set[asyncio.Future] = set()  # the blocks' verify tasks
+        self.session_id: str | None = None  # once known
+        self.opened = False  # the session was opened by this stream: it ends with it
+        self.failed = False  # a block of this stream failed: no later one reaches the scheduler
+        self.taken = 0  # blocks read and submitted
+        self.answered = 0  # ... whose answers were written
+        self.ended = False  # `_end` ran
+        self.reader: asyncio.Future | None = None
+        self.drain: asyncio.Future | None = None  # the service's draining event, awaited
+        self.get: asyncio.Future | None = None  # the answer loop's wait for its next item
+
+    async def run(self, requests: AsyncIterator[Any]) -> None:
+        """The stream, from its response headers to its status (OK when it returns)."""
         # The response headers on their own (not flow-controlled, sent at once): an answer
         # that cannot be written then holds only its message, and the status can still be
         # sent after it (`_write`'s timeout; gRPC refuses a second headers operation).
-        await context.send_initial_metadata(())
-        endpoint = verifier.for_tenant(tenant.name)
-        # (block, received at, future of its result), ("opened", info), an error, or None
-        items: asyncio.Queue[Any] = asyncio.Queue()
-        # One permit per block read and not yet answered: without one the reader reads
-        # nothing more (gRPC core then stops opening the stream's flow-control window).
-        room = asyncio.Semaphore(self.max_unanswered)
-        tasks: set[asyncio.Future] = set()  # the blocks' verify tasks
-        session: list[str] = []  # the stream's session id, once known
-        opened = [False]  # the session was opened by this stream: it ends with it
-        counts = [0, 0]  # this stream's blocks taken, answered
-
-        failed = [False]  # a block of this stream failed: no later one reaches the scheduler
-
-        async def verify(block: Any) -> Any:
-            """The block's result; None, never submitted, for a block read after one that
-            failed (the stream ends with that failure, so nothing the client is not told
-            about is committed). Blocks are submitted in the order they were read: tasks
-            start in the order they were made, and submitting is their first, synchronous
-            step."""
-            if failed[0]:
-                return None
-            try:
-                return await endpoint.verify(block)
-            except VerifierError:
-                failed[0] = True
-                raise
-
-        async def read() -> None:
-            try:
-                messages = aiter(request_iterator)
-                while True:
-                    await room.acquire()  # the permit of the block this message may be
-                    try:
-                        msg = await anext(messages)
-                    except StopAsyncIteration:
-                        break
-                    if self.draining.is_set():
-                        raise Unavailable("the verifier is draining: resume the session")
-                    received = time.perf_counter()
-                    if isinstance(msg, Undecodable):
-                        raise InvalidArgument(f"a Verify message is not a {msg.message}")
-                    kind = msg.WhichOneof("kind")
-                    if kind == "open":
-                        if session:
-                            raise InvalidArgument("a Verify stream carries one session")
-                        info = await self._open(verifier, tenant, msg.open)
-                        session.append(info.session_id)
-                        opened[0] = True
-                        self.bound.add(info.session_id)
-                        room.release()  # not a block
-                        items.put_nowait(("opened", info))
-                        continue
-                    if kind != "block":
-                        raise InvalidArgument("a Verify message holds neither open nor block")
-                    if session and not msg.block.session_id:
-                        msg.block.session_id = session[0]  # may be left out after the first
-                    block = wire.block_from_proto(msg.block)
-                    if not session:
-                        endpoint.scheduler.get(block.session_id, tenant.name)  # NotFound
-                        if block.session_id in self.bound:
-                            raise FailedPrecondition("the session already has a stream")
-                        self.bound.add(block.session_id)
-                        session.append(block.session_id)
-                    elif block.session_id != session[0]:
-                        raise InvalidArgument("a Verify stream carries one session")
-                    await self.rate_limits.take(tenant, len(block.tokens) + 1)
-                    fut = asyncio.ensure_future(verify(block))
-                    tasks.add(fut)
-                    counts[0] += 1
-                    self.metrics.unanswered.inc()
-                    items.put_nowait((block, received, fut))
-                items.put_nowait(None)
-            except VerifierError as e:
-                items.put_nowait(e)
-            except (grpc.RpcError, grpc.aio.BaseError):
-                # the client went away (the writer sees the cancel), or the call is over
-                # (aborted by the writer) while this task still read
-                items.put_nowait(None)
-            except Exception:  # a bug of ours: end the stream with INTERNAL, not a hang
-                log.exception("reading a Verify stream")
-                items.put_nowait(VerifierError("internal error reading the stream"))
-
-        reader = asyncio.ensure_future(read())
-        drain = asyncio.ensure_future(self.draining.wait())
-        get: asyncio.Future | None = None
-        self.streams += 1
-        ended = [False]
-
-        async def end(keep: bool) -> None:
-            """Once: stop reading, cancel and await every task of the stream, give the slot
-            back unless `keep` (the stream failed on bad input: a session from OpenSession
-            stays for another stream). Before any status is sent: a status waits behind
-            answers the client has not read, maybe for ever."""
-            if ended[0]:
-                return
-            ended[0] = True
-            self.bound.difference_update(session)
-            self.streams -= 1
-            pending = [t for t in (reader, drain, get, *tasks) if t is not None]
-            for t in pending:  # blocks whose answers will never be sent among them
-                t.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            self.metrics.unanswered.dec(counts[0] - counts[1])
-            if self.draining.is_set():
-                self.unanswered_draining += counts[0] - counts[1]
-            if not keep and session and not self.draining.is_set():
-                # Ended, cancelled, disconnected or past its deadline (a killed client can
-                # look like a half-close): nobody will send or read more, so the slot goes
-                # back to the pool now.
-                await self._close_quietly(endpoint, session[0])
-
+        await self.context.send_initial_metadata(())
+        self.reader = asyncio.ensure_future(self._read(requests))
+        self.drain = asyncio.ensure_future(self.service.draining.wait())
+        self.service.streams += 1
         try:
-            while True:
-                if items.empty() and drain.done() and reader.done():
-                    raise Unavailable("the verifier is draining: resume the session")
-                get = asyncio.ensure_future(items.get())
-                await asyncio.wait({get, drain}, return_when=asyncio.FIRST_COMPLETED)
-                if not get.done():
-                    get.cancel()
-                    # Draining: stop reading; answer what was taken, then end the stream.
-                    reader.cancel()
-                    await asyncio.gather(reader, get, return_exceptions=True)
-                    continue
-                item = get.result()
-                if item is None:  # half-closed, or a vanished client seen as one
-                    return
-                if isinstance(item, VerifierError):
-                    raise item
-                if item[0] == "opened":
-                    await self._write(
-                        context, pb.VerifyResponse(opened=wire.info_to_proto(item[1]))
-                    )
-                    continue
-                block, received, fut = item
-                res = await fut
-                tasks.discard(fut)
-                self.metrics.count_block(
-                    tenant.name,
-                    stale=res.stale,
-                    drafted=len(block.tokens),
-                    accepted=res.accepted,
-                    committed=len(res.tokens),
-                )
-                self.metrics.block_seconds.labels(tenant.name).observe(
-                    time.perf_counter() - received
-                )
-                await self._write(context, pb.VerifyResponse(result=wire.result_to_proto(res)))
-                self.answered_draining += self.draining.is_set()
-                counts[1] += 1
-                self.metrics.unanswered.dec()
-                room.release()
+            await self._answer_all()
         except VerifierError as e:
             # from OpenSession: it stays, for another stream (not if its answers went unread)
-            await end(keep=not opened[0] and not isinstance(e, WriteTimeout))
-            try:
-                await self._fail(context, "Verify", e.code, str(e))
-            except grpc.aio.InternalError:
-                # The status waited behind unread answers and the client went away meanwhile
-                # (gRPC's ExecuteBatchError): nobody is left to tell.
-                if not isinstance(e, WriteTimeout):
-                    raise
+            await self._end(keep=not self.opened and not isinstance(e, WriteTimeout))
+            await self._fail(e)
         finally:
-            await end(keep=False)
+            await self._end(keep=False)
 
-    @staticmethod
-    async def _close_quietly(endpoint: LocalVerifier, session_id: str) -> None:
+    # ---- the reader ----------------------------------------------------------------------
+
+    async def _read(self, requests: AsyncIterator[Any]) -> None:
+        """Take messages until the client half-closes; what ends the reading (the end, an
+        error to send, a client gone) is queued last."""
         try:
-            await endpoint.close_session(session_id)
+            messages = aiter(requests)
+            while True:
+                await self.room.acquire()  # the permit of the block this message may be
+                try:
+                    msg = await anext(messages)
+                except StopAsyncIteration:
+                    break
+                await self._take(msg)
+            self.items.put_nowait(None)
+        except VerifierError as e:
+            self.items.put_nowait(e)
+        except (grpc.RpcError, grpc.aio.BaseError):
+            # the client went away (the writer sees the cancel), or the call is over
+            # (aborted by the writer) while this task still read
+            self.items.put_nowait(None)
+        except Exception:  # a bug of ours: end the stream with INTERNAL, not a hang
+            log.exception("reading a Verify stream")
+            self.items.put_nowait(VerifierError("internal error reading the stream"))
+
+    async def _take(self, msg: Any) -> None:
+        """One message: an `open` or a block (anything else is INVALID_ARGUMENT)."""
+        if self.service.draining.is_set():
+            raise Unavailable("the verifier is draining: resume the session")
+        received = time.perf_counter()
+        if isinstance(msg, Undecodable):
+            raise InvalidArgument(f"a Verify message is not a {msg.message}")
+        kind = msg.WhichOneof("kind")
+        if kind == "open":
+            await self._open(msg.open)
+        elif kind == "block":
+            await self._submit(msg.block, received)
+        else:
+            raise InvalidArgument("a Verify message holds neither open nor block")
+
+    async def _open(self, request: pb.OpenSessionRequest) -> None:
+        """Open the stream's session (its first message only); its answer is queued."""
+        if self.session_id is not None:
+            raise InvalidArgument("a Verify stream carries one session")
+        info = await self.service._open(self.verifier, self.tenant, request)
+        self.session_id = info.session_id
+        self.opened = True
+        self.service.bound.add(info.session_id)
+        self.room.release()  # not a block
+        self.items.put_nowait(("opened", info))
+
+    async def _submit(self, message: pb.DraftBlock, received: float) -> None:
+        """Submit a block of the stream's session (after the tenant's rate limit) as a task
+        of its own, and queue it for its answer."""
+        if self.session_id is not None and not message.session_id:
+            message.session_id = self.session_id  # may be left out after the first
+        block = wire.block_from_proto(message)
+        self._bind(block.session_id)
+        await self.service.rate_limits.take(self.tenant, len(block.tokens) + 1)
+        fut = asyncio.ensure_future(self._verify(block))
+        self.tasks.add(fut)
+        self.taken += 1
+        self.service.metrics.unanswered.inc()
+        self.items.put_nowait((block, received, fut))
+
+    def _bind(self, session_id: str) -> None:
+        """The first block names the stream's session (the tenant's, with no other live
+        stream); every later block must name the same one."""
+        if self.session_id is None:
+            self.endpoint.scheduler.get(session_id, self.tenant.name)  # NotFound
+            if session_id in self.service.bound:
+                raise FailedPrecondition("the session already has a stream")
+            self.service.bound.add(session_id)
+            self.session_id = session_id
+        elif session_id != self.session_id:
+            raise InvalidArgument("a Verify stream carries one session")
+
+    async def _verify(self, block: Any) -> Any:
+        """The block's result; None, never submitted, for a block read after one that
+        failed (the stream ends with that failure, so nothing the client is not told
+        about is committed). Blocks are submitted in the order they were read: tasks
+        start in the order they were made, and submitting is their first, synchronous
+        step."""
+        if self.failed:
+            return None
+        try:
+            return await self.endpoint.verify(block)
+        except VerifierError:
+            self.failed = True
+            raise
+
+    # ---- the answers ---------------------------------------------------------------------
+
+    async def _answer_all(self) -> None:
+        """Write what the reader queued, in order, until the end it queued (return) or an
+        error (raised); draining stops the reading, and once what was taken is answered
+        the stream ends UNAVAILABLE."""
+        assert self.reader is not None and self.drain is not None
+        while True:
+            if self.items.empty() and self.drain.done() and self.reader.done():
+                raise Unavailable("the verifier is draining: resume the session")
+            self.get = asyncio.ensure_future(self.items.get())
+            await asyncio.wait({self.get, self.drain}, return_when=asyncio.FIRST_COMPLETED)
+            if not self.get.done():
+                # Draining: stop reading; answer what was taken, then end the stream.
+                self.get.cancel()
+                self.reader.cancel()
+                await asyncio.gather(self.reader, self.get, return_exceptions=True)
+                continue
+            item = self.get.result()
+            if item is None:  # half-closed, or a vanished client seen as one
+                return
+            if isinstance(item, VerifierError):
+                raise item
+            if item[0] == "opened":
+                await self._write(pb.VerifyResponse(opened=wire.info_to_proto(item[1])))
+                continue
+            await self._answer(*item)
+
+    async def _answer(self, block: Any, received: float, fut: asyncio.Future) -> None:
+        """Count the block's result and write it; its permit goes back to the reader."""
+        res = await fut
+        self.tasks.discard(fut)
+        metrics = self.service.metrics
+        metrics.count_block(
+            self.tenant.name,
+            stale=res.stale,
+            drafted=len(block.tokens),
+            accepted=res.accepted,
+            committed=len(res.tokens),
+        )
+        metrics.block_seconds.labels(self.tenant.name).observe(time.perf_counter() - received)
+        await self._write(pb.VerifyResponse(result=wire.result_to_proto(res)))
+        self.service.answered_draining += self.service.draining.is_set()
+        self.answered += 1
+        metrics.unanswered.dec()
+        self.room.release()
+
+    async def _write(self, response: pb.VerifyResponse) -> None:
+        """Send one answer, or `WriteTimeout` when the client reads none for the timeout."""
+        timeout = self.service.write_timeout_s
+        try:
+            await asyncio.wait_for(self.context.write(response), timeout)
+        except TimeoutError:
+            raise WriteTimeout(
+                f"the client read no answer for {timeout:g} s: stream ended, session closed"
+            ) from None
+
+    # ---- the end -------------------------------------------------------------------------
+
+    async def _fail(self, e: VerifierError) -> None:
+        """End the stream with `e`'s status."""
+        try:
+            await self.service._fail(self.context, "Verify", e.code, str(e))
+        except grpc.aio.InternalError:
+            # The status waited behind unread answers and the client went away meanwhile
+            # (gRPC's ExecuteBatchError): nobody is left to tell.
+            if not isinstance(e, WriteTimeout):
+                raise
+
+    async def _end(self, keep: bool) -> None:
+        """Once: stop reading, cancel and await every task of the stream, give the slot
+        back unless `keep` (the stream failed on bad input: a session from OpenSession
+        stays for another stream). Before any status is sent: a status waits behind
+        answers the client has not read, maybe for ever."""
+        if self.ended:
+            return
+        self.ended = True
+        service = self.service
+        if self.session_id is not None:
+            service.bound.discard(self.session_id)
+        service.streams -= 1
+        pending = [t for t in (self.reader, self.drain, self.get, *self.tasks) if t is not None]
+        for t in pending:  # blocks whose answers will never be sent among them
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        service.metrics.unanswered.dec(self.taken - self.answered)
+        if service.draining.is_set():
+            service.unanswered_draining += self.taken - self.answered
+        if not keep and self.session_id is not None and not service.draining.is_set():
+            # Ended, cancelled, disconnected or past its deadline (a killed client can
+            # look like a half-close): nobody will send or read more, so the slot goes
+            # back to the pool now.
+            await self._close_session()
+
+    async def _close_session(self) -> None:
+        try:
+            await self.endpoint.close_session(self.session_id)
         except NotFound:
             pass  # closed already (CloseSession, eviction, the other path here)
