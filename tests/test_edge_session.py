@@ -18,6 +18,7 @@ from edge.drafter import Drafter
 from edge.session import EdgeSession, run_session
 from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec.testing import peaked_pair
+from jaxspec.verification import Variant
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 PROMPT, NEW = (1, 2, 3, 4), 16
@@ -247,7 +248,7 @@ def test_verifier_counts_not_rolled_back_is_caught():
     co-located tokens: the equality above catches it."""
     t, d = models()
     config = SchedulerConfig(max_sessions=4, max_len=128, max_gamma=4, row_buckets=(1, 2, 4))
-    bad = Scheduler(t, config, _mutant="counts_not_rolled_back")
+    bad = Scheduler(t, config, variant=Variant("counts_not_rolled_back"))
     trace = session("sync", 3, 1, penalties=PENALTIES, sched=bad)
     ref = jaxspec.generate(t, list(PROMPT), NEW, draft=d, gamma=3, seeds=[3], **PENALTIES)
     assert trace.tokens != ref.tokens

@@ -50,7 +50,7 @@ from jaxspec.sampling import (
     check_seed,
     session_key,
 )
-from jaxspec.verification import DraftQ, check_draft_q
+from jaxspec.verification import EXACT, DraftQ, Variant, check_draft_q
 from verify import counts as slot_counts
 from verify.step import (
     VerifyBatch,
@@ -340,7 +340,7 @@ class Scheduler:
         mesh: Any = None,
         clock: Callable[[], float] = time.monotonic,
         calls: Callable[[str, Callable], Callable] | None = None,
-        _mutant: str | None = None,
+        variant: Variant = EXACT,
     ):
         self.config = config
         self.model = model
@@ -359,10 +359,10 @@ class Scheduler:
         wrap = calls or (lambda _name, fn: fn)
         self._step = wrap("step", make_verify_step(model.module, mesh))
         self._prefill = wrap("prefill", make_prefill(model.module, mesh))
-        # The penalties' token counts per slot (docs/design.md §5); `_mutant` is a test hook
-        # ("counts_not_rolled_back": a block's rejected drafts counted too).
+        # The penalties' token counts per slot (docs/design.md §5); `variant` is the tests'
+        # hook (`Variant("counts_not_rolled_back")`: a block's rejected drafts counted too).
         self.counts = slot_counts.init(config.max_sessions, self.vocab)
-        self._mutant = _mutant
+        self.variant = variant
         self.sessions: dict[str, Session] = {}
         self.free_slots = list(range(config.max_sessions))[::-1]
         self.tenant_tokens: collections.Counter[str] = collections.Counter()
@@ -665,7 +665,7 @@ class Scheduler:
             out.append((ticket, r))
             if s.penalized:
                 add = list(r.tokens)
-                if self._mutant == "counts_not_rolled_back":  # rejected drafts kept
+                if self.variant.is_("counts_not_rolled_back"):  # rejected drafts kept
                     emitted = res["tokens"][i, : res["num_emitted"][i]].tolist()
                     add = list(b.tokens) + emitted[res["num_accepted"][i] :][:1]
                 counted[i, : len(add)] = add
