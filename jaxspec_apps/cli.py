@@ -16,6 +16,7 @@ Every command checks its arguments before it loads a model (exit status 2 on a b
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -34,7 +35,6 @@ from jaxspec.testing import write_random_checkpoint
 from jaxspec.text import decode_text
 from jaxspec_apps import bench, demo
 from jaxspec_host.flags import (
-    AUTO,
     HelpFormatter,
     add_cache_flag,
     add_draft_flags,
@@ -60,7 +60,7 @@ def _generate(args: argparse.Namespace) -> int:
     said = sampling_from_model(args, settings)
     if said:
         print(f"[{said}; --temperature/--top-p/--top-k override]", file=sys.stderr)
-    check_args(args)  # the values the model gave, too
+    spec = check_args(args)  # the values the model gave, too; the draft flags as a DraftSpec
     draft = jaxspec.load(args.draft) if args.draft else None
     ids, echo = prompt_from_args(model, args)
     sampling = {
@@ -71,26 +71,17 @@ def _generate(args: argparse.Namespace) -> int:
         "logit_bias": logit_bias_from_args(args),
         "seed": args.seed,
     }
-    gamma = args.gamma
-    if gamma == AUTO:
-        if draft is None:
-            gamma = 0  # plain decoding: nothing to choose
-        else:
+    if spec.adaptive:  # co-located decoding drafts one fixed gamma: measure and pick it
+        gamma = 0  # without a draft, plain decoding: nothing to choose
+        if draft is not None:
             gamma, why = choose_colocated_gamma(model, draft, ids, args.max_gamma, sampling)
             print(f"[--gamma auto: picked gamma={gamma} ({why})]", file=sys.stderr)
-            args.gamma = gamma
+        spec = dataclasses.replace(spec, gamma=gamma, adaptive=False)
+        args.gamma = gamma
     out = jaxspec.generate(
-        model,
-        ids,
-        args.max_new_tokens,
-        **sampling,
-        **penalties_from_args(args),
-        draft=draft,
-        gamma=gamma,
-        mode=args.mode,
-        encoding=args.encoding,
-        sparse_k=args.sparse_k,
-    )
+        model, ids, args.max_new_tokens, **sampling, **penalties_from_args(args), draft=draft,
+        draft_spec=spec, mode=args.mode,
+    )  # fmt: skip
     print(echo + decode_text(model, out.tokens))
     s = out.stats
     spec = ""
