@@ -30,10 +30,11 @@ from rich.progress import (
 )
 
 import jaxspec
-from jaxspec import analytic, hub, int4kernel
+from jaxspec import analytic, int4kernel
 from jaxspec.testing import write_random_checkpoint
 from jaxspec.text import decode_text
 from jaxspec_apps import bench, demo
+from jaxspec_host import hub
 from jaxspec_host.flags import (
     HelpFormatter,
     add_cache_flag,

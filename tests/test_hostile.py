@@ -268,7 +268,7 @@ def two_blocks(world, sid: str, between) -> list:
 
     def messages():
         yield block(sid, 0, START)
-        assert first.wait(20)
+        assert first.wait(120)  # a first block on a --no-warmup server waits for its compile
         between()
         yield next_block(sid, got[0])
 
