@@ -187,12 +187,14 @@ def test_mixed_rows_one_compilation_and_padding():
     start = jnp.array([3, 10, 7])
     args = (d, jnp.array([0, 2, 4]), logits, DraftQ.full(q))
     res = verify_block(*args, SamplingParams.make(B, temperature=[0.0, 1.0, 0.5]), keys, start)
-    with traces() as traced:
-        res2 = verify_block(
-            *args, SamplingParams.make(B, temperature=1.3, top_k=2), keys, start,
-            mode=jnp.array([True, False, True]),
-        )  # fmt: skip
+    other, mode = SamplingParams.make(B, temperature=1.3, top_k=2), jnp.array([True, False, True])
+    with traces() as traced:  # nothing but the rule runs inside: no trace at all
+        res2 = verify_block(*args, other, keys, start, mode=mode)
     assert traced == []
+    two = (d[:2], jnp.array([1, 2]), logits[:2], DraftQ.full(q[:2]), SamplingParams.make(2))
+    with traces() as traced:  # the check can fail: a shape not seen before is traced
+        verify_block(*two, keys[:2], start[:2], mode=mode[:2])
+    assert traced
     for r in (res, res2):
         toks = np.asarray(r.tokens)
         for b in range(B):
