@@ -527,7 +527,7 @@ def quantize(
         return model.with_params(
             float_params, dense_cls=m.dense_cls, embed_cls=m.embed_cls, name=name
         )
-    served = _served_params(model, spec, float_params, calibration, progress)
+    served = _quantized_params(model, spec, float_params, calibration, progress)
     m = _module(model, spec, "serve")
     return model.with_params(
         served, dense_cls=m.dense_cls, embed_cls=m.embed_cls, name=f"{model.name}:{suffix}"
@@ -575,7 +575,7 @@ def _check_quantize(
     return method
 
 
-def _served_params(
+def _quantized_params(
     model: Model,
     spec: QuantSpec,
     float_params: Any,
