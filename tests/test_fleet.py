@@ -70,7 +70,9 @@ def run_all(fleet, on_event=None, **kw):
     """Every session of CONFIGS at once over one fleet endpoint: their traces."""
 
     async def go():
-        async with await connected(addresses(fleet).split(","), timeout_s=30) as ep:
+        async with await connected(
+            addresses(fleet).split(","), timeout_s=h.ENDPOINT_TIMEOUT_S
+        ) as ep:
 
             async def one(i, cfg):
                 g, enc = cfg.draft.gamma, cfg.draft.encoding

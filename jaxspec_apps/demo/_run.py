@@ -259,7 +259,7 @@ async def run_demo(
     with state.lock:
         s.verifier = address
 
-    lazy = args.verifier is None and args.no_warmup
+    lazy = args.verifier is None and not args.warmup
     kw = dict(token=token) | (dict(timeout_s=LAZY_RESULT_TIMEOUT_S) if lazy else {})
     endpoints = [GrpcEndpoint(address, **kw) for _ in state.tenants]
     monitor = GrpcEndpoint(address, **kw)
