@@ -194,7 +194,9 @@ def stats(world, tenant: str) -> pb.StatsResponse:
     return stub(world).Stats(pb.StatsRequest(), metadata=[bearer(tenant)], timeout=20)
 
 
-def wait_for(condition, timeout_s: float = 30.0) -> None:
+def wait_for(condition, timeout_s: float = 120.0) -> None:
+    """Poll `condition` until true. Generous: the servers compile lazily (--no-warmup), and a
+    close waits behind a compile that holds the verifier's lock (30 s ran out under load)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "not within the time allowed"
