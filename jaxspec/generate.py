@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -255,10 +256,10 @@ def _check_length(model: Model, rows: list[list[int]], max_new_tokens: int) -> N
         )
 
 
-_KNOB_DEFAULTS = dict(
-    temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, logit_bias=None, repetition_penalty=1.0,
-    presence_penalty=0.0, frequency_penalty=0.0,
-)  # fmt: skip
+# The sampling keywords' defaults, read from `generate`'s own signature (stated once there).
+_KNOBS = ("temperature", "top_k", "top_p", "min_p", "logit_bias", "repetition_penalty",
+          "presence_penalty", "frequency_penalty")  # fmt: skip
+_KNOB_DEFAULTS = {k: inspect.signature(generate).parameters[k].default for k in _KNOBS}
 
 
 def _sampling_rows(
