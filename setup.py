@@ -66,7 +66,11 @@ setup(
     ext_modules=[
         Extension(
             "jaxspec._int4",
-            sources=["jaxspec/csrc/int4_matmul.cc"],
+            sources=[
+                "jaxspec/csrc/int4_matmul.cc",
+                "jaxspec/csrc/float_matmul.cc",
+                "jaxspec/csrc/attention.cc",
+            ],
             extra_compile_args=_flags,
             language="c++",
             optional=True,

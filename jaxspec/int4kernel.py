@@ -97,6 +97,22 @@ def _load() -> dict:
         return state
 
 
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel library (it also holds `jaxspec.floatkernel`'s handler), or None."""
+    try:
+        return _load()["lib"]
+    except Exception:
+        return None
+
+
+def why_unavailable() -> str:
+    """Why `library()` is None ("" when it is loaded)."""
+    try:
+        return _load()["why"]
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
 def available() -> bool:
     """True when the compiled kernel is loaded and registered with XLA (lazy, once; never
     raises)."""

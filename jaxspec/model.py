@@ -35,9 +35,15 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
+from jaxspec import floatkernel
 from jaxspec.config import LlamaConfig, rope_inv_freq
 
 Params = Any
+
+# A float model's linear layers: nn.Dense whose matmul is `jaxspec.floatkernel.dot_general`
+# (the batch-invariant CPU kernel where it is enabled, XLA's dot elsewhere). One object, so the
+# static module stays hashable and equal across calls.
+FloatDense = functools.partial(nn.Dense, dot_general=floatkernel.dot_general)
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -81,6 +87,19 @@ def _acc(dtype: Any) -> Any:
     return jnp.promote_types(dtype, jnp.float32)
 
 
+def _tree_sum(x: jax.Array) -> jax.Array:
+    """Sum over the last axis in one fixed pairwise order (zero-padded to a power of two, then
+    halves added), as explicit elementwise adds: XLA:CPU's own reduction changes a row's
+    rounding with the number of rows, this does not (batch invariance, `floatkernel`)."""
+    n = x.shape[-1]
+    width = 1 << max(n - 1, 0).bit_length()
+    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - n)])
+    while width > 1:
+        width //= 2
+        x = x[..., :width] + x[..., width:]
+    return x[..., 0]
+
+
 class RMSNorm(nn.Module):
     eps: float
     dtype: Any
@@ -89,7 +108,8 @@ class RMSNorm(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
         x32 = x.astype(_acc(self.dtype))
-        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        mean = _tree_sum(x32 * x32)[..., None] / x.shape[-1]
+        x32 = x32 * jax.lax.rsqrt(mean + self.eps)
         return scale.astype(self.dtype)[(None,) * (x.ndim - 1)] * x32.astype(self.dtype)
 
 
@@ -98,6 +118,17 @@ def _rope(x_BTHD: jax.Array, cos_BTD: jax.Array, sin_BTD: jax.Array) -> jax.Arra
     half = x_BTHD.shape[-1] // 2
     rot = jnp.concatenate([-x_BTHD[..., half:], x_BTHD[..., :half]], axis=-1)
     return x_BTHD * cos_BTD[:, :, None, :] + rot * sin_BTD[:, :, None, :]
+
+
+def _attend_einsum(q_BTKGD, keys_BSKD, vals_BSKD, visible_BTS, dtype) -> jax.Array:
+    """Grouped-query attention as two dot_generals (the fast form on accelerators)."""
+    acc = _acc(dtype)
+    scores_BKGTS = jnp.einsum("btkgd,bskd->bkgts", q_BTKGD, keys_BSKD.astype(dtype)).astype(
+        acc
+    ) / np.sqrt(q_BTKGD.shape[-1]).astype(acc)
+    scores_BKGTS = jnp.where(visible_BTS[:, None, None], scores_BKGTS, -jnp.inf)
+    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs_BKGTS, vals_BSKD.astype(dtype))
 
 
 class Attention(nn.Module):
@@ -126,7 +157,7 @@ class Attention(nn.Module):
         c = self.config
         nq, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         dense = functools.partial(
-            self.dense_cls or nn.Dense, dtype=self.dtype, dot_general_cls=self.dot_general_cls
+            self.dense_cls or FloatDense, dtype=self.dtype, dot_general_cls=self.dot_general_cls
         )
         B, T, _ = x_BTE.shape
         q = dense(nq * d, use_bias=c.qkv_bias, name="q_proj")(x_BTE).reshape(B, T, nq, d)
@@ -149,13 +180,12 @@ class Attention(nn.Module):
             vals_BSKD = v_all_LNSKD[layer, slots_B, :S]
 
         q_BTKGD = q.reshape(B, T, nkv, nq // nkv, d)
-        scores_BKGTS = jnp.einsum(
-            "btkgd,bskd->bkgts", q_BTKGD, keys_BSKD.astype(self.dtype)
-        ).astype(_acc(self.dtype)) / np.sqrt(d).astype(_acc(self.dtype))
-        visible_BTS = jnp.arange(S)[None, None, :] <= positions_BT[:, :, None]
-        scores_BKGTS = jnp.where(visible_BTS[:, None, None], scores_BKGTS, -jnp.inf)
-        probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(self.dtype)
-        out_BTKGD = jnp.einsum("bkgts,bskd->btkgd", probs_BKGTS, vals_BSKD.astype(self.dtype))
+        if floatkernel.enabled():  # batch-invariant (jaxspec.floatkernel)
+            out_BTKGD = floatkernel.attention(q_BTKGD, keys_BSKD, vals_BSKD, positions_BT)
+            out_BTKGD = out_BTKGD.astype(self.dtype)
+        else:
+            visible_BTS = jnp.arange(S)[None, None, :] <= positions_BT[:, :, None]
+            out_BTKGD = _attend_einsum(q_BTKGD, keys_BSKD, vals_BSKD, visible_BTS, self.dtype)
         out = dense(c.hidden_size, use_bias=c.o_bias, name="o_proj")(out_BTKGD.reshape(B, T, -1))
         return out, k_all_LNSKD, v_all_LNSKD
 
@@ -170,7 +200,7 @@ class MLP(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         c = self.config
         dense = functools.partial(
-            self.dense_cls or nn.Dense,
+            self.dense_cls or FloatDense,
             use_bias=c.mlp_bias,
             dtype=self.dtype,
             dot_general_cls=self.dot_general_cls,
@@ -248,11 +278,11 @@ class Llama(nn.Module):
             # `attend` (a dot with embedding.T) made XLA:CPU copy the whole transposed table
             # every step (10 ms of a 33 ms SmolLM2 decode step, measured with jax.profiler).
             table = embed.embedding.astype(self.dtype)
-            logits = jnp.einsum("bte,ve->btv", x, table)
+            logits = floatkernel.head(x, table)
         elif c.tie_word_embeddings:
             logits = embed.attend(x)
         else:
-            logits = (self.dense_cls or nn.Dense)(
+            logits = (self.dense_cls or FloatDense)(
                 c.vocab_size,
                 use_bias=False,
                 dtype=self.dtype,
