@@ -62,6 +62,8 @@ def _lib():
             lib.jaxspec_float_set_isa.argtypes = [ctypes.c_int]
             lib.jaxspec_float_set_threads.restype = ctypes.c_int
             lib.jaxspec_float_set_threads.argtypes = [ctypes.c_int]
+            lib.jaxspec_attention_set_isa.restype = ctypes.c_int
+            lib.jaxspec_attention_set_isa.argtypes = [ctypes.c_int]
             jax.ffi.register_ffi_target(
                 TARGET, jax.ffi.pycapsule(lib.JaxspecFloatMatmul), platform="cpu"
             )
@@ -109,12 +111,15 @@ def isa() -> str | None:
 
 
 def set_isa(name: str) -> str:
-    """Forces the code path ("scalar", or "AVX2" where the CPU has it). Returns the path now in
-    use. Both paths give the same bits (tests hold them to that)."""
+    """Forces the code path of the matmul and the attention ("scalar", or "AVX2" where the CPU
+    has it). Returns the matmul's path now in use. Both paths give the same bits (tests hold
+    them to that)."""
     lib = _lib()
     if lib is None:
         raise RuntimeError(status())
-    return _ISA_NAMES[lib.jaxspec_float_set_isa({"AVX2": 2, "scalar": 0}[name])]
+    code = {"AVX2": 2, "scalar": 0}[name]
+    lib.jaxspec_attention_set_isa(code)
+    return _ISA_NAMES[lib.jaxspec_float_set_isa(code)]
 
 
 def set_threads(n: int) -> int:
@@ -205,10 +210,10 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     )  # fmt: skip
 
 
-def head(x_BTE: jax.Array, table_VE: jax.Array) -> jax.Array:
+def head(x_BTE: jax.Array, table_VE: jax.Array, *, use_kernel: bool = True) -> jax.Array:
     """Tied-embedding logits `x [B, T, E] . table [V, E]` contracted on E (the table as
-    stored, never transposed), in x's dtype."""
-    if _fits(x_BTE, table_VE):
+    stored, never transposed), in x's dtype; on the kernel when `use_kernel` and `enabled()`."""
+    if use_kernel and _fits(x_BTE, table_VE):
         return _matmul(x_BTE, table_VE, True).astype(x_BTE.dtype)
     return jnp.einsum("bte,ve->btv", x_BTE, table_VE.astype(x_BTE.dtype))
 

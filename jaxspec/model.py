@@ -46,6 +46,10 @@ Params = Any
 FloatDense = functools.partial(nn.Dense, dot_general=floatkernel.dot_general)
 
 
+def _dense(kernels: bool) -> Any:
+    return FloatDense if kernels else nn.Dense
+
+
 @flax.struct.dataclass(kw_only=True)
 class KVCache:
     """Keys and values of every layer for a pool of N rows (sessions) of S positions.
@@ -136,6 +140,7 @@ class Attention(nn.Module):
     dtype: Any
     dot_general_cls: Any = None
     dense_cls: Any = None
+    kernels: bool = True  # the CPU kernels where enabled (`jaxspec.floatkernel`)
 
     @nn.compact
     def __call__(
@@ -157,7 +162,9 @@ class Attention(nn.Module):
         c = self.config
         nq, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         dense = functools.partial(
-            self.dense_cls or FloatDense, dtype=self.dtype, dot_general_cls=self.dot_general_cls
+            self.dense_cls or _dense(self.kernels),
+            dtype=self.dtype,
+            dot_general_cls=self.dot_general_cls,
         )
         B, T, _ = x_BTE.shape
         q = dense(nq * d, use_bias=c.qkv_bias, name="q_proj")(x_BTE).reshape(B, T, nq, d)
@@ -180,7 +187,7 @@ class Attention(nn.Module):
             vals_BSKD = v_all_LNSKD[layer, slots_B, :S]
 
         q_BTKGD = q.reshape(B, T, nkv, nq // nkv, d)
-        if floatkernel.enabled():  # batch-invariant (jaxspec.floatkernel)
+        if self.kernels and floatkernel.enabled():  # batch-invariant (jaxspec.floatkernel)
             out_BTKGD = floatkernel.attention(q_BTKGD, keys_BSKD, vals_BSKD, positions_BT)
             out_BTKGD = out_BTKGD.astype(self.dtype)
         else:
@@ -195,12 +202,13 @@ class MLP(nn.Module):
     dtype: Any
     dot_general_cls: Any = None
     dense_cls: Any = None
+    kernels: bool = True
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         c = self.config
         dense = functools.partial(
-            self.dense_cls or FloatDense,
+            self.dense_cls or _dense(self.kernels),
             use_bias=c.mlp_bias,
             dtype=self.dtype,
             dot_general_cls=self.dot_general_cls,
@@ -215,17 +223,19 @@ class DecoderLayer(nn.Module):
     dtype: Any
     dot_general_cls: Any = None
     dense_cls: Any = None
+    kernels: bool = True
 
     @nn.compact
     def __call__(self, x, cos, sin, positions, write, k_cache, v_cache, layer, slots, kv_len):
         c = self.config
         h = RMSNorm(c.rms_norm_eps, self.dtype, name="input_layernorm")(x)
         h, k_cache, v_cache = Attention(
-            c, self.dtype, self.dot_general_cls, self.dense_cls, name="self_attn"
+            c, self.dtype, self.dot_general_cls, self.dense_cls, self.kernels, name="self_attn"
         )(h, cos, sin, positions, write, k_cache, v_cache, layer, slots, kv_len)
         x = x + h
         h = RMSNorm(c.rms_norm_eps, self.dtype, name="post_attention_layernorm")(x)
-        x = x + MLP(c, self.dtype, self.dot_general_cls, self.dense_cls, name="mlp")(h)
+        mlp = MLP(c, self.dtype, self.dot_general_cls, self.dense_cls, self.kernels, name="mlp")
+        x = x + mlp(h)
         return x, k_cache, v_cache
 
 
@@ -238,6 +248,9 @@ class Llama(nn.Module):
     dot_general_cls: Any = None
     dense_cls: Any = None  # builds linear layers (default nn.Dense), see the module doc
     embed_cls: Any = None  # builds the token embedding (default nn.Embed)
+    # Float matmuls, attention and the tied head on `jaxspec.floatkernel`'s batch-invariant CPU
+    # kernels where they are enabled (False: XLA's own ops everywhere; benchmarks, tests).
+    kernels: bool = True
 
     @nn.compact
     def __call__(
@@ -267,8 +280,9 @@ class Llama(nn.Module):
         k_all, v_all = cache.k, cache.v
         for i in range(c.num_hidden_layers):
             layer = DecoderLayer(
-                c, self.dtype, self.dot_general_cls, self.dense_cls, name=f"layers_{i}"
-            )
+                c, self.dtype, self.dot_general_cls, self.dense_cls, self.kernels,
+                name=f"layers_{i}",
+            )  # fmt: skip
             x, k_all, v_all = layer(
                 x, cos, sin, positions_BT, write_BT, k_all, v_all, i, slots_B, kv_len
             )
@@ -278,11 +292,11 @@ class Llama(nn.Module):
             # `attend` (a dot with embedding.T) made XLA:CPU copy the whole transposed table
             # every step (10 ms of a 33 ms SmolLM2 decode step, measured with jax.profiler).
             table = embed.embedding.astype(self.dtype)
-            logits = floatkernel.head(x, table)
+            logits = floatkernel.head(x, table, use_kernel=self.kernels)
         elif c.tie_word_embeddings:
             logits = embed.attend(x)
         else:
-            logits = (self.dense_cls or FloatDense)(
+            logits = (self.dense_cls or _dense(self.kernels))(
                 c.vocab_size,
                 use_bias=False,
                 dtype=self.dtype,
@@ -312,10 +326,14 @@ class Model:
     name: str = ""
     dense_cls: Any = None  # set by `jaxspec.quantize` (see `Llama`)
     embed_cls: Any = None
+    kernels: bool = True  # see `Llama.kernels`
 
     @property
     def module(self) -> Llama:
-        return Llama(self.config, self.dtype, self.dot_general_cls, self.dense_cls, self.embed_cls)
+        return Llama(
+            self.config, self.dtype, self.dot_general_cls, self.dense_cls, self.embed_cls,
+            self.kernels,
+        )  # fmt: skip
 
     def nbytes(self) -> int:
         """Resident bytes of the weights (packed int4 counts its real bytes: two per uint8)."""

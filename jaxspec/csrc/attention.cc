@@ -23,6 +23,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -50,14 +54,10 @@ inline float Dot(const float* a, const float* b, int64_t D) {
   return s;
 }
 
-// One (b, t, kv head): its G query heads. Cloned for Haswell and later (std::fma inlined as
-// one instruction) and for any x86-64 (libm's fma): both round each fma once, the same bits.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=haswell", "default")))
-#endif
-void Query(const Attn& a, int64_t b, int64_t t, int64_t h, std::vector<float>& p) {
-  const int64_t last = std::min<int64_t>(a.pos[b * a.T + t], a.S - 1);
-  const int64_t n = last + 1;  // visible positions (0 when pos < 0: output zeros)
+// One (b, t, kv head): its G query heads, in plain C++ (any CPU). `Dot` above and the
+// AVX2 twin below perform the same fused multiply-adds in the same order: the same bits.
+void QueryScalar(const Attn& a, int64_t b, int64_t t, int64_t h, float* p) {
+  const int64_t n = std::min<int64_t>(a.pos[b * a.T + t], a.S - 1) + 1;  // visible positions
   for (int64_t g = 0; g < a.G; ++g) {
     const float* qv = a.q + (((b * a.T + t) * a.H + h) * a.G + g) * a.D;
     float* o = a.out + (((b * a.T + t) * a.H + h) * a.G + g) * a.D;
@@ -81,6 +81,68 @@ void Query(const Attn& a, int64_t b, int64_t t, int64_t h, std::vector<float>& p
   }
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ATTN_AVX2 __attribute__((target("avx2,fma")))
+
+ATTN_AVX2 inline float DotAvx2(const float* a, const float* b, int64_t D) {
+  const int64_t D8 = D - D % 8;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D8; d += 8)
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+  alignas(32) float l[8];
+  _mm256_store_ps(l, acc);
+  float s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+  for (int64_t d = D8; d < D; ++d) s = std::fma(a[d], b[d], s);
+  return s;
+}
+
+// D a multiple of 8 and at most 256 (checked by the caller); the output row in registers.
+ATTN_AVX2 void QueryAvx2(const Attn& a, int64_t b, int64_t t, int64_t h, float* p) {
+  const int64_t n = std::min<int64_t>(a.pos[b * a.T + t], a.S - 1) + 1;
+  const int nv = static_cast<int>(a.D / 8);
+  for (int64_t g = 0; g < a.G; ++g) {
+    const float* qv = a.q + (((b * a.T + t) * a.H + h) * a.G + g) * a.D;
+    float* o = a.out + (((b * a.T + t) * a.H + h) * a.G + g) * a.D;
+    std::memset(o, 0, sizeof(float) * a.D);
+    if (n <= 0) continue;
+    float mx = -INFINITY;
+    for (int64_t s = 0; s < n; ++s) {
+      p[s] = DotAvx2(qv, a.k + ((b * a.S + s) * a.H + h) * a.D, a.D) * a.scale;
+      mx = std::max(mx, p[s]);
+    }
+    float sum = 0.0f;
+    for (int64_t s = 0; s < n; ++s) {
+      p[s] = std::exp(p[s] - mx);
+      sum += p[s];
+    }
+    __m256 acc[32];
+    for (int i = 0; i < nv; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < n; ++s) {
+      const __m256 w = _mm256_set1_ps(p[s] / sum);
+      const float* vv = a.v + ((b * a.S + s) * a.H + h) * a.D;
+      for (int i = 0; i < nv; ++i) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vv + 8 * i), acc[i]);
+    }
+    for (int i = 0; i < nv; ++i) _mm256_storeu_ps(o + 8 * i, acc[i]);
+  }
+}
+
+bool HasAvx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#else
+bool HasAvx2() { return false; }
+#endif
+
+std::atomic<bool> g_avx2{HasAvx2()};
+
+void Query(const Attn& a, int64_t b, int64_t t, int64_t h, float* p) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (g_avx2.load(std::memory_order_relaxed) && a.D % 8 == 0 && a.D <= 256) return QueryAvx2(a, b, t, h, p);
+#endif
+  QueryScalar(a, b, t, h, p);
+}
+
 struct Job {
   Attn a;
   std::atomic<int64_t> next{0};
@@ -91,7 +153,7 @@ struct Job {
     std::vector<float> p(a.S > 0 ? a.S : 1);
     int64_t finished = 0;
     for (int64_t u; (u = next.fetch_add(1, std::memory_order_relaxed)) < units;) {
-      Query(a, u / (a.T * a.H), (u / a.H) % a.T, u % a.H, p);
+      Query(a, u / (a.T * a.H), (u / a.H) % a.T, u % a.H, p.data());
       ++finished;
     }
     if (finished) done.fetch_add(finished, std::memory_order_release);
@@ -139,3 +201,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecAttention, AttentionImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+// Forces a path (tests): 0 = scalar; 2 = AVX2 if this CPU has it. Returns the path now in use.
+extern "C" int jaxspec_attention_set_isa(int isa) {
+  g_avx2.store(isa == 2 && HasAvx2());
+  return g_avx2.load() ? 2 : 0;
+}

@@ -1,0 +1,247 @@
+"""Batch invariance on the CPU (jaxspec.floatkernel): a position's K/V and logits are the same
+bits however the call that computed it was shaped (prefill, verify block, decode; alone or
+with batch mates; any KV bucket), so a resumed session continues exactly as an uninterrupted
+one, sampled or not (issue 40, break F).
+
+The kernels are held to XLA's output within float32 rounding over Hypothesis-drawn shapes, to
+themselves across row subsets bit for bit, and their AVX2 and scalar paths to each other. The
+mutant is today's XLA path (`floatkernel.disabled()`): the same model-level checks must find a
+difference there, which shows they can fail."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jaxspec
+from edge.drafter import Drafter
+from edge.session import run_session
+from jaxspec import floatkernel
+from jaxspec.model import _attend_einsum, forward
+from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable
+from verify import LocalVerifier, Scheduler, SchedulerConfig
+
+pytestmark = pytest.mark.skipif(
+    not floatkernel.available(), reason=f"{floatkernel.status()} (XLA's path is not invariant)"
+)
+
+ROWS = (1, 2, 3, 5, 7, 16, 33)
+SIZES = ((8, 64), (37, 100), (64, 130), (96, 64))
+
+
+@contextlib.contextmanager
+def isa(name: str):
+    floatkernel.set_isa(name)
+    try:
+        yield
+    finally:
+        floatkernel.set_isa("AVX2")
+
+
+# ------------------------------------------------------------------------------ the matmul
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.sampled_from(ROWS),
+    size=st.sampled_from(SIZES),
+    dtype=st.sampled_from(["float32", "bfloat16"]),
+    transpose=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_matmul_equals_xla_and_is_invariant_to_its_rows(n, size, dtype, transpose, seed):
+    """Within float32 rounding of a float64 product; every row's output the same bits in a
+    call of a subset of the rows; the scalar path the same bits as AVX2."""
+    K, M = size
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, K)).astype(np.float32)
+    w = jnp.asarray(rng.standard_normal((M, K) if transpose else (K, M)), dtype)
+    y = np.asarray(floatkernel.matmul(x, w, transpose_w=transpose))
+    w64 = np.asarray(w.astype(jnp.float32), np.float64)
+    ref = x.astype(np.float64) @ (w64.T if transpose else w64)
+    bound = 1e-6 * K * (np.abs(x).astype(np.float64) @ np.abs(w64.T if transpose else w64))
+    assert np.all(np.abs(y - ref) <= bound + 1e-30)
+    lo = int(rng.integers(0, n))
+    part = np.asarray(floatkernel.matmul(x[lo:], w, transpose_w=transpose))
+    np.testing.assert_array_equal(part, y[lo:])
+    with isa("scalar"):
+        scalar = np.asarray(floatkernel.matmul(x, w, transpose_w=transpose))
+    np.testing.assert_array_equal(scalar, y)
+
+
+def test_matmul_leading_dims_gradient_and_refusals():
+    """[..., K] inputs; gradients through XLA's dot equal XLA's own; wrong shapes and dtypes
+    refused before any kernel runs."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((2, 3, 16)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)
+    assert floatkernel.matmul(x, w).shape == (2, 3, 8)
+
+    def loss(f, x, w):
+        return jnp.sum(jnp.sin(f(x, w)))
+
+    got = jax.grad(functools.partial(loss, floatkernel.matmul), argnums=(0, 1))(x, w)
+    want = jax.grad(functools.partial(loss, jnp.matmul), argnums=(0, 1))(x, w)
+    for g, e in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="x must be"):
+        floatkernel.matmul(x, w.T)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        floatkernel.matmul(x, w.astype(jnp.float16))
+
+
+# ------------------------------------------------------------------------------ attention
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    b=st.sampled_from((1, 3)),
+    t=st.sampled_from((1, 5, 12)),
+    s=st.sampled_from((16, 32)),
+    seed=st.integers(0, 2**16),
+)
+def test_attention_equals_xla_and_is_invariant(b, t, s, seed):
+    """The attention kernel within float32 rounding of XLA's einsum form; a query's output
+    the same bits when computed alone, in a longer block, or over a larger KV bucket; the
+    scalar path the same bits as AVX2."""
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.standard_normal((b, t, 2, 3, 16)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((b, 2 * s, 2, 16)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((b, 2 * s, 2, 16)), jnp.float32)
+    pos = jnp.asarray(rng.integers(-1, s, (b, t)), jnp.int32)
+    out = np.asarray(floatkernel.attention(q, k[:, :s], v[:, :s], pos))
+    visible = jnp.arange(s)[None, None, :] <= pos[:, :, None]
+    ref = np.asarray(_attend_einsum(q, k[:, :s], v[:, :s], visible, jnp.float32))
+    seen = np.asarray(pos >= 0)  # a query that sees nothing: zeros (XLA: NaN)
+    np.testing.assert_allclose(out[seen], ref[seen], rtol=2e-5, atol=2e-5)
+    assert np.all(out[~seen] == 0)
+    wider = np.asarray(floatkernel.attention(q, k, v, pos))  # a larger KV bucket
+    np.testing.assert_array_equal(wider, out)
+    last = np.asarray(floatkernel.attention(q[:, -1:], k[:, :s], v[:, :s], pos[:, -1:]))
+    np.testing.assert_array_equal(last, out[:, -1:])
+    with isa("scalar"):
+        scalar = np.asarray(floatkernel.attention(q, k[:, :s], v[:, :s], pos))
+    np.testing.assert_array_equal(scalar, out)
+
+
+# ------------------------------------------------------------------------------ the model
+
+P, S = 30, 64
+
+
+@functools.cache
+def target():
+    return jaxspec.load("default")
+
+
+def _forward(model, tokens, starts, cache, kv_len=None):
+    tk = jnp.asarray(np.stack(tokens), jnp.int32)
+    T = tk.shape[1]
+    pos = jnp.asarray(np.stack([np.arange(s0, s0 + T) for s0 in starts]), jnp.int32)
+    valid = jnp.ones(tk.shape, bool)
+    if kv_len is None:
+        return forward(model.module, model.params, tk, pos, valid, cache, None)
+    apply = jax.jit(model.module.apply, static_argnums=(6,))
+    return apply({"params": model.params}, tk, pos, valid, cache, None, kv_len)
+
+
+def differences(model) -> dict[str, bool]:
+    """Which shapes of the same positions give different bits (True: they differ)."""
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, model.config.vocab_size, P + 1)
+    mates = [rng.integers(0, model.config.vocab_size, P) for _ in range(3)]
+    one, c_one = _forward(model, [toks[:P]], [0], model.init_cache(1, S))
+    _, c_head = _forward(model, [toks[: P - 5]], [0], model.init_cache(1, S))
+    block, c_block = _forward(model, [toks[P - 5 : P]], [P - 5], c_head)
+    step, _ = _forward(model, [toks[P : P + 1]], [P], c_block)
+    whole, _ = _forward(model, [toks[: P + 1]], [0], model.init_cache(1, S))
+    batch, c_batch = _forward(model, [toks[:P], *mates], [0] * 4, model.init_cache(4, S))
+    bucket, _ = _forward(model, [toks[P - 5 : P]], [P - 5], c_head, kv_len=S // 2)
+
+    def differ(a, b):
+        return not np.array_equal(np.asarray(a), np.asarray(b))
+
+    return {
+        "prefill vs block (logits)": differ(one[0, P - 5 :], block[0]),
+        "prefill vs block (K/V)": differ(c_one.k[:, 0, :P], c_block.k[:, 0, :P])
+        or differ(c_one.v[:, 0, :P], c_block.v[:, 0, :P]),
+        "prefill vs decode": differ(whole[0, P], step[0, 0]),
+        "alone vs batch mates": differ(one[0], batch[0]) or differ(c_one.k[:, 0], c_batch.k[:, 0]),
+        "KV bucket": differ(bucket[0], block[0]),
+    }
+
+
+def test_a_position_is_the_same_bits_in_every_shape():
+    assert not any(differences(target()).values()), differences(target())
+
+
+def test_the_xla_path_mutant_is_caught():
+    """Today's path (XLA's dot, reduce and softmax) changes a row's rounding with the call's
+    shape: the check above must see it."""
+    model = target()
+    found = differences(model.with_params(model.params, kernels=False))
+    assert sum(found.values()) >= 3, found
+
+
+# ------------------------------------------------------------------------------ resume
+
+CONFIG = SchedulerConfig(max_sessions=4, max_len=128, max_gamma=4, row_buckets=(1, 2, 4))
+PROMPT = tuple((i * 53 + 3) % 4096 for i in range(30))  # the issue's prompt
+
+
+class FailAt:
+    """An endpoint whose `fail_at`-th verify call finds the verifier gone (UNAVAILABLE)."""
+
+    def __init__(self, inner, fail_at: int):
+        self.inner, self.fail_at, self.calls = inner, fail_at, 0
+
+    async def open_session(self, config):
+        return await self.inner.open_session(config)
+
+    async def close_session(self, session_id):
+        await self.inner.close_session(session_id)
+
+    async def verify(self, block):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise Unavailable("gone")
+        return await self.inner.verify(block)
+
+
+@pytest.mark.parametrize(
+    "gamma,encoding,seed",
+    [(0, "full", 77), (3, "full", 5), (3, "sparse", 6), (2, "onehot", 9)],
+)
+def test_sampled_resume_at_every_point_equals_the_uninterrupted_run(gamma, encoding, seed):
+    """At T = 0.9, a session whose verifier goes away at its i-th block and that resumes with
+    its committed tokens ends with exactly the uninterrupted tokens, for every i."""
+    draft = jaxspec.load("default-draft")
+    verifier = LocalVerifier(scheduler=Scheduler(target(), CONFIG))
+    spec = DraftSpec(gamma=gamma, encoding=encoding) if gamma else DraftSpec(gamma=0)
+    config = SessionConfig(prompt=PROMPT, max_new_tokens=40, temperature=0.9, seed=seed, draft=spec)
+
+    async def run(fail_at=None):
+        drafter = Drafter(draft, spec) if gamma else None
+        endpoint = verifier if fail_at is None else FailAt(verifier, fail_at)
+        trace = await run_session(endpoint, drafter, config, resume_timeout_s=5.0)
+        return trace.tokens, trace.resumes, getattr(endpoint, "calls", trace.blocks_sent)
+
+    async def go():
+        try:
+            full, _, calls = await run()
+            for i in range(2, calls + 1):
+                tokens, resumes, _ = await run(fail_at=i)
+                assert resumes == 1 and tokens == full, (i, tokens, full)
+            return calls
+        finally:
+            await verifier.aclose()
+
+    assert asyncio.run(go()) >= 4
