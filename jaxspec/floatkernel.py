@@ -227,16 +227,42 @@ def attention(
     """Grouped-query attention on the kernel: query (b, t) sees cache indices
     `s <= positions[b, t]` (and `s < S`); float32 in and out. Every number is summed in an
     order fixed by D and the query's position alone (csrc/attention.cc), so a position's output
-    does not depend on T, B or the KV bucket S. Forward only (no gradient rule)."""
+    does not depend on T, B or the KV bucket S. Gradients: XLA's einsum form (a custom JVP)."""
     if not available():
         raise RuntimeError(status())
     f32 = jnp.float32
-    call = jax.ffi.ffi_call(
-        ATTENTION, jax.ShapeDtypeStruct(q_BTKGD.shape, f32), vmap_method="sequential"
-    )
-    return call(
+    return _attention(
         q_BTKGD.astype(f32),
         keys_BSKD.astype(f32),
         vals_BSKD.astype(f32),
         jnp.asarray(positions_BT, jnp.int32),
     )
+
+
+def _attention_kernel(q, k, v, pos):
+    call = jax.ffi.ffi_call(
+        ATTENTION, jax.ShapeDtypeStruct(q.shape, jnp.float32), vmap_method="sequential"
+    )
+    return call(q, k, v, pos)
+
+
+def _attention_xla(q, k, v, pos):
+    """The same attention in XLA's ops (jaxspec.model's accelerator form), for gradients."""
+    S, D = k.shape[1], q.shape[-1]
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k) / np.sqrt(D).astype(np.float32)
+    visible = jnp.arange(S)[None, None, :] <= pos[:, :, None]
+    scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
+    return jnp.einsum("bkgts,bskd->btkgd", jax.nn.softmax(scores, axis=-1), v)
+
+
+@jax.custom_jvp
+def _attention(q, k, v, pos):
+    return _attention_kernel(q, k, v, pos)
+
+
+@_attention.defjvp
+def _attention_jvp(primals, tangents):
+    q, k, v, pos = primals
+    dq, dk, dv, _ = tangents
+    _, tangent = jax.jvp(lambda q, k, v: _attention_xla(q, k, v, pos), (q, k, v), (dq, dk, dv))
+    return _attention_kernel(q, k, v, pos), tangent

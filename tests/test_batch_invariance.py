@@ -245,3 +245,23 @@ def test_sampled_resume_at_every_point_equals_the_uninterrupted_run(gamma, encod
             await verifier.aclose()
 
     assert asyncio.run(go()) >= 4
+
+
+def test_attention_gradient_is_xlas():
+    """Training through the kernel's attention (a custom JVP): XLA's gradient."""
+    rng = np.random.default_rng(1)
+    q = jnp.asarray(rng.standard_normal((2, 3, 2, 3, 16)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((2, 8, 2, 16)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((2, 8, 2, 16)), jnp.float32)
+    pos = jnp.asarray([[3, 4, 5], [5, 6, 7]], jnp.int32)
+    visible = jnp.arange(8)[None, None, :] <= pos[:, :, None]
+
+    def kernel(q, k, v):
+        return jnp.sum(jnp.sin(floatkernel.attention(q, k, v, pos)))
+
+    def xla(q, k, v):
+        return jnp.sum(jnp.sin(_attend_einsum(q, k, v, visible, jnp.float32)))
+
+    got, want = jax.grad(kernel, (0, 1, 2))(q, k, v), jax.grad(xla, (0, 1, 2))(q, k, v)
+    for g, e in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)

@@ -368,7 +368,9 @@ def logits_of(jaxspec: Any, config: Any, params: Any, toks: Any, valid: Any) -> 
     B, T = toks.shape
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     cache = jaxspec.init_cache(config, B, T)
-    logits, _ = jaxspec.Llama(config).apply({"params": params}, toks, pos, valid, cache)
+    logits, _ = jaxspec.Llama(config, kernels=False).apply(  # training: XLA's ops
+        {"params": params}, toks, pos, valid, cache
+    )
     return logits
 
 

@@ -292,7 +292,9 @@ def forward(config: Any, params: Any, tokens_BT: Any) -> Any:
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
     valid = jnp.ones((B, T), bool)
     cache = jaxspec.init_cache(config, B, T)
-    logits, _ = jaxspec.Llama(config).apply({"params": params}, tokens_BT, positions, valid, cache)
+    logits, _ = jaxspec.Llama(config, kernels=False).apply(  # training: XLA's ops
+        {"params": params}, tokens_BT, positions, valid, cache
+    )
     return logits
 
 
