@@ -42,7 +42,8 @@ from jaxspec import int4kernel
 TARGET = "jaxspec_float_matmul"
 ATTENTION = "jaxspec_attention"
 _W_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
-_ISA_NAMES = {2: "AVX2", 0: "scalar"}
+_ISA_NAMES = {3: "AVX-512", 2: "AVX2", 0: "scalar"}
+_ISA_CODES = {"best": 3, "AVX-512": 3, "AVX2": 2, "scalar": 0}
 
 _lock = threading.Lock()
 _registered: bool | None = None
@@ -105,20 +106,21 @@ def disabled() -> Iterator[None]:
 
 
 def isa() -> str | None:
-    """The kernel's code path on this CPU ("AVX2" or "scalar"), None when not available."""
+    """The kernel's code path on this CPU ("AVX-512", "AVX2" or "scalar"), None when not
+    available."""
     lib = _lib() if available() else None
     return None if lib is None else _ISA_NAMES.get(lib.jaxspec_float_isa(), "unknown")
 
 
 def set_isa(name: str) -> str:
-    """Forces the code path of the matmul and the attention ("scalar", or "AVX2" where the CPU
-    has it). Returns the matmul's path now in use. Both paths give the same bits (tests hold
-    them to that)."""
+    """Forces the code path of the matmul and the attention ("scalar", "AVX2", "AVX-512", each
+    only as far as the CPU has it; "best" is the default). Returns the matmul's path now in
+    use. Every path gives the same bits (tests hold them to that)."""
     lib = _lib()
     if lib is None:
         raise RuntimeError(status())
-    code = {"AVX2": 2, "scalar": 0}[name]
-    lib.jaxspec_attention_set_isa(code)
+    code = _ISA_CODES[name]
+    lib.jaxspec_attention_set_isa(min(code, 2))
     return _ISA_NAMES[lib.jaxspec_float_set_isa(code)]
 
 

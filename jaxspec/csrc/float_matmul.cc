@@ -47,11 +47,12 @@ namespace {
 constexpr int kTile = 64;    // NN: output columns per tile; NT: table rows per block
 constexpr int kChunk = 32;   // NN: k rows per buffered chunk
 
-enum Isa : int { kScalar = 0, kAvx2 = 2 };
+enum Isa : int { kScalar = 0, kAvx2 = 2, kAvx512 = 3 };
 
 int DetectIsa() {
 #if FK_X86 && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return kAvx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
 #endif
   return kScalar;
@@ -73,7 +74,7 @@ struct Problem {
   bool bf16;        // w's dtype: bfloat16 (else float32)
   bool nt;
   float* out;       // [N, M]
-  int64_t N, K, M, T;
+  int64_t N, K, M, T;  // T: tiles of 64 output columns (NN) or table rows (NT)
 };
 
 inline float WAt(const Problem& p, int64_t i) {
@@ -257,12 +258,139 @@ FK_AVX2 void NtAvx2(const Problem& p, int64_t m0, int rows) {
   for (; n0 + 2 <= p.N; n0 += 2) NtRows<2>(p, n0, m0, rows);
   if (n0 < p.N) NtRows<1>(p, n0, m0, rows);
 }
+
+// ------------------------------------------------------------------ AVX-512
+// The same operations as the AVX2 path, 16 lanes wide: NN's lanes are output columns (each
+// still one fma chain over k), NT's zmm holds two outputs' eight k-lanes side by side.
+
+#define FK_AVX512 __attribute__((target("avx512f,avx512dq,avx2,fma")))
+
+FK_AVX512 inline __m512 Load16(const Problem& p, int64_t i) {
+  if (p.bf16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+        static_cast<const uint16_t*>(p.w) + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  return _mm512_loadu_ps(static_cast<const float*>(p.w) + i);
+}
+
+FK_AVX512 void NnOneRow512(const Problem& p, int64_t m0) {
+  __m512 acc[4];
+  for (int c = 0; c < 4; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < p.K; ++k) {
+    if (k + 16 < p.K) Prefetch(p, (k + 16) * p.M + m0);
+    const __m512 xb = _mm512_set1_ps(p.x[k]);
+    for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(xb, Load16(p, k * p.M + m0 + 16 * c), acc[c]);
+  }
+  for (int c = 0; c < 4; ++c) _mm512_storeu_ps(p.out + m0 + 16 * c, acc[c]);
+}
+
+
+template <int R>
+FK_AVX512 void Micro512(const float* buf, int64_t kc, const float* xr, int64_t ldx, float* o) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_loadu_ps(o + r * kTile + 16 * c);
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 wv[4];
+    for (int c = 0; c < 4; ++c) wv[c] = _mm512_load_ps(buf + k * kTile + 16 * c);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xb = _mm512_set1_ps(xr[r * ldx + k]);
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(xb, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + r * kTile + 16 * c, acc[r][c]);
+}
+
+FK_AVX512 void NnBuffered512(const Problem& p, int64_t m0, int cols, float* out_tile) {
+  alignas(64) float buf[kChunk * kTile];
+  std::memset(out_tile, 0, sizeof(float) * p.N * kTile);
+  if (cols < kTile) std::memset(buf, 0, sizeof(buf));
+  for (int64_t kb = 0; kb < p.K; kb += kChunk) {
+    const int64_t kc = p.K - kb < kChunk ? p.K - kb : kChunk;
+    for (int64_t k = 0; k < kc; ++k) {
+      const int64_t row = (kb + k) * p.M + m0;
+      if (kb + kChunk + k < p.K) Prefetch(p, row + kChunk * p.M);
+      if (cols == kTile) {
+        for (int c = 0; c < 4; ++c) _mm512_store_ps(buf + k * kTile + 16 * c, Load16(p, row + 16 * c));
+      } else {
+        for (int c = 0; c < cols; ++c) buf[k * kTile + c] = WAt(p, row + c);
+      }
+    }
+    int64_t n0 = 0;
+    for (; n0 + 6 <= p.N; n0 += 6) Micro512<6>(buf, kc, p.x + n0 * p.K + kb, p.K, out_tile + n0 * kTile);
+    const float* xr = p.x + n0 * p.K + kb;
+    float* o = out_tile + n0 * kTile;
+    switch (p.N - n0) {
+      case 5: Micro512<5>(buf, kc, xr, p.K, o); break;
+      case 4: Micro512<4>(buf, kc, xr, p.K, o); break;
+      case 3: Micro512<3>(buf, kc, xr, p.K, o); break;
+      case 2: Micro512<2>(buf, kc, xr, p.K, o); break;
+      case 1: Micro512<1>(buf, kc, xr, p.K, o); break;
+      default: break;
+    }
+  }
+  for (int64_t n = 0; n < p.N; ++n)
+    std::memcpy(p.out + n * p.M + m0, out_tile + n * kTile, sizeof(float) * cols);
+}
+
+// Two table rows' eight k-lanes in one zmm: [W[m, k..k+7] | W[m+1, k..k+7]].
+FK_AVX512 inline __m512 LoadPair(const Problem& p, int64_t m, int64_t k) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(Load8(p, m * p.K + k)),
+                            Load8(p, (m + 1) * p.K + k), 1);
+}
+
+// NT: rows [n0, n0 + R) x table rows [m, m + 2C).
+template <int R, int C>
+FK_AVX512 void NtMicro512(const Problem& p, int64_t n0, int64_t m) {
+  const int64_t K8 = p.K - p.K % 8;
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K8; k += 8) {
+    __m512 wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = LoadPair(p, m + 2 * c, k);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(p.x + (n0 + r) * p.K + k));
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      const float* xr = p.x + (n0 + r) * p.K;
+      const int64_t mm = m + 2 * c;
+      p.out[(n0 + r) * p.M + mm] = NtTail(p, xr, mm, Hsum(_mm512_castps512_ps256(acc[r][c])));
+      p.out[(n0 + r) * p.M + mm + 1] =
+          NtTail(p, xr, mm + 1, Hsum(_mm512_extractf32x8_ps(acc[r][c], 1)));
+    }
+}
+
+template <int R>
+FK_AVX512 void NtRows512(const Problem& p, int64_t n0, int64_t m0, int rows) {
+  int64_t m = m0;
+  for (; m + 8 <= m0 + rows; m += 8) NtMicro512<R, 4>(p, n0, m);
+  for (; m + 2 <= m0 + rows; m += 2) NtMicro512<R, 1>(p, n0, m);
+  for (; m < m0 + rows; ++m) NtMicro<R, 1>(p, n0, m);
+}
+
+FK_AVX512 void Nt512(const Problem& p, int64_t m0, int rows) {
+  int64_t n0 = 0;
+  for (; n0 + 4 <= p.N; n0 += 4) NtRows512<4>(p, n0, m0, rows);
+  for (; n0 + 2 <= p.N; n0 += 2) NtRows512<2>(p, n0, m0, rows);
+  if (n0 < p.N) NtRows512<1>(p, n0, m0, rows);
+}
 #endif
 
 void RunTile(const Problem& p, int64_t t, int isa, float* out_tile) {
   const int64_t m0 = t * kTile;
   const int cols = static_cast<int>(p.M - m0 < kTile ? p.M - m0 : kTile);
 #if FK_X86 && (defined(__GNUC__) || defined(__clang__))
+  if (isa == kAvx512) {
+    if (p.nt) return Nt512(p, m0, cols);
+    if (p.N == 1 && cols == kTile) return NnOneRow512(p, m0);
+    return NnBuffered512(p, m0, cols, out_tile);
+  }
   if (isa == kAvx2) {
     if (p.nt) return NtAvx2(p, m0, cols);
     if (p.N == 1 && cols == kTile) return NnOneRow(p, m0);
@@ -349,12 +477,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecFloatMatmul, FloatMatmulImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("transpose_w"));
 
-// The code path in use: 2 = AVX2+FMA, 0 = scalar.
+// The code path in use: 3 = AVX-512, 2 = AVX2+FMA, 0 = scalar.
 extern "C" int jaxspec_float_isa() { return g_isa.load(); }
 
-// Forces a path (tests): 0 = scalar; 2 = AVX2 if this CPU has it. Returns the path now in use.
+// Forces a path (tests): 0 = scalar, 2 = AVX2, 3 = AVX-512, each only where this CPU has it.
+// Returns the path now in use.
 extern "C" int jaxspec_float_set_isa(int isa) {
-  g_isa.store(isa == kAvx2 ? DetectIsa() : kScalar);
+  const int best = DetectIsa();
+  g_isa.store(isa <= kScalar ? kScalar : (isa >= best ? best : isa));
   return g_isa.load();
 }
 
