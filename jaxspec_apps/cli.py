@@ -5,7 +5,7 @@ Subcommands:
                 `--checkpoint default --draft default-draft` uses the shipped pair
   pull          fetch and convert a model by name ahead of time (`jaxspec pull smollm2`)
   init-random   write a random-weight tiny checkpoint (to try the tools without training)
-  doctor        what this install runs on: JAX's backend, the int4 kernel, cached models
+  doctor        what this install runs on: JAX's backend, each weight format's path, models
   demo          a live terminal view of edge tenants drafting against a verifier service
   bench         run the benchmark suite; writes BENCHMARKS.md, bench/results.json, plots
                 (into a new temporary directory unless --out says where)
@@ -30,7 +30,7 @@ from rich.progress import (
 )
 
 import jaxspec
-from jaxspec import analytic, int4kernel
+from jaxspec import analytic, floatkernel, int4kernel
 from jaxspec.testing import write_random_checkpoint
 from jaxspec.text import decode_text
 from jaxspec_apps import bench, demo
@@ -185,10 +185,14 @@ def _init_random(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    """One line each: JAX's backend and devices, which int4 matmul path a W4A16 model takes,
-    and which fetchable models are cached."""
+    """One line each: JAX's backend and devices, which path each weight format's matmul takes
+    (float32 and bfloat16, int4, int8), and which fetchable models are cached."""
     print(f"jax {jax.__version__}: backend {jax.default_backend()}, {jax.device_count()} devices")
-    print(int4kernel.status())
+    on_cpu = jax.default_backend() == "cpu"
+    float_path = floatkernel.status() if on_cpu else "float kernel: not used off the CPU - XLA"
+    print(f"float32/bfloat16 weights and attention: {float_path}")
+    print(f"int4 weights (W4A16): {int4kernel.status()}")
+    print("int8 weights (a head kept at 8 bits): XLA (AQT's int dot)")
     for spec in hub.REMOTE.values():
         state = f"cached in {hub.model_dir(spec)}" if hub.is_pulled(spec) else "not fetched yet"
         print(f"{spec.aliases[0]}: {state}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -29,9 +30,18 @@ from jaxspec.model import _attend_einsum, forward
 from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
-pytestmark = pytest.mark.skipif(
+needs_kernel = pytest.mark.skipif(
     not floatkernel.available(), reason=f"{floatkernel.status()} (XLA's path is not invariant)"
 )
+
+
+def test_float_kernel_was_built_when_required():
+    """`.ci/run` sets JAXSPEC_REQUIRE_KERNEL=1 (a compiler is there at install): the tests
+    below must not skip there."""
+    if os.environ.get("JAXSPEC_REQUIRE_KERNEL") != "1":
+        pytest.skip("JAXSPEC_REQUIRE_KERNEL=1 not set (.ci/run sets it)")
+    assert floatkernel.available(), floatkernel.status()
+
 
 ROWS = (1, 2, 3, 5, 7, 16, 33)
 SIZES = ((8, 64), (37, 100), (64, 130), (96, 64))
@@ -49,6 +59,7 @@ def isa(name: str):
 # ------------------------------------------------------------------------------ the matmul
 
 
+@needs_kernel
 @settings(max_examples=30, deadline=None)
 @given(
     n=st.sampled_from(ROWS),
@@ -79,6 +90,7 @@ def test_matmul_equals_xla_and_is_invariant_to_its_rows(n, size, dtype, transpos
         np.testing.assert_array_equal(other, y, err_msg=path)
 
 
+@needs_kernel
 def test_matmul_leading_dims_gradient_and_refusals():
     """[..., K] inputs; gradients through XLA's dot equal XLA's own; wrong shapes and dtypes
     refused before any kernel runs."""
@@ -103,6 +115,7 @@ def test_matmul_leading_dims_gradient_and_refusals():
 # ------------------------------------------------------------------------------ attention
 
 
+@needs_kernel
 @settings(max_examples=20, deadline=None)
 @given(
     b=st.sampled_from((1, 3)),
@@ -181,10 +194,12 @@ def differences(model) -> dict[str, bool]:
     }
 
 
+@needs_kernel
 def test_a_position_is_the_same_bits_in_every_shape():
     assert not any(differences(target()).values()), differences(target())
 
 
+@needs_kernel
 def test_the_xla_path_mutant_is_caught():
     """Today's path (XLA's dot, reduce and softmax) changes a row's rounding with the call's
     shape: the check above must see it."""
@@ -218,6 +233,7 @@ class FailAt:
         return await self.inner.verify(block)
 
 
+@needs_kernel
 @pytest.mark.parametrize(
     "gamma,encoding,seed",
     [(0, "full", 77), (3, "full", 5), (3, "sparse", 6), (2, "onehot", 9)],
@@ -249,6 +265,7 @@ def test_sampled_resume_at_every_point_equals_the_uninterrupted_run(gamma, encod
     assert asyncio.run(go()) >= 4
 
 
+@needs_kernel
 def test_attention_gradient_is_xlas():
     """Training through the kernel's attention (a custom JVP): XLA's gradient."""
     rng = np.random.default_rng(1)

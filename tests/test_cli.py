@@ -76,11 +76,12 @@ def test_bad_draft_options_are_a_clean_error(tiny_dir):
     assert "sparse_k must be >= 1" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_doctor_says_which_int4_path_runs(capsys):
-    from jaxspec import int4kernel
+def test_doctor_says_which_path_each_weight_format_runs(capsys):
+    from jaxspec import floatkernel, int4kernel
     from jaxspec_apps import cli
 
     assert cli.main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert int4kernel.status() in out and "backend cpu" in out
+    assert floatkernel.status() in out and "int8 weights" in out
     assert "smollm2-w4a16:" in out
