@@ -332,3 +332,21 @@ def test_the_cli_parses_bench_options():
     assert _command(args) == "jaxspec bench --quick"
     args = cli.build_parser().parse_args(["bench", "--out", "."])
     assert _command(args) == "jaxspec bench --out ."
+
+
+def test_the_kernels_section_times_both_paths_in_one_run():
+    """`kernels` (real pair): every format x layout x row count and every model shape, the
+    float kernel and XLA's ops each timed; its table names them all."""
+    from jaxspec import floatkernel
+    from jaxspec_apps.bench import kernels
+
+    res = kernels.run(jaxspec.load("default"), repeats=1, chain=2)
+    if not floatkernel.available():
+        assert res == {"skipped": floatkernel.status()}
+        return
+    assert len(res["matmul"]) == 2 * 2 * len(kernels.ROWS)
+    assert [(r["rows"], r["positions"]) for r in res["model"]] == list(kernels.SHAPES)
+    for r in res["matmul"] + res["model"]:
+        assert r["kernel_ms"] > 0 and r["xla_ms"] > 0
+    md = "\n".join(kernels.markdown(res))
+    assert "| bfloat16 | NT (table) | 16 |" in md and "| 16 x 5 |" in md

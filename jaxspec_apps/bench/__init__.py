@@ -18,8 +18,10 @@ Sections (each module of this package measures one; `suite` runs them in order):
   verifier   the verify step's batch sweep against this machine's roofline
   wirecost   bytes per committed token on the gRPC wire for each draft encoding
   quality    the W4A16 draft against the unquantized one: bytes, perplexity, alpha
-The real pair adds `specbench` (Spec-Bench's per-category speedup and mean accepted tokens)
-and `cost` (each model's decode time against the roofline), `jaxspec_apps.bench.real`.
+The real pair adds `specbench` (Spec-Bench's per-category speedup and mean accepted tokens),
+`cost` (each model's decode time against the roofline) and `kernels` (the float kernel against
+XLA's ops: matmuls by rows and format, the target's forward by shape),
+`jaxspec_apps.bench.real`.
 
 Only numbers measured in the run are reported; speed is compared as ratios within the run.
 """
@@ -69,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sections",
         default=None,
         help="comma-separated subset of the sections (default: all); the report then has "
-        "only those. With --pairs real, the real pair's sections (specbench, cost, colocated, "
+        "only those. With --pairs real, the real pair's sections (specbench, cost, kernels, "
+        "colocated, "
         "peer, verifier, capacity, latency, wirecost, quality)",
     )
 

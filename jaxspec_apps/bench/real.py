@@ -25,6 +25,7 @@ from jaxspec.shapes import bucket
 from jaxspec_apps.bench import (
     capacity,
     colocated,
+    kernels,
     latency,
     peer,
     quality,
@@ -40,6 +41,7 @@ SMALL_DRAFT = "smollm2-draft"  # the distilled 14M draft for weak devices
 REAL_SECTIONS = (
     "specbench",
     "cost",
+    "kernels",
     "colocated",
     "peer",
     "verifier",
@@ -282,6 +284,7 @@ def run(
     runners = {
         "specbench": run_specbench,
         "cost": run_cost,
+        "kernels": lambda: kernels.run(target, max(p.repeats, 3)),
         "colocated": run_colocated,
         "peer": run_peer,
         "verifier": run_verifier,

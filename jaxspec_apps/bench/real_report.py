@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec_apps.bench import latency
+from jaxspec_apps.bench import kernels, latency
 from jaxspec_apps.bench.report_tables import (
     capacity_md,
     headline_md,
@@ -155,6 +155,9 @@ def markdown(r: dict[str, Any]) -> list[str]:
             "",
             *_cost(s["cost"], s.get("verifier", {}).get("roofline")),
         ]
+    if "kernels" in s:
+        lines += ["", "### The float kernel against XLA (batch-invariant matmul, attention)", ""]
+        lines += kernels.markdown(s["kernels"])
     if "colocated" in s:
         temps = ", ".join(f"{row['temperature']:g}" for row in s["colocated"]["rows"])
         lines += ["", f"### Co-located at T = {temps}", ""]
