@@ -216,17 +216,24 @@ def _call(N: int, M: int):
     )
 
 
-def matmul(x_NK, w_prepared, scale, offset=None, *, K: int, M: int, group: int) -> jax.Array:
+def matmul(
+    x_NK, w_prepared, scale, offset=None, *, K: int, M: int, group: int, minimum=None
+) -> jax.Array:
     """x f32[N, K] (or [..., K]) @ the int4 weight -> f32[N, M] (or [..., M]).
 
     `w_prepared` comes from `prepare`; scale and offset are [ceil(K/group), M] in bfloat16,
-    float16 or float32 (offset may be None). Usable under jax.jit and in Flax modules; the
-    custom call is registered for XLA:CPU only (arrays on another backend fail to compile)."""
+    float16 or float32 (offset may be None). `minimum` instead of `offset`: the asymmetric
+    grid as stored, W = scale * (q + 8) + minimum (no float32 offset is built per call).
+    Usable under jax.jit and in Flax modules; the custom call is registered for XLA:CPU only
+    (arrays on another backend fail to compile)."""
     if not available():
         raise RuntimeError(status())
+    if offset is not None and minimum is not None:
+        raise ValueError("give an offset or a minimum, not both")
     x = jnp.asarray(x_NK, jnp.float32)
     scale = jnp.asarray(scale)
-    offset = None if offset is None else jnp.asarray(offset)
+    mode = 0 if offset is None and minimum is None else (1 if minimum is None else 2)
+    offset = None if mode == 0 else jnp.asarray(offset if minimum is None else minimum)
     _check(scale, offset, K, M, group)
     if x.shape[-1] != K:
         raise ValueError(f"x must be [..., K={K}], got {x.shape}")
@@ -243,14 +250,18 @@ def matmul(x_NK, w_prepared, scale, offset=None, *, K: int, M: int, group: int) 
         K=np.int64(K),
         M=np.int64(M),
         group=np.int64(group),
-        has_offset=np.int64(offset is not None),
+        has_offset=np.int64(mode),
     )
     return out.reshape((*lead, M))
 
 
-def reference_matmul(x_NK, qweight, scale, offset=None, *, K: int, M: int, group: int) -> jax.Array:
+def reference_matmul(
+    x_NK, qweight, scale, offset=None, *, K: int, M: int, group: int, minimum=None
+) -> jax.Array:
     """Pure-JAX `matmul` on the CHECKPOINT layout (unpack, dequantize, dot); for tests and as
     the XLA path."""
+    if minimum is not None:  # scale * (q + 8) + minimum = scale * q + (minimum + 8 * scale)
+        offset = jnp.asarray(minimum, jnp.float32) + 8 * jnp.asarray(scale, jnp.float32)
     x = jnp.asarray(x_NK, jnp.float32)
     scale = jnp.asarray(scale)
     offset = None if offset is None else jnp.asarray(offset)

@@ -278,9 +278,9 @@ def _served_matmul(spec, matmul, x_NK, qweight, scale, minimum, K: int, M: int) 
     if not spec.use_kernel(N):
         return matmul(x_NK, served=(_ints(spec, qweight, K, M), scale), minimum=minimum)
     g, _ = spec.groups(K)
-    offset = None if minimum is None else _offset(scale, minimum, spec.weight_bits)
     x = x_NK[:, :K].astype(jnp.float32)
-    y = int4kernel.matmul(x, qweight, scale, offset, K=K, M=M, group=g)
+    # the stored minimum as it is (float16): W = scale * (q + 8) + minimum, inside the kernel
+    y = int4kernel.matmul(x, qweight, scale, K=K, M=M, group=g, minimum=minimum)
     return y.astype(x_NK.dtype)
 
 

@@ -105,17 +105,25 @@ def isa_restored():
     bucket=st.sampled_from(BUCKETS),
     seed=st.integers(0, 2**32 - 1),
     dtype=st.sampled_from(SCALE_DTYPES),
-    with_offset=st.booleans(),
+    shift=st.sampled_from(["none", "offset", "minimum"]),
     values=st.sampled_from(["uniform", "sparse", "extreme"]),
     path=st.sampled_from(["AVX2", "scalar"]),
 )
-def test_kernel_matches_reference(isa_restored, bucket, seed, dtype, with_offset, values, path):
+def test_kernel_matches_reference(isa_restored, bucket, seed, dtype, shift, values, path):
+    """`shift`: no offset, an offset (W = scale q + offset), or the stored minimum of an
+    asymmetric grid (W = scale (q + 8) + minimum)."""
     N, K, M, group = bucket
-    x, qweight, scale, offset = _problem(bucket, seed, dtype, with_offset, values)
+    x, qweight, scale, offset = _problem(bucket, seed, dtype, shift != "none", values)
     int4kernel.set_isa(path)
     w = int4kernel.prepare(qweight, K)
-    got = np.asarray(_kernel(x, w, scale, offset, K=K, M=M, group=group))
-    want = np.asarray(_reference(x, qweight, scale, offset, K=K, M=M, group=group))
+    kw = dict(K=K, M=M, group=group)
+    if shift == "minimum":
+        got = np.asarray(int4kernel.matmul(x, w, scale, minimum=offset, **kw))
+        want = np.asarray(int4kernel.reference_matmul(x, qweight, scale, minimum=offset, **kw))
+        offset = (offset.astype(jnp.float32) + 8 * scale.astype(jnp.float32)).astype(offset.dtype)
+    else:
+        got = np.asarray(_kernel(x, w, scale, offset, **kw))
+        want = np.asarray(_reference(x, qweight, scale, offset, **kw))
     assert got.shape == want.shape == (N, M)
     bound = _bound(x, qweight, scale, offset, K, group)
     err = np.abs(got.astype(np.float64) - want)

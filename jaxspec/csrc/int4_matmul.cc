@@ -1,7 +1,9 @@
 // int4 x float32 matmul for XLA:CPU, as an XLA FFI custom call (jaxspec/int4kernel.py).
 //
 //   out[n, m] = sum_k x[n, k] * W[k, m],
-//   W[k, m]   = scale[k / group, m] * q[k, m] + offset[k / group, m]   (offset optional)
+//   W[k, m]   = scale[k / group, m] * q[k, m] + offset[k / group, m]   (offset optional), or
+//   W[k, m]   = scale[k / group, m] * (q[k, m] + 8) + minimum[k / group, m]   (has_offset = 2:
+//               the asymmetric grids as stored, so no float32 offset is built per call)
 //
 // q is int4 in [-8, 7], stored by jaxspec.int4kernel.prepare in a tiled layout:
 //   w[t][k][32 bytes], t = tile of 64 output columns (M padded to a multiple of 64).
@@ -15,6 +17,7 @@
 // One row (drafting): per group of rows the kernel sums x[k] * u straight from the nibbles
 // into float32 registers and then adds
 //   scale * (acc - 8 * xsum) + offset * xsum,   xsum = sum of x[k] over the group,
+// (scale * acc + minimum * xsum with a minimum; float16 scales are widened with F16C)
 // to the output: no float weight is written anywhere. Two rows or more (verify blocks): each
 // chunk of 32 rows of a tile is dequantized once (scale * u + offset - 8 * scale) into a 8 KB
 // buffer that stays in L1, and a register-blocked float kernel runs over it for every block of
@@ -97,6 +100,25 @@ float F16ToF32(uint16_t h) {
   return f;
 }
 
+#if JAXSPEC_X86 && (defined(__GNUC__) || defined(__clang__))
+bool HasF16c() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+}
+const bool g_f16c = HasF16c();
+
+// Converts the first multiple-of-8 values with the F16C instruction (exact, as F16ToF32);
+// returns how many it converted.
+__attribute__((target("f16c,avx"))) int F16RowF16c(const uint16_t* p, int count, float* dst) {
+  int c = 0;
+  for (; c + 8 <= count; c += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c));
+    _mm256_storeu_ps(dst + c, _mm256_cvtph_ps(h));
+  }
+  return c;
+}
+#endif
+
 // Reads `count` values of a [G, M] scale/offset row (dtype BF16, F16 or F32) as float32,
 // zero-filling up to kTile.
 void LoadRow(const void* base, ffi::DataType dtype, int64_t index, int count, float* dst) {
@@ -111,7 +133,11 @@ void LoadRow(const void* base, ffi::DataType dtype, int64_t index, int count, fl
     }
     default: {  // F16 (checked by the handler)
       const uint16_t* p = static_cast<const uint16_t*>(base) + index;
-      for (int c = 0; c < count; ++c) dst[c] = F16ToF32(p[c]);
+      int c = 0;
+#if JAXSPEC_X86 && (defined(__GNUC__) || defined(__clang__))
+      if (g_f16c) c = F16RowF16c(p, count, dst);
+#endif
+      for (; c < count; ++c) dst[c] = F16ToF32(p[c]);
       break;
     }
   }
@@ -128,6 +154,7 @@ struct Problem {
   ffi::DataType scale_type, offset_type;
   float* out;          // [N, M]
   int64_t N, K, M, G, group, T;
+  float shift;         // 8 (W = scale * q + offset, q = u - 8); 0 (W = scale * u + minimum)
   std::vector<float> xsum;  // [N, G]: sum of x over each group
 };
 
@@ -152,7 +179,7 @@ void GroupScalar(const Problem& p, const uint8_t* wt, int64_t k0, int64_t k1, in
     }
     const float xs = p.xsum[n * p.G + g];
     float* o = out_tile + n * kTile;
-    for (int c = 0; c < kTile; ++c) o[c] += sc[c] * (acc[c] - 8.0f * xs) + of[c] * xs;
+    for (int c = 0; c < kTile; ++c) o[c] += sc[c] * (acc[c] - p.shift * xs) + of[c] * xs;
   }
 }
 
@@ -185,7 +212,7 @@ JAXSPEC_AVX2 void BlockAvx2(const Problem& p, const uint8_t* wt, int64_t k0, int
   }
   for (int r = 0; r < R; ++r) {
     const __m256 xs = _mm256_set1_ps(p.xsum[(n0 + r) * p.G + g]);
-    const __m256 xs8 = _mm256_mul_ps(xs, _mm256_set1_ps(8.0f));
+    const __m256 xs8 = _mm256_mul_ps(xs, _mm256_set1_ps(p.shift));
     float* o = out_tile + (n0 + r) * kTile;
     for (int c = 0; c < C; ++c) {
       const int col = 8 * (c0 + c);
@@ -239,8 +266,8 @@ constexpr int64_t kChunk = 32;
 JAXSPEC_AVX2 void GroupBufferedAvx2(const Problem& p, const uint8_t* wt, int64_t k0, int64_t k1,
                                     const float* sc, const float* of, float* out_tile) {
   alignas(32) float buf[kChunk * kTile];
-  alignas(32) float bias[kTile];  // offset - 8 * scale: u = q + 8
-  for (int c = 0; c < kTile; ++c) bias[c] = of[c] - 8.0f * sc[c];
+  alignas(32) float bias[kTile];  // offset - 8 * scale (u = q + 8), or the minimum
+  for (int c = 0; c < kTile; ++c) bias[c] = of[c] - p.shift * sc[c];
   __m256 s[8];
   for (int i = 0; i < 8; ++i) s[i] = _mm256_load_ps(sc + 8 * i);
   const __m256i mask = _mm256_set1_epi32(15);
@@ -361,6 +388,8 @@ ffi::Error Int4MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
     return ffi::Error::InvalidArgument("int4: prepared weight must be [ceil(M/64), K, 32]");
   if (sd.size() != 2 || sd[0] != G || sd[1] != M || !IsScaleType(scale.element_type()))
     return ffi::Error::InvalidArgument("int4: scale must be [G, M] of bf16, f16 or f32");
+  if (has_offset < 0 || has_offset > 2)
+    return ffi::Error::InvalidArgument("int4: has_offset is 0 (none), 1 (offset), 2 (minimum)");
   if (has_offset &&
       (od.size() != 2 || od[0] != G || od[1] != M || !IsScaleType(offset.element_type())))
     return ffi::Error::InvalidArgument("int4: offset must be [G, M] of bf16, f16 or f32");
@@ -378,6 +407,7 @@ ffi::Error Int4MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   p.offset_type = offset.element_type();
   p.out = out->typed_data();
   p.N = N, p.K = K, p.M = M, p.G = G, p.group = group, p.T = T;
+  p.shift = has_offset == 2 ? 0.0f : 8.0f;
   p.xsum.assign(N * G, 0.0f);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) p.xsum[n * G + k / group] += p.x[n * K + k];
