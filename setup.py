@@ -1,9 +1,12 @@
-"""Builds the optional int4 matmul kernel (jaxspec/csrc/int4_matmul.cc -> jaxspec/_int4*.so).
+"""Builds the optional CPU kernels (jaxspec/csrc/*.cc -> one library, jaxspec/_int4*.so): the
+int4 matmul (jaxspec.int4kernel) and the batch-invariant float matmul and attention
+(jaxspec.floatkernel).
 
 Everything else about the package is in pyproject.toml. The kernel is an XLA FFI handler loaded
 with ctypes by jaxspec/int4kernel.py, compiled against the FFI headers that jaxlib ships
 (jax.ffi.include_dir()). It is optional: without a C++ compiler (or jaxlib headers) the install
-still succeeds, with a warning, and jaxspec.int4kernel.available() is False (XLA dequant path).
+still succeeds, with a warning, and jaxspec.int4kernel.available() / floatkernel.available() are
+False (XLA's own ops; `jaxspec doctor` says which path each format takes).
 The AVX2 code is chosen at run time (function target attributes), so the generic flags below
 build a library that loads on any x86-64 CPU.
 """
@@ -51,8 +54,8 @@ class OptionalBuildExt(build_ext):
     @staticmethod
     def _skip(why) -> None:
         print(
-            f"WARNING: jaxspec int4 kernel not built ({why}); "
-            "jaxspec falls back to XLA's int4 dequant path",
+            f"WARNING: jaxspec CPU kernels not built ({why}); "
+            "jaxspec falls back to XLA's ops (int4 dequant, float dots: not batch-invariant)",
             file=sys.stderr,
         )
 
