@@ -45,12 +45,12 @@ READY = re.compile(r"jaxspec OpenAI endpoint serving \S+ on (http://\S+/v1)")
 WAIT_S = 120.0  # first compiles on a loaded 2-core machine (tests/grpc_helpers.py)
 
 
-class EdgeServer:
-    """`python -m edge serve` in a subprocess; `url` once its ready line appeared."""
+class HttpServer:
+    """`python -m <module> serve ARGS` in a subprocess; `url` once its ready line appeared."""
 
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+    def __init__(self, module: str, args: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "edge", "serve", *args],
+            [sys.executable, "-m", module, "serve", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -87,7 +87,8 @@ class EdgeServer:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """(verifier address, endpoint base URL): one verifier and one edge server."""
+    """(verifier address, endpoint base URL, env, chat template): one verifier and one edge
+    server."""
     root = tmp_path_factory.mktemp("openai")
     env = server_env(root / "jax-cache")
     template = root / "chat.jinja"
@@ -97,7 +98,8 @@ def stack(tmp_path_factory):
     server = None
     try:
         verifier.start().wait_ready(180)
-        server = EdgeServer(
+        server = HttpServer(
+            "edge",
             [
                 "--verifier", verifier.address, "--port", "0", "--api-key", KEY,
                 "--served-model-name", MODEL, "--chat-template", str(template),
@@ -105,7 +107,7 @@ def stack(tmp_path_factory):
             ],
             dict(os.environ, **env),
         )  # fmt: skip
-        yield verifier.address, server.wait(180)
+        yield verifier.address, server.wait(180), dict(os.environ, **env), template
     finally:
         if server is not None:
             server.stop()
@@ -225,7 +227,7 @@ def test_concurrent_requests(client):
 def test_disconnect_mid_stream_closes_the_session(stack):
     """A client that goes away after the first chunk: its session is closed on the verifier
     (no session left, far fewer tokens committed than the 40 it asked for)."""
-    address, url = stack
+    address, url = stack[:2]
     before = _stats(address)["tokens_committed"]
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 40, "seed": 1, "stream": True}
     conn = _post(url, "/completions", json.dumps(body).encode())
@@ -301,3 +303,20 @@ def test_status_mapping_and_parsing():
     s = TextStream(lambda ids: "".join(pieces[i] for i in ids), ["STOP"])
     s.feed([3, 5])
     assert s.take() == "STOzz" and not s.stopped
+
+
+def test_colocated_jaxspec_serve_gives_the_same_text(stack, client):
+    """`jaxspec serve` (target and draft in one process, no verifier service): the same app,
+    the same tokens as the edge endpoint in front of the verifier."""
+    env, template = stack[2], stack[3]
+    flags = ["--port", "0", "--max-len", "128", "--max-sessions", "8", "--max-gamma", "4"]
+    server = HttpServer("jaxspec_apps.cli", [*flags, "--chat-template", str(template)], env)
+    try:
+        local = openai.OpenAI(base_url=server.wait(180), api_key="-", max_retries=0, timeout=WAIT_S)
+        for fields in ({"temperature": 0}, {"seed": 7}):
+            want = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, **fields)
+            got = local.completions.create(model="default", prompt=PROMPT, max_tokens=12, **fields)
+            assert got.choices[0].text == want.choices[0].text
+            assert got.usage.model_extra["jaxspec"] == want.usage.model_extra["jaxspec"]
+    finally:
+        server.stop()
