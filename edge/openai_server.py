@@ -243,6 +243,15 @@ def _failure(e: BaseException) -> ApiError:
     return ApiError(f"{type(e).__name__}: {e}", status=500, type="server_error")
 
 
+def _explained(e: ApiError, req: ApiRequest, config: SessionConfig) -> ApiError:
+    """`e`, saying where max_tokens came from when the request gave none and the verifier
+    found the answer too long for it."""
+    if e.status == 400 and req.max_tokens is None and "max_new_tokens" in str(e):
+        why = f"{e} (the request gave no max_tokens: {config.max_new_tokens} was used; give one)"
+        return ApiError(why, status=400, type=e.type, param="max_tokens", code=e.code)
+    return e
+
+
 async def _stream(gen: Generation, req: ApiRequest, rid: str, model: str) -> AsyncIterator[str]:
     """The SSE `data:` payloads of a streamed answer, `[DONE]` last; an error mid-stream is
     sent as an `{"error": ...}` payload. A cancellation (the client went away) closes the
@@ -292,6 +301,9 @@ async def _complete(backend: Backend, request: Request, kind: str, api_key: str 
             stream = _stream(gen, req, rid, backend.model_id)
             return EventSourceResponse(stream, sep="\n", ping=15)
         text = await _until_disconnect(request, _whole(gen))
+    except Exception as e:
+        gen.close()
+        return _error(_explained(_failure(e), req, gen.config))
     except BaseException:
         gen.close()
         raise
