@@ -25,6 +25,7 @@ from jaxspec.sampling import (
 )
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
+MAX_TOKENS = (1 << 31) - 1  # what the wire carries; a verifier's --max-len refuses far less
 ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's newer name of system
 COMMON = (
     "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
@@ -216,6 +217,9 @@ def _stop(value: Any) -> tuple[str, ...]:
 def _max_tokens(body: Mapping[str, Any]) -> int | None:
     a = _integer(body, "max_tokens", 1)
     b = _integer(body, "max_completion_tokens", 1)
+    for field, v in (("max_tokens", a), ("max_completion_tokens", b)):
+        if v is not None and v > MAX_TOKENS:
+            raise _bad(field, f"must be <= {MAX_TOKENS}, got {v}")
     if a is not None and b is not None and a != b:
         raise _bad("max_completion_tokens", f"differs from max_tokens ({b} != {a}); give one")
     return b if b is not None else a
@@ -267,7 +271,7 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
         out[tok] = float(bias)
     try:
         check_logit_bias(out)
-    except ValueError as e:
+    except (ValueError, OverflowError) as e:  # OverflowError: an id past int32
         raise _bad("logit_bias", str(e)) from None
     return tuple(sorted(out.items()))
 

@@ -188,7 +188,8 @@ async def _until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
 
 
 def _prompt_ids(backend: Backend, req: ApiRequest) -> tuple[int, ...]:
-    """The request's prompt as token ids (chat: through the model's chat template)."""
+    """The request's prompt as token ids (chat: through the model's chat template); token ids
+    it names (prompt, logit_bias) checked against the vocabulary."""
     model = backend.text_model
     if req.kind == "chat":
         try:
@@ -197,8 +198,10 @@ def _prompt_ids(backend: Backend, req: ApiRequest) -> tuple[int, ...]:
             raise ApiError(f"{e} (start the server with --chat-template FILE)") from None
         except Exception as e:  # the template's own error (jinja), e.g. a role it refuses
             raise ApiError(f"messages: the chat template refused them: {e}") from None
+    vocab = model.config.vocab_size
+    if any(t >= vocab for t, _ in req.sampling.get("logit_bias", ())):
+        raise ApiError(f"logit_bias: token ids must be in [0, {vocab})", param="logit_bias")
     if isinstance(req.prompt, tuple):
-        vocab = model.config.vocab_size
         if any(t >= vocab for t in req.prompt):
             raise ApiError(f"prompt: token ids must be in [0, {vocab})", param="prompt")
         return req.prompt

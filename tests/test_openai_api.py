@@ -26,11 +26,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
+import uvicorn
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import edge.__main__ as edge_main
+import jaxspec
 from edge.client import GrpcEndpoint
-from edge.openai_api import ApiError, TextStream, parse_request, status_of
-from jaxspec.protocol import ResourceExhausted, Unauthenticated, Unavailable
+from edge.openai_api import FIELDS, NEUTRAL, ApiError, TextStream, parse_request, status_of
+from edge.openai_server import Backend, create_app
+from jaxspec.protocol import DraftSpec, ResourceExhausted, Unauthenticated, Unavailable
 from tests.grpc_helpers import server_env
 from verify.process import VerifierProcess
 
@@ -256,6 +261,10 @@ def test_disconnect_mid_stream_closes_the_session(stack):
         ({"logit_bias": {"x": 1}}, "logit_bias"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"messages": [{"role": "user", "content": "hi"}]}, "messages"),
+        ({"max_tokens": 1 << 40}, "max_tokens"),
+        ({"logit_bias": {str(1 << 40): 1}}, "logit_bias"),
+        ({"prompt": [1 << 40]}, "prompt"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ],
 )
 def test_bad_fields_are_refused(client, fields, named):
@@ -320,3 +329,78 @@ def test_colocated_jaxspec_serve_gives_the_same_text(stack, client):
             assert got.usage.model_extra["jaxspec"] == want.usage.model_extra["jaxspec"]
     finally:
         server.stop()
+
+
+class _Refusing:
+    """A `VerifierEndpoint` whose every open fails with `error` (set by the test)."""
+
+    error: Exception = Unavailable("no verifier")
+
+    async def open_session(self, config):
+        raise self.error
+
+    async def verify(self, block):
+        raise AssertionError("no session was opened")
+
+    async def close_session(self, session_id):
+        pass
+
+
+def test_verifier_statuses_become_http_statuses():
+    """The verifier's refusals as the client sees them: RESOURCE_EXHAUSTED 429 (with
+    Retry-After), UNAVAILABLE 503, UNAUTHENTICATED 401 (the app in this process, over a
+    verifier that refuses every session)."""
+    verifier = _Refusing()
+    backend = Backend(endpoint=verifier, drafter=None, text_model=jaxspec.load("default"),
+                      model_id=MODEL, draft=DraftSpec(gamma=0))  # fmt: skip
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(backend), host="127.0.0.1", port=0, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}/v1"
+        c = openai.OpenAI(base_url=url, api_key="-", max_retries=0)
+        for error, status in (
+            (ResourceExhausted("all 8 session slots are in use"), 429),
+            (Unavailable("connection refused"), 503),
+            (Unauthenticated("bad token"), 401),
+        ):
+            verifier.error = error
+            with pytest.raises(openai.APIStatusError) as e:
+                c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, stream=True)
+            assert e.value.status_code == status and str(error) in e.value.message
+        verifier.error = ResourceExhausted("full")
+        r = _post(url, "/completions", json.dumps({"prompt": PROMPT}).encode()).getresponse()
+        assert r.status == 429 and r.getheader("Retry-After") == "1"
+        assert json.loads(r.read())["error"]["code"] == "resource_exhausted"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_fields = st.sampled_from([*FIELDS["chat"], "prompt", *NEUTRAL, "foo"])
+
+
+@given(
+    kind=st.sampled_from(["chat", "completion"]), body=st.dictionaries(_fields, _json, max_size=6)
+)
+@settings(max_examples=300)
+def test_any_body_is_a_request_or_a_400(kind, body):
+    """Whatever JSON a client sends, the parser answers an ApiRequest or a 400 ApiError,
+    never another exception (which would be a 500)."""
+    try:
+        parse_request(kind, body)
+    except ApiError as e:
+        assert e.status == 400 and str(e)
