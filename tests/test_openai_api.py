@@ -17,6 +17,8 @@ import http.client
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -92,8 +94,8 @@ class HttpServer:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """(verifier address, endpoint base URL, env, chat template): one verifier and one edge
-    server."""
+    """(verifier address, endpoint base URL, env, chat template, verifier pid): one verifier
+    and one edge server."""
     root = tmp_path_factory.mktemp("openai")
     env = server_env(root / "jax-cache")
     template = root / "chat.jinja"
@@ -112,7 +114,7 @@ def stack(tmp_path_factory):
             ],
             dict(os.environ, **env),
         )  # fmt: skip
-        yield verifier.address, server.wait(180), dict(os.environ, **env), template
+        yield verifier.address, server.wait(180), dict(os.environ, **env), template, verifier.pid
     finally:
         if server is not None:
             server.stop()
@@ -130,6 +132,14 @@ def _stats(address: str) -> dict:
             return await ep.stats()
 
     return asyncio.run(ask())
+
+
+async def _until_committed(address: str, before: int) -> None:
+    """Poll the verifier's Stats over one channel until tokens past `before` are committed."""
+    async with GrpcEndpoint(address, timeout_s=30) as ep:
+        deadline = time.monotonic() + WAIT_S
+        while (await ep.stats())["tokens_committed"] <= before and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
 
 
 def _post(url: str, path: str, body: bytes, key: str | None = KEY) -> http.client.HTTPConnection:
@@ -229,26 +239,37 @@ def test_concurrent_requests(client):
     assert len(set(together)) > 1  # different seeds, different texts
 
 
-def test_disconnect_mid_stream_closes_the_session(stack):
-    """A client that goes away after the first chunk: its session is closed on the verifier
-    (no session left, far fewer tokens committed than the 40 it asked for)."""
-    address, url = stack[:2]
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_goes_away_ends_its_session(stack, stream):
+    """A client that disconnects mid-answer (streamed: after its first chunk; whole: while it
+    waits, tokens committed already) ends its session: the verifier holds no session after,
+    having committed fewer tokens than the 40 asked for. The verifier is paused (SIGSTOP)
+    from the first committed tokens until the client has gone, so the answer cannot finish
+    first."""
+    address, url, pid = stack[0], stack[1], stack[4]
     before = _stats(address)["tokens_committed"]
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 40, "seed": 1, "stream": True}
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 40, "seed": 1, "stream": stream}
     conn = _post(url, "/completions", json.dumps(body).encode())
-    r = conn.getresponse()
-    assert r.status == 200
-    first = next(line for line in r if line.startswith(b"data: "))
-    assert json.loads(first[6:])["choices"][0]["text"]
-    assert _stats(address)["sessions"] == 1
-    conn.sock.shutdown(2)  # the client goes away mid-stream
-    conn.close()
+    try:
+        if stream:
+            r = conn.getresponse()  # answered once the first tokens are committed
+            os.kill(pid, signal.SIGSTOP)
+            assert r.status == 200
+            first = next(line for line in r if line.startswith(b"data: "))
+            assert json.loads(first[6:])["choices"][0]["text"]
+        else:
+            asyncio.run(_until_committed(address, before))
+            os.kill(pid, signal.SIGSTOP)
+        conn.sock.shutdown(socket.SHUT_RDWR)  # the client goes away
+        conn.close()
+        time.sleep(1.0)  # the endpoint notices and cancels the session
+    finally:
+        os.kill(pid, signal.SIGCONT)
     deadline = time.monotonic() + WAIT_S
     while (stats := _stats(address))["sessions"] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert stats["sessions"] == 0
-    time.sleep(0.5)
-    assert _stats(address)["tokens_committed"] - before < 40
+    assert 0 < stats["tokens_committed"] - before < 40
 
 
 @pytest.mark.parametrize(
