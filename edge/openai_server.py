@@ -192,10 +192,14 @@ def _prompt_ids(backend: Backend, req: ApiRequest) -> tuple[int, ...]:
     it names (prompt, logit_bias) checked against the vocabulary."""
     model = backend.text_model
     if req.kind == "chat":
+        if model.tokenizer is None or not getattr(model.tokenizer, "chat_template", None):
+            raise ApiError(
+                f"{model.name or 'this model'} has no chat template: use /v1/completions, or "
+                "start the server with --chat-template FILE",
+                param="messages",
+            )
         try:
             return chat_prompt(model, list(req.messages))
-        except ValueError as e:
-            raise ApiError(f"{e} (start the server with --chat-template FILE)") from None
         except Exception as e:  # the template's own error (jinja), e.g. a role it refuses
             raise ApiError(f"messages: the chat template refused them: {e}") from None
     vocab = model.config.vocab_size

@@ -395,6 +395,8 @@ def test_verifier_statuses_become_http_statuses():
             with pytest.raises(openai.APIStatusError) as e:
                 c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, stream=True)
             assert e.value.status_code == status and str(error) in e.value.message
+        with pytest.raises(openai.BadRequestError, match="no chat template"):
+            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
         verifier.error = ResourceExhausted("full")
         r = _post(url, "/completions", json.dumps({"prompt": PROMPT}).encode()).getresponse()
         assert r.status == 429 and r.getheader("Retry-After") == "1"
