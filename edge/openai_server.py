@@ -28,6 +28,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
@@ -77,6 +78,7 @@ class Backend:
 
     @property
     def stop_ids(self) -> frozenset[int]:
+        """The end tokens that finish an answer as "stop" (the model's EOS ids)."""
         return frozenset(self.text_model.config.eos_token_ids)
 
 
@@ -149,9 +151,11 @@ class Generation:
             self.task.add_done_callback(_BACKGROUND.discard)
 
     def finish(self) -> str:
+        """The answer's `finish_reason`, once it ended ("stop" or "length")."""
         return finish_reason(self.text, self.config.max_new_tokens, self.backend.stop_ids)
 
     def usage(self) -> dict[str, Any]:
+        """The answer's `usage`, with the acceptance figures (`usage.jaxspec`)."""
         trace = self.session.trace
         return usage(
             len(self.config.prompt),
@@ -286,7 +290,7 @@ async def _whole(gen: Generation) -> str:
     return "".join([piece async for piece in gen.pieces()])
 
 
-async def _complete(backend: Backend, request: Request, kind: str, api_key: str | None):
+async def _complete(backend: Backend, request: Request, kind: str, api_key: str | None) -> Response:
     """One request: check it, open its session, then stream or wait for the whole answer."""
     _check_key(request, api_key)
     req = parse_request(kind, await _body(request))
@@ -386,8 +390,6 @@ def ready_line(model_id: str, host: str, port: int) -> str:
 async def serve_app(app: FastAPI, host: str, port: int, model_id: str) -> None:
     """Run `app` under uvicorn in this event loop until SIGINT/SIGTERM; print `ready_line`
     (with the port bound: `port` 0 picks a free one) once it listens."""
-    import uvicorn
-
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
 
     async def announce() -> None:
