@@ -1,4 +1,5 @@
-"""`python -m edge generate`: draft on this device, verify on a remote verifier.
+"""`python -m edge generate`: draft on this device, verify on a remote verifier;
+`python -m edge serve`: the same as an OpenAI-compatible HTTP endpoint (edge.openai_server).
 
     python -m verify serve --port 50051 &
     python -m edge generate --verifier localhost:50051 --prompt "def fib(n):"
@@ -29,9 +30,18 @@ from collections.abc import Sequence
 
 from edge.adaptive import AdaptiveGamma
 from edge.client import GrpcEndpoint, channel_target, check_verifier, retry_notice
-from edge.drafter import load_drafter
+from edge.drafter import Drafter, load_drafter
+from edge.openai_server import (
+    Backend,
+    add_serve_flags,
+    check_serve_args,
+    create_app,
+    serve_app,
+    with_chat_template,
+)
 from edge.session import SessionTrace, run_session
 from jaxspec.checkpoint import generation_defaults, load, load_tokenizer
+from jaxspec.model import Model
 from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
 from jaxspec.text import decode_text
 from jaxspec_host.flags import (
@@ -52,14 +62,8 @@ from jaxspec_host.flags import (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m edge", description="the jaxspec edge client", formatter_class=HelpFormatter
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-    g = sub.add_parser(
-        "generate", help="generate against a verifier service", formatter_class=HelpFormatter
-    )
+def _add_client_flags(g: argparse.ArgumentParser) -> None:
+    """The flags `generate` and `serve` share: the verifier, the draft, TLS and the token."""
     g.add_argument(
         "--verifier",
         required=True,
@@ -68,7 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
         "round_robin over the replicas that are SERVING, a session moving on when its "
         "replica dies or drains",
     )
-    add_prompt_flags(g)
     g.add_argument("--draft", default="default-draft", help="draft checkpoint or built-in name")
     g.add_argument(
         "--checkpoint",
@@ -85,9 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--token", default=None, help="tenant bearer token (or $JAXSPEC_TOKEN)")
     g.add_argument("--tls-ca", default=None, help="PEM CA to trust: enables TLS")
     g.add_argument("--tls", action="store_true", help="TLS with the system's CAs")
-    add_max_new_tokens(g, 64)
-    add_sampling_flags(g, from_model=True)
-    add_penalty_flags(g)
+
+
+def _add_session_flags(g: argparse.ArgumentParser) -> None:
+    """The draft, pipeline and retry flags of a session (`generate` and `serve`)."""
     add_draft_flags(g, mode="pipelined", q_dtype="float32", auto_gamma=True)
     add_cache_flag(g)
     g.add_argument("--depth", type=int, default=2, help="blocks in flight when pipelined")
@@ -101,6 +105,30 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--timeout-s", type=float, default=30.0, help="deadline of each call to the verifier"
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m edge", description="the jaxspec edge client", formatter_class=HelpFormatter
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser(
+        "generate", help="generate against a verifier service", formatter_class=HelpFormatter
+    )
+    _add_client_flags(g)
+    add_prompt_flags(g)
+    add_max_new_tokens(g, 64)
+    add_sampling_flags(g, from_model=True)
+    add_penalty_flags(g)
+    _add_session_flags(g)
+    s = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP endpoint drafting here, verifying on the verifier",
+        formatter_class=HelpFormatter,
+    )
+    _add_client_flags(s)
+    add_serve_flags(s)
+    _add_session_flags(s)
     return p
 
 
@@ -115,13 +143,54 @@ def _check(args: argparse.Namespace) -> DraftSpec:
     return spec
 
 
+def _load_models(args: argparse.Namespace, spec: DraftSpec) -> tuple[Drafter | None, Model]:
+    """The drafter (None with --gamma 0) and the model whose tokenizer encodes prompts and
+    decodes answers: the draft's, or --checkpoint's tokenizer (the verifier's target)."""
+    if spec.speculative:
+        drafter = load_drafter(args.draft, args.quantize, spec)
+        text_model = drafter.model
+    else:  # --gamma 0, speculation off: nothing drafts; the draft's tokenizer only
+        drafter, text_model = None, load(args.draft)
+    if args.checkpoint is not None and args.checkpoint != args.draft:
+        tok = load_tokenizer(args.checkpoint)
+        text_model = dataclasses.replace(text_model, tokenizer=tok, name=args.checkpoint)
+    return drafter, text_model
+
+
+async def _serve(args: argparse.Namespace, spec: DraftSpec) -> int:
+    """`python -m edge serve`: the OpenAI-compatible endpoint, every request a session on
+    the verifier (edge.openai_server)."""
+    token = args.token or os.environ.get("JAXSPEC_TOKEN")
+    async with GrpcEndpoint(
+        args.verifier, token=token, tls=args.tls, tls_ca=args.tls_ca, timeout_s=args.timeout_s
+    ) as ep:
+        await check_verifier(ep, retry_s=args.resume_timeout_s, on_retry=lambda t: _say(t, "serve"))
+        drafter, text_model = _load_models(args, spec)
+        name = args.checkpoint or args.draft
+        backend = Backend(
+            endpoint=ep,
+            drafter=drafter,
+            text_model=with_chat_template(text_model, args.chat_template_text),
+            model_id=args.served_model_name or name,
+            draft=spec,
+            mode=args.mode,
+            depth=args.depth,
+            max_tokens=args.max_new_tokens,
+            chat_defaults=generation_defaults(name),
+            resume_timeout_s=args.resume_timeout_s,
+        )
+        app = create_app(backend, api_key=args.api_key)
+        await serve_app(app, args.host, args.port, backend.model_id)
+    return 0
+
+
 def _lengths(chosen: list[int]) -> str:
     """`4x3, 8x12`: how many blocks of each length an adaptive session sent."""
     return ", ".join(f"{g}x{chosen.count(g)}" for g in sorted(set(chosen)))
 
 
-def _say(text: str) -> None:
-    print(f"python -m edge generate: {text}", file=sys.stderr, flush=True)
+def _say(text: str, command: str = "generate") -> None:
+    print(f"python -m edge {command}: {text}", file=sys.stderr, flush=True)
 
 
 async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
@@ -132,14 +201,7 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
     ) as ep:
         # The verifier first (seconds), then the draft model (tens of seconds).
         await check_verifier(ep, retry_s=args.resume_timeout_s, on_retry=_say)
-        if spec.speculative:
-            drafter = load_drafter(args.draft, args.quantize, spec)
-            text_model = drafter.model
-        else:  # --gamma 0, speculation off: nothing drafts; the draft's tokenizer only
-            drafter, text_model = None, load(args.draft)
-        if args.checkpoint is not None and args.checkpoint != args.draft:
-            tok = load_tokenizer(args.checkpoint)
-            text_model = dataclasses.replace(text_model, tokenizer=tok, name=args.checkpoint)
+        drafter, text_model = _load_models(args, spec)
         prompt, echo = prompt_from_args(text_model, args)
         if args.chat is not None:  # the target's recommended sampling, where no flag says
             said = sampling_from_model(args, generation_defaults(args.checkpoint or args.draft))
@@ -209,19 +271,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         spec = _check(args)
-    except ValueError as e:  # a bad flag is a usage error (exit 2), not the verifier's refusal
+        if args.command == "serve":
+            check_serve_args(args)
+    except (ValueError, OSError) as e:  # a bad flag is a usage error (exit 2)
         parser.error(str(e))
     use_compilation_cache(args)  # the draft's compiled steps, for the next run
+    run = _serve if args.command == "serve" else _generate
     try:
-        return asyncio.run(_generate(args, spec))
+        return asyncio.run(run(args, spec))
     except VerifierError as e:
         hint = ""
         if e.code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
             hint = " (give a tenant's token with --token or $JAXSPEC_TOKEN)"
-        print(f"python -m edge generate: {e.code}: {e}{hint}", file=sys.stderr)
+        print(f"python -m edge {args.command}: {e.code}: {e}{hint}", file=sys.stderr)
         return 1
     except (ValueError, OSError) as e:
-        print(f"python -m edge generate: error: {e}", file=sys.stderr)
+        print(f"python -m edge {args.command}: error: {e}", file=sys.stderr)
         return 2
 
 

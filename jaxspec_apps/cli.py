@@ -7,6 +7,9 @@ Subcommands:
   init-random   write a random-weight tiny checkpoint (to try the tools without training)
   doctor        what this install runs on: JAX's backend, each weight format's path, models
   demo          a live terminal view of edge tenants drafting against a verifier service
+  serve         an OpenAI-compatible HTTP endpoint (/v1/chat/completions, /v1/completions)
+                with the target and the draft in this process (`python -m edge serve`
+                is the same endpoint in front of a verifier service)
   bench         run the benchmark suite; writes BENCHMARKS.md, bench/results.json, plots
                 (into a new temporary directory unless --out says where)
 
@@ -33,7 +36,7 @@ import jaxspec
 from jaxspec import analytic, floatkernel, int4kernel
 from jaxspec.testing import write_random_checkpoint
 from jaxspec.text import decode_text
-from jaxspec_apps import bench, demo
+from jaxspec_apps import bench, demo, serve
 from jaxspec_host import hub
 from jaxspec_host.flags import (
     HelpFormatter,
@@ -267,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module, help_ in (
         ("demo", demo, "live TUI of edge tenants drafting against a verifier"),
         ("bench", bench, "run the benchmark suite and write the report"),
+        ("serve", serve, "an OpenAI-compatible HTTP endpoint, target and draft in this process"),
     ):
         sp = sub.add_parser(name, help=help_, formatter_class=HelpFormatter)
         sp.set_defaults(func=module.main)

@@ -235,6 +235,7 @@ TOOL_SECTIONS = {
     "adaptive": "tools/bench_adaptive.py",
     "fleet": "tools/bench_fleet.py",
     "quant": "tools/quant_table.py",
+    "openai": "tools/bench_openai.py",
 }
 
 

@@ -1,0 +1,87 @@
+"""`jaxspec serve`: the OpenAI-compatible endpoint with the target and the draft in this one
+process (co-located; no verifier service).
+
+    jaxspec serve --checkpoint smollm2 --draft smollm2-w4a16 --port 8000
+
+The same app as `python -m edge serve` (edge.openai_server), whose backend is an in-process
+`LocalVerifier` instead of a gRPC channel: every request is its own session in the verifier's
+scheduler, batched with the others, and gives the tokens `python -m edge serve` gives against
+a verifier serving the same target with the same flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import jaxspec
+from edge.drafter import load_drafter
+from edge.openai_server import (
+    Backend,
+    add_serve_flags,
+    check_serve_args,
+    create_app,
+    serve_app,
+    with_chat_template,
+)
+from jaxspec_host.flags import add_cache_flag, add_draft_flags, check_args, use_compilation_cache
+from verify import LocalVerifier, SchedulerConfig
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The target, the draft, the verifier's sizes and the HTTP flags (`add_serve_flags`)."""
+    p.add_argument(
+        "--checkpoint",
+        default="default",
+        help="the target: HF checkpoint dir, .gguf file, or a name (default, smollm2)",
+    )
+    p.add_argument("--draft", default="default-draft", help="draft checkpoint or built-in name")
+    p.add_argument(
+        "--quantize",
+        default="w4a16",
+        choices=["w4a16", "w8a16", "none"],
+        help="the draft's weights (as `python -m edge serve` holds them)",
+    )
+    add_serve_flags(p)
+    add_draft_flags(p, mode="pipelined", q_dtype="float32", auto_gamma=True)
+    p.add_argument("--depth", type=int, default=2, help="blocks in flight when pipelined")
+    p.add_argument("--max-sessions", type=int, default=16, help="requests served at once")
+    p.add_argument(
+        "--max-len", type=int, default=512, help="positions per request (prompt + answer)"
+    )
+    add_cache_flag(p)
+
+
+async def _serve(args: argparse.Namespace, spec: jaxspec.DraftSpec) -> int:
+    target = jaxspec.load(args.checkpoint)
+    drafter = load_drafter(args.draft, args.quantize, spec) if spec.speculative else None
+    config = SchedulerConfig(
+        max_sessions=args.max_sessions, max_len=args.max_len, max_gamma=max(spec.gamma, 1)
+    )
+    verifier = LocalVerifier(target, config)
+    try:
+        backend = Backend(
+            endpoint=verifier,
+            drafter=drafter,
+            text_model=with_chat_template(target, args.chat_template_text),
+            model_id=args.served_model_name or args.checkpoint,
+            draft=spec,
+            mode=args.mode,
+            depth=args.depth,
+            max_tokens=args.max_new_tokens,
+            chat_defaults=jaxspec.generation_defaults(args.checkpoint),
+        )
+        await serve_app(create_app(backend, api_key=args.api_key), args.host, args.port,
+                        backend.model_id)  # fmt: skip
+    finally:
+        await verifier.aclose()
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    """Check every flag, load the pair, serve until SIGINT/SIGTERM."""
+    spec = check_args(args)
+    check_serve_args(args)
+    SchedulerConfig(max_sessions=args.max_sessions, max_len=args.max_len)  # ValueError early
+    use_compilation_cache(args)
+    return asyncio.run(_serve(args, spec))
