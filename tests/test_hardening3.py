@@ -7,6 +7,8 @@ tenants' load, penalties stay in their range (docs/service.md, "Lifecycle", "Bad
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import pathlib
 import select
 import socket
@@ -17,17 +19,25 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from edge.client import GrpcEndpoint
 from jaxspec import wire
 from jaxspec.model import Model, init_params
 from jaxspec.proto import verifier_pb2 as pb
+from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig, VerifyResult
+from jaxspec.sampling import SamplingParams, TokenCounts, check_penalties, sample, warp
 from jaxspec.testing import tiny_config
 from tests.h2_client import grpc_frame, verify_headers
 from verify import LocalVerifier, SchedulerConfig
@@ -247,3 +257,69 @@ def test_step_s_tells_a_tenant_nothing_of_its_neighbours(served):
     assert all(r.step_s == 0.0 for r in alone + beside), [r.step_s for r in alone + beside]
     admin = asyncio.run(plain_results(served.port, "ops", PLAIN))
     assert all(r.step_s > 0 for r in admin) and admin[-1].finished
+
+
+# ---- E: penalties in range, no NaN ---------------------------------------------------------------
+
+V, ROWS = 32, 4
+EXTREMES = [1e-45, 1e-40, 1.18e-38, 1e-20, 1e-3, 0.0099, 0.01, 0.5, 1.0, 2.0, 100.0, 100.5, 1e20]
+
+
+def accepted(r: float) -> bool:
+    try:
+        check_penalties(1, r)
+    except ValueError:
+        return False
+    return True
+
+
+@functools.cache
+def warp_and_sample():
+    return jax.jit(
+        lambda logits, params, counts, u: (w := warp(logits, params, counts), sample(w, u))
+    )
+
+
+@hypothesis.given(
+    r=st.lists(st.sampled_from(EXTREMES) | st.floats(1e-45, 1e38), min_size=ROWS, max_size=ROWS),
+    ef=st.lists(st.sampled_from([-2.0, 0.0, 2.0]) | st.floats(-2, 2), min_size=2 * ROWS,
+                max_size=2 * ROWS),
+    temperature=st.sampled_from([1e-3, 0.05, 0.7, 1.0, 100.0]),
+    filters=st.tuples(st.integers(0, V), st.floats(0.01, 1.0), st.floats(0.0, 1.0)),
+    seed=st.integers(0, 2**32 - 1),
+)  # fmt: skip
+@hypothesis.settings(max_examples=60)
+def test_no_accepted_penalty_makes_a_nan_reach_the_sampler(r, ef, temperature, filters, seed):
+    top_k, top_p, min_p = filters
+    r = [x if accepted(x) else 1.0 for x in r]  # a refused value never reaches a sampler
+    params = SamplingParams.make(
+        ROWS, temperature, top_k, top_p, min_p, None, V, r, ef[:ROWS], ef[ROWS:]
+    )
+    rng = np.random.default_rng(seed)
+    logits = rng.uniform(-1e4, 1e4, (ROWS, V)).astype(np.float32)
+    logits[:, :4] = [1e4, -1e4, 5.0, 0.0]  # the extremes a model could reach, seen tokens
+    counts = TokenCounts(
+        prompt=jnp.asarray(rng.random((ROWS, V)) < 0.5),
+        output=jnp.asarray(rng.integers(0, 64, (ROWS, V)), jnp.int32).at[:, :4].set(3),
+    )
+    u = jnp.asarray(rng.random(ROWS), jnp.float32)
+    probs, tokens = warp_and_sample()(jnp.asarray(logits), params, counts, u)
+    probs = np.asarray(probs)
+    assert np.isfinite(probs).all(), (r, probs)
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-4)
+    assert ((0 <= np.asarray(tokens)) & (np.asarray(tokens) < V)).all()
+
+
+def test_a_tiny_repetition_penalty_is_invalid_argument_on_the_wire(served):
+    stub = pb_grpc.VerifierStub(grpc.insecure_channel(f"127.0.0.1:{served.port}"))
+    md = (("authorization", f"Bearer {TOKENS['alice']}"),)
+    for r in (1e-40, 1e-45, 1.18e-38, 0.0099, 100.5):
+        req = wire.config_to_proto(dataclasses.replace(PLAIN, repetition_penalty=r))
+        with pytest.raises(grpc.RpcError) as e:
+            stub.OpenSession(req, metadata=md, timeout=60)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+        assert "repetition_penalty must be within [0.01, 100]" in e.value.details()
+    for r in (0.01, 100.0):  # the bounds are accepted
+        req = wire.config_to_proto(dataclasses.replace(PLAIN, repetition_penalty=r))
+        sid = stub.OpenSession(req, metadata=md, timeout=60).session_id
+        stub.CloseSession(pb.CloseSessionRequest(session_id=sid), metadata=md, timeout=60)
