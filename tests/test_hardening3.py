@@ -12,6 +12,7 @@ import functools
 import pathlib
 import select
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -24,6 +25,8 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import h2.exceptions
+import h2.settings
 import hypothesis
 import hypothesis.strategies as st
 import jax
@@ -39,9 +42,10 @@ from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig, VerifyResult
 from jaxspec.sampling import SamplingParams, TokenCounts, check_penalties, sample, warp
 from jaxspec.testing import tiny_config
+from tests import grpc_helpers as h
 from tests.h2_client import grpc_frame, verify_headers
 from verify import LocalVerifier, SchedulerConfig
-from verify.serve import Server, bind
+from verify.serve import ConnectionLimits, Server, bind
 from verify.tenants import Tenant, Tenants, token_sha256
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -120,9 +124,14 @@ OPEN = SessionConfig(prompt=(1, 2), max_new_tokens=4, draft=DraftSpec(gamma=0))
 class H2:
     """A raw HTTP/2 client connection to 127.0.0.1:`port` (the `h2` package)."""
 
-    def __init__(self, port: int, **settings: int):
+    def __init__(self, port: int, tls: bool = False):
         self.port = port
         self.sock = socket.create_connection(("127.0.0.1", port))
+        if tls:  # the test's own self-signed server: no verification
+            ctx = ssl.create_default_context()
+            ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+            ctx.set_alpn_protocols(["h2"])
+            self.sock = ctx.wrap_socket(self.sock, server_hostname="localhost")
         config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
         self.conn = h2.connection.H2Connection(config)
         self.conn.initiate_connection()
@@ -144,7 +153,11 @@ class H2:
             return False
         if not data:
             return False
-        for ev in self.conn.receive_data(data):
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError:  # frames after the server's GOAWAY: read on
+            return True
+        for ev in events:
             self.events.append(ev)
             if isinstance(ev, h2.events.DataReceived):
                 self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
@@ -323,3 +336,120 @@ def test_a_tiny_repetition_penalty_is_invalid_argument_on_the_wire(served):
         req = wire.config_to_proto(dataclasses.replace(PLAIN, repetition_penalty=r))
         sid = stub.OpenSession(req, metadata=md, timeout=60).session_id
         stub.CloseSession(pb.CloseSessionRequest(session_id=sid), metadata=md, timeout=60)
+
+
+# ---- B, C: idle connections closed, streams per connection bounded, silent streams ended ---------
+
+IDLE_S, AGE_S, GRACE_S, STREAMS, FIRST_S = 1.0, 4.0, 1.0, 4, 1.0
+SLACK_S = 15.0  # generous: the tests run under load; without the limits nothing is closed
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory) -> Iterator[Served]:
+    """A TLS server with small connection limits and first-message timeout."""
+    cert, key = h.self_signed(tmp_path_factory.mktemp("h3-tls"))
+    limits = ConnectionLimits(
+        max_connection_idle_s=IDLE_S, max_connection_age_s=AGE_S,
+        max_connection_age_grace_s=GRACE_S, max_concurrent_streams=STREAMS,
+    )  # fmt: skip
+    s = Served(
+        tiny_verifier(), tls=(key.read_bytes(), cert.read_bytes()), limits=limits,
+        first_message_timeout_s=FIRST_S,
+    )  # fmt: skip
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def closed_after(c: H2, wait_s: float) -> float | None:
+    """Seconds until the server closed the connection (None: not within `wait_s`)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < wait_s:
+        if not c.pump(0.1):
+            return time.monotonic() - t0
+    return None
+
+
+def test_an_idle_tls_connection_is_closed(limited):
+    # TLS and HTTP/2 set up, then nothing: before, kept for ever (1,010 such filled 1,024 fds)
+    c = H2(limited.port, tls=True)
+    try:
+        took = closed_after(c, IDLE_S + SLACK_S)
+        assert took is not None, "an idle connection was not closed"
+        assert any(isinstance(e, h2.events.ConnectionTerminated) for e in c.events)  # GOAWAY
+    finally:
+        c.close()
+
+
+def test_streams_beyond_the_limit_on_one_connection_are_refused(limited):
+    c = H2(limited.port, tls=True)
+    try:
+        ids = [c.open_stream(TOKENS["alice"]) for _ in range(3 * STREAMS)]  # before SETTINGS
+        c.flush()
+        deadline = time.monotonic() + FIRST_S + SLACK_S
+        while not all(c.answered(s) for s in ids) and time.monotonic() < deadline:
+            assert c.pump(0.1)
+        settings = [e for e in c.events if isinstance(e, h2.events.RemoteSettingsChanged)]
+        advertised = settings[0].changed_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS]
+        assert advertised.new_value == STREAMS
+        admitted = [s for s in ids if c.status(s) is not None]  # reached the handler
+        resets = [e for e in c.events if isinstance(e, h2.events.StreamReset)]
+        refused = [e.stream_id for e in resets if e.error_code != h2.errors.ErrorCodes.NO_ERROR]
+        assert len(admitted) <= STREAMS and len(refused) >= 2 * STREAMS, (admitted, refused)
+    finally:
+        c.close()
+
+
+def test_a_stream_that_sends_no_first_message_is_ended(limited):
+    # Before, a Verify stream without a first message had no session and no timeout: 2,000 of
+    # them on one connection stayed 150 s.
+    opener = pb.VerifyRequest(open=wire.config_to_proto(OPEN)).SerializeToString()
+    c = H2(limited.port, tls=True)
+    try:
+        silent = c.open_stream(TOKENS["alice"])
+        prompt = c.open_stream(TOKENS["alice"], opener)  # a first message at once: served
+        c.flush()
+        deadline = time.monotonic() + FIRST_S + SLACK_S
+        while c.status(silent) is None and time.monotonic() < deadline:
+            assert c.pump(0.1)
+        assert c.status(silent) == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
+        assert c.status(prompt) is None and c.answered(prompt)  # opened, still going
+        c.conn.reset_stream(prompt, h2.errors.ErrorCodes.CANCEL)
+        c.flush()
+    finally:
+        c.close()
+    assert wait_for(lambda: limited.live_sessions() == 0, SLACK_S)
+
+
+def test_an_old_connection_is_closed_after_its_grace_and_its_session_with_it(limited):
+    opener = pb.VerifyRequest(open=wire.config_to_proto(OPEN)).SerializeToString()
+    c = H2(limited.port, tls=True)
+    try:
+        sid = c.open_stream(TOKENS["alice"], opener)  # a live stream: never idle
+        c.flush()
+        took = closed_after(c, AGE_S + GRACE_S + SLACK_S)
+        assert took is not None and c.answered(sid), "an old connection was not closed"
+    finally:
+        c.close()
+    assert wait_for(lambda: limited.live_sessions() == 0, SLACK_S)
+
+
+def test_the_connection_flags_default_to_the_documented_limits():
+    from verify.__main__ import build_parser, connection_limits_from_args
+    from verify.servicer import FIRST_MESSAGE_TIMEOUT_S
+
+    parse = build_parser().parse_args
+    args = parse(["serve"])
+    assert connection_limits_from_args(args) == ConnectionLimits()
+    assert ConnectionLimits() == ConnectionLimits(60.0, 3600.0, 300.0, 100)  # docs/service.md
+    assert args.first_message_timeout_s == FIRST_MESSAGE_TIMEOUT_S == 30.0
+    args = parse(["serve", "--max-connection-idle-s", "5", "--max-concurrent-streams", "7"])
+    got = connection_limits_from_args(args)
+    assert (got.max_connection_idle_s, got.max_concurrent_streams) == (5.0, 7)
+    for flag, value in [
+        ("--max-connection-idle-s", "0"), ("--max-connection-age-s", "-1"),
+        ("--max-connection-age-grace-s", "-1"), ("--max-concurrent-streams", "0"),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"^{flag} must be"):
+            connection_limits_from_args(parse(["serve", flag, value]))

@@ -35,6 +35,7 @@ from jaxspec import wire
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import (
+    DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -57,6 +58,10 @@ MAX_UNANSWERED = 16
 # A stream whose next answer cannot be written (the client reads none) for this long is ended
 # RESOURCE_EXHAUSTED and its session closed (--write-timeout-s).
 WRITE_TIMEOUT_S = 30.0
+# A Verify stream whose first message (its `open`, or a block naming its session) has not
+# come this long is ended DEADLINE_EXCEEDED (--first-message-timeout-s): before it has one, a
+# stream has no session, so no idle eviction ends it (2,000 silent streams stayed 150 s).
+FIRST_MESSAGE_TIMEOUT_S = 30.0
 
 WARMING_UP = (
     "the verifier is warming up (loading the target, compiling its batch shapes): "
@@ -133,10 +138,14 @@ class VerifierService(pb_grpc.VerifierServicer):
         *,
         write_timeout_s: float = WRITE_TIMEOUT_S,
         max_unanswered: int = MAX_UNANSWERED,
+        first_message_timeout_s: float = FIRST_MESSAGE_TIMEOUT_S,
     ):
-        if not write_timeout_s > 0 or max_unanswered < 1:
-            raise ValueError("write_timeout_s must be > 0 and max_unanswered >= 1")
+        if not write_timeout_s > 0 or not first_message_timeout_s > 0 or max_unanswered < 1:
+            raise ValueError(
+                "write_timeout_s and first_message_timeout_s must be > 0, max_unanswered >= 1"
+            )
         self.write_timeout_s = write_timeout_s
+        self.first_message_timeout_s = first_message_timeout_s
         self.max_unanswered = max_unanswered
         self.verifier: LocalVerifier | None = None
         self.tenants = tenants
@@ -318,6 +327,7 @@ class VerifyStream:
         self.session_id: str | None = None  # once known
         self.opened = False  # the session was opened by this stream: it ends with it
         self.failed = False  # a block of this stream failed: no later one reaches the scheduler
+        self.taken_any = False  # a first message was read
         self.taken = 0  # blocks read and submitted
         self.answered = 0  # ... whose answers were written
         self.ended = False  # `_end` ran
@@ -353,9 +363,10 @@ class VerifyStream:
             while True:
                 await self.room.acquire()  # the permit of the block this message may be
                 try:
-                    msg = await anext(messages)
+                    msg = await (anext(messages) if self.taken_any else self._first(messages))
                 except StopAsyncIteration:
                     break
+                self.taken_any = True
                 await self._take(msg)
             self.items.put_nowait(None)
         except VerifierError as e:
@@ -367,6 +378,19 @@ class VerifyStream:
         except Exception:  # a bug of ours: end the stream with INTERNAL, not a hang
             log.exception("reading a Verify stream")
             self.items.put_nowait(VerifierError("internal error reading the stream"))
+
+    async def _first(self, messages: AsyncIterator[Any]) -> Any:
+        """The stream's first message, or `DeadlineExceeded` when none comes within the
+        first-message timeout (a stream without one has no session that could time out)."""
+        timeout = self.service.first_message_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                return await anext(messages)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"no first message within {timeout:g} s: a Verify stream opens or names its "
+                "session at once"
+            ) from None
 
     async def _take(self, msg: Any) -> None:
         """One message: an `open` or a block (anything else is INVALID_ARGUMENT)."""
