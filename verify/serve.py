@@ -290,8 +290,32 @@ class Server:
         if self.metrics is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.metrics.close)
         await self.grpc_server.stop(grace)
+        # streams' ends still closing their sessions (`VerifyStream._end`): let them finish
+        await asyncio.gather(*self.service.ending, return_exceptions=True)
         if self.service.verifier is not None:
             await self.service.verifier.aclose()
+
+
+def server_options(
+    limit: int, handshake_timeout_s: float, limits: ConnectionLimits | None = None
+) -> list[tuple[str, Any]]:
+    """The gRPC server's options: message size `limit`, header and flow-control limits, the
+    handshake timeout, and the connection and stream `limits`."""
+    return [
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", limit),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+        ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
+        # Flow control: a fixed per-stream receive window, not one grown by BDP probes
+        # (on loopback those let gRPC core buffer 50-100 MB of a stream whose handler
+        # reads nothing); with MAX_UNANSWERED blocks read ahead, a client that never
+        # reads its answers holds at most this much plus those blocks.
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
+        ("grpc.http2.lookahead_bytes", stream_window(limit)),
+        *(limits or ConnectionLimits()).options(),
+    ]
 
 
 async def bind(
@@ -327,23 +351,7 @@ async def bind(
         if value is not None and not 0 <= value <= 65535:
             raise ValueError(f"{name} must be in [0, 65535] (0: a free one), got {value}")
     limit = message_limit(vocab, config.max_gamma, config.max_len)
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
-            ("grpc.so_reuseport", 0),
-            ("grpc.max_metadata_size", MAX_METADATA_BYTES),
-            ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
-            # Flow control: a fixed per-stream receive window, not one grown by BDP probes
-            # (on loopback those let gRPC core buffer 50-100 MB of a stream whose handler
-            # reads nothing); with MAX_UNANSWERED blocks read ahead, a client that never
-            # reads its answers holds at most this much plus those blocks.
-            ("grpc.http2.bdp_probe", 0),
-            ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
-            ("grpc.http2.lookahead_bytes", stream_window(limit)),
-            *(limits or ConnectionLimits()).options(),
-        ]
-    )
+    server = grpc.aio.server(options=server_options(limit, handshake_timeout_s, limits))
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     why = _bind_error(host, port) if port else None
     if why is not None:
