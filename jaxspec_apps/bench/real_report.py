@@ -257,9 +257,10 @@ def _step_profile(rows: list[dict[str, Any]]) -> list[str]:
     lines += [
         "",
         f"At batch {one['batch']} {mm:.0%} of the op time is the weight matmuls and the tied "
-        "logits: the step reads every weight once, as the roofline assumes, so its gap to the "
-        f"roofline ({one['roofline_fraction']:.0%} of it) is the gap between XLA:CPU's "
-        "matmuls at a few rows and the bandwidth `jnp.sum` reaches over one buffer. At larger "
+        "logits (on the CPU the float kernel's custom calls, `jaxspec.floatkernel`): the step "
+        "reads every weight once, as the roofline assumes, so its gap to the roofline "
+        f"({one['roofline_fraction']:.0%} of it) is mostly the gap between those matmuls at a "
+        "few rows and the bandwidth `jnp.sum` reaches over one buffer. At larger "
         "batches the step turns compute-bound on this CPU (its ridge point is a few FLOP per "
         "byte), and the share of attention and the rule grows with the rows.",
     ]

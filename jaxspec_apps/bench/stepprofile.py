@@ -22,7 +22,8 @@ import jax
 
 CATEGORIES = (
     ("logits", r"bte,ve->btv|lm_head|attend"),
-    ("weight matmuls", r"(q|k|v|o|gate|up|down)_proj/dot_general"),
+    # XLA's dot_general, or the float kernel's custom call (jaxspec.floatkernel) in its scope
+    ("weight matmuls", r"(q|k|v|o|gate|up|down)_proj/"),
     ("attention", r"self_attn/"),
     ("rule", r"_verify|warp|sample"),
 )
