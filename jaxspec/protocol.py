@@ -178,9 +178,8 @@ class SessionConfig:
     min_p: float = 0.0  # 0 = off
     # (token id, bias) pairs added to the logits first, as `jaxspec.sampling` orders the warp
     logit_bias: tuple[tuple[int, float], ...] = ()
-    # Penalties (vLLM's semantics, `jaxspec.sampling`): repetition in [0.01, 100] (1 = off)
-    # over prompt and output tokens; presence and frequency within +-2 (0 = off) over output
-    # tokens.
+    # Penalties (vLLM's semantics, `jaxspec.sampling`): repetition > 0 (1 = off) over prompt
+    # and output tokens; presence and frequency within +-2 (0 = off) over output tokens.
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
