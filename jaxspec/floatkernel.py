@@ -25,12 +25,10 @@ Pure module: imports only jax, numpy, the standard library and `jaxspec.int4kern
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import os
 import threading
-from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -47,7 +45,6 @@ _ISA_CODES = {"best": 3, "AVX-512": 3, "AVX2": 2, "scalar": 0}
 
 _lock = threading.Lock()
 _registered: bool | None = None
-_local = threading.local()
 
 
 def _lib():
@@ -88,21 +85,9 @@ def available() -> bool:
 
 def enabled() -> bool:
     """Whether a function traced now runs its float matmuls on the kernel."""
-    if getattr(_local, "off", False) or os.environ.get("JAXSPEC_FLOAT_KERNEL", "") == "0":
+    if os.environ.get("JAXSPEC_FLOAT_KERNEL", "") == "0":
         return False
     return jax.default_backend() == "cpu" and available()
-
-
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """Within this block (this thread), functions traced use XLA's dot (A/B benchmarks,
-    tests). Compiled functions keep the path they were traced with."""
-    before = getattr(_local, "off", False)
-    _local.off = True
-    try:
-        yield
-    finally:
-        _local.off = before
 
 
 def isa() -> str | None:
