@@ -848,6 +848,13 @@ class Scheduler:
         return self._prefill, (self.params, cache, z, z, jnp.zeros((R, W), bool),
                                jnp.zeros(R, jnp.int32))  # fmt: skip
 
+    def step_hlo(self, rows: int, width: int, attended: int) -> str:
+        """The compiled verify step's HLO text at one batch shape (`rows` rows, `width`
+        columns, attending over `attended` positions): the ops a profile of the step
+        attributes its time to (jaxspec_apps.bench.stepprofile). Plain jitted step only."""
+        batch = self._build_batch([], [], rows, width, attended)
+        return self._step.lower(self.params, self.cache, batch).compile().as_text()
+
     @staticmethod
     def precompile(fn: Callable, args: tuple) -> None:
         """Compile `fn` for `args` ahead of time, running nothing and touching no state (so a
