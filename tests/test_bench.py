@@ -1,9 +1,13 @@
 """`jaxspec bench`: the whole suite at tiny sizes (report, results.json, plots), the greedy
-equality check against transformers with a mutant it must catch, and the analytic model held
-equal to `proofs.latency`. No speed is asserted: speeds are ratios of one run."""
+equality check against transformers with a mutant it must catch, the analytic model held
+equal to `proofs.latency`, and single sections with their sizes set on the command line
+(`--sections X --set NAME=VALUE`), the kept-apart ones (target, adaptive) with their blocks
+of BENCHMARKS.md and mutants they must catch. No speed is asserted: speeds are ratios of one
+run."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import itertools
 import json
@@ -19,9 +23,10 @@ import jaxspec
 from jaxspec import analytic
 from jaxspec.testing import byte_tokenizer, tiny_config
 from jaxspec_apps import bench, cli
-from jaxspec_apps.bench import peer
+from jaxspec_apps.bench import adaptive, peer, target
 from jaxspec_apps.bench.capacity import bisect_capacity, capacity_at
 from jaxspec_apps.bench.common import GreedyMismatch, check_same_tokens
+from jaxspec_apps.bench.profile import PROFILES, with_settings
 from jaxspec_apps.bench.suite import _command, merge_real
 from proofs import latency as proofs_latency
 
@@ -348,5 +353,165 @@ def test_the_kernels_section_times_both_paths_in_one_run():
     assert [(r["rows"], r["positions"]) for r in res["model"]] == list(kernels.SHAPES)
     for r in res["matmul"] + res["model"]:
         assert r["kernel_ms"] > 0 and r["xla_ms"] > 0
-    md = "\n".join(kernels.markdown(res))
+    md = "\n".join(kernels.table_md(res))
     assert "| bfloat16 | NT (table) | 16 |" in md and "| 16 x 5 |" in md
+
+
+def _pair(checkpoints) -> list[str]:
+    return ["--target", checkpoints["target"], "--draft", checkpoints["draft"]]
+
+
+def _results(out: pathlib.Path) -> dict:
+    return json.loads((out / "bench" / "results.json").read_text())
+
+
+def test_the_colocated_section_reports_ratios_and_alpha(checkpoints, tmp_path):
+    """`--sections colocated` at the sizes set on the command line: one row per (gamma,
+    mode), the speedup the ratio of the tokens/s measured."""
+    argv = ["--profile", "tiny", "--out", str(tmp_path), "--sections", "colocated"]
+    argv += [*_pair(checkpoints), "--set", "gammas=2", "--set", "gamma=2"]
+    assert _bench([*argv, "--set", "modes=sync,pipelined"]) == 0
+    rows = _results(tmp_path)["sections"]["colocated"]["default_pair"]
+    assert [(r["gamma"], r["mode"]) for r in rows] == [(2, "sync"), (2, "pipelined")]
+    for r in rows:
+        assert r["speedup"] > 0 and 0 <= r["alpha"] <= 1 and r["tokens_per_round"] >= 1
+        assert r["speedup"] == r["spec_tok_s"] / r["plain_tok_s"]
+    assert "| speedup |" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+def test_the_verifier_section_reports_batch_ratios_and_roofline(checkpoints, tmp_path):
+    argv = ["--profile", "tiny", "--out", str(tmp_path), "--sections", "verifier"]
+    assert _bench([*argv, *_pair(checkpoints), "--set", "batches=1,2,4"]) == 0
+    v = _results(tmp_path)["sections"]["verifier"]
+    roof, rows = v["roofline"], v["rows"]
+    assert roof["bandwidth_Bps"] > 0 and roof["flops_per_s"] > 0
+    assert [r["batch"] for r in rows] == [1, 2, 4]
+    assert rows[0]["ratio_to_batch1"] == 1.0
+    for r in rows:
+        assert r["step_s"] > 0 and r["roofline_s"] == max(r["memory_floor_s"], r["compute_floor_s"])
+    assert "of roofline" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+def test_the_latency_section_writes_table_json_and_plot(checkpoints, tmp_path):
+    argv = ["--profile", "tiny", "--out", str(tmp_path), "--sections", "latency"]
+    sizes = ["--set", "rtts_ms=0,20", "--set", "batches=1,2"]  # (row buckets 1 and 2)
+    assert _bench([*argv, *_pair(checkpoints), *sizes]) == 0
+    res = _results(tmp_path)["sections"]["latency"]
+    assert [r["rtt_ms"] for r in res["rows"]] == [0, 20]
+    for r in res["rows"]:
+        for mode in ("cloud_ar", "colocated", "sync", "pipelined"):
+            assert r["measured"][mode] > 0 and r["predicted"][mode] > 0
+    # The model's sync prediction grows by exactly the RTT difference divided by E[A].
+    p0, p20 = (r["predicted"]["sync"] for r in res["rows"])
+    e_a = proofs_latency.expected_tokens(res["components"]["alpha"], 4)
+    assert abs((p20 - p0) - 0.020 / e_a) < 1e-9
+    assert (tmp_path / "bench" / "rtt.png").stat().st_size > 1000
+    assert "| RTT ms |" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+def test_the_target_section_compares_with_transformers_and_splices_its_block(tmp_path, monkeypatch):
+    """`--pairs real --sections target` (here on the shipped tiny target, at the tiny
+    profile's sizes) writes bench/target.json and its block of the report in place, and a
+    greedy mismatch with transformers fails the command."""
+    report = tmp_path / "BENCHMARKS.md"
+    report.write_text("# Benchmarks\n\nsuite text\n\n## Reproduce\n\njaxspec bench\n")
+    argv = ["--profile", "tiny", "--pairs", "real", "--sections", "target"]
+    argv += ["--real-target", "default", "--out", str(tmp_path)]
+    assert _bench(argv) == 0
+    r = json.loads((tmp_path / "bench" / "target.json").read_text())
+    (row,) = r["rows"]
+    assert row["identical_greedy_tokens"] and not r["mismatches"] and not r["chat"]
+    # At tiny sizes t(N) - t(8) is noise (it came out negative once on a loaded machine):
+    # the numbers must exist and be finite, their size means nothing here.
+    for key in ("jaxspec_f32_tok_per_s", "jaxspec_bf16_tok_per_s", "transformers_f32_tok_per_s"):
+        assert math.isfinite(r[key])
+    text = report.read_text()
+    assert (
+        text.index("suite text")
+        < text.index("## Real target: default")
+        < text.index("## Reproduce")
+    )
+    assert "<!-- begin: written by jaxspec bench --pairs real --sections target," in text
+    # A rerun replaces the section (one copy), and a greedy mismatch fails the command.
+    monkeypatch.setattr(target, "_theirs", lambda hf, ids, n: [0] * n)
+    assert _bench(argv) == 1
+    text = report.read_text()
+    assert text.count("## Real target: default") == 1 and "**DIFFER**" in text
+
+
+def test_the_adaptive_section_checks_tokens_and_writes_its_block(checkpoints, tmp_path):
+    (tmp_path / "BENCHMARKS.md").write_text("# Benchmarks\n\n## Reproduce\n")
+    argv = ["--profile", "tiny", "--sections", "adaptive", *_pair(checkpoints)]
+    sizes = ["--set", "adaptive_rtts_ms=0,20", "--set", "adaptive_max_gamma=2"]
+    sizes += ["--set", "adaptive_new_tokens=8", "--set", "adaptive_prompts=1"]
+    assert _bench([*argv, *sizes, "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "bench" / "adaptive.json").read_text())
+    assert not r["failures"] and [row["rtt_ms"] for row in r["rows"]] == [0, 20]
+    for row in r["rows"]:
+        assert set(row["token_s"]) == {"1", "2", "auto"}
+        assert row["auto_over_best"] == row["token_s"]["auto"] / min(
+            row["token_s"][g] for g in ("1", "2")
+        )
+        assert sum(row["auto_gammas"].values()) > 0
+    assert r["summary"]["worst_point_ratio"] == max(x["auto_over_best"] for x in r["rows"])
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert text.index("## Adaptive gamma") < text.index("## Reproduce")
+    assert (tmp_path / "bench" / "adaptive.png").stat().st_size > 1000
+    # A run whose tokens differ from the others' is a failure (exit status 1), not a number.
+    real = adaptive._session
+
+    async def wrong(*a, **kw):
+        toks, s, used = await real(*a, **kw)
+        return ([*toks[:-1], toks[-1] + 1] if a[3] == "auto" else toks), s, used
+
+    adaptive._session = wrong
+    try:
+        sizes = ["--set", "adaptive_rtts_ms=0", "--set", "adaptive_max_gamma=2"]
+        sizes += ["--set", "adaptive_new_tokens=4"]
+        assert _bench([*argv, *sizes, "--out", str(tmp_path / "mutant")]) == 1
+    finally:
+        adaptive._session = real
+
+
+def test_sections_and_settings_are_checked_before_anything_runs(tmp_path):
+    """An unknown section, a kept section of the other pair, or a --set that names no field
+    or cannot be read, is an error; a --set value reads as its field's type."""
+    for argv, match in (
+        (["--sections", "nope"], "unknown sections"),
+        (["--pairs", "tiny", "--sections", "target"], "unknown sections"),
+        (["--pairs", "real", "--sections", "adaptive"], "unknown sections"),
+        (["--set", "gammas"], "NAME=VALUE"),
+        (["--set", "nope=1"], "NAME=VALUE"),
+        (["--set", "int4_offset=maybe"], "true or false"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            _bench(["--profile", "tiny", "--out", str(tmp_path), *argv])
+    assert not (tmp_path / "bench").exists()
+    p = with_settings(
+        PROFILES["full"],
+        ["gammas=2,4", "rtts_ms=0,20", "fleet_seconds=20", "int4_offset=true",
+         "real_prompt_tokens=none", "modes=sync"],
+    )  # fmt: skip
+    assert (p.gammas, p.rtts_ms, p.fleet_seconds) == ((2, 4), (0, 20), 20.0)
+    assert (p.int4_offset, p.real_prompt_tokens, p.modes) == (True, None, ("sync",))
+
+
+def test_bench_functions_are_short_and_use_no_private_names_of_other_modules():
+    """Every function of jaxspec_apps/bench fits in 80 lines, and no module there imports
+    another module's private names or reaches into another object's private attributes
+    (`x._name` for any x but self and cls)."""
+    long, private = [], []
+    for path in sorted((REPO / "jaxspec_apps" / "bench").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            where = f"{path.name}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if node.end_lineno - node.lineno + 1 > 80:
+                    long.append(f"{where} {node.name}")
+            elif isinstance(node, ast.ImportFrom):
+                private += [f"{where} imports {a.name}" for a in node.names if a.name[0] == "_"]
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+                owner = node.value.id if isinstance(node.value, ast.Name) else None
+                if not node.attr.startswith("__") and owner not in ("self", "cls"):
+                    private.append(f"{where} uses .{node.attr}")
+    assert not long and not private, (long, private)

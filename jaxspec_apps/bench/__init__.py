@@ -1,4 +1,4 @@
-"""`jaxspec bench`: the benchmark suite, one command for the whole report.
+"""`jaxspec bench`: every benchmark of the project, one command for the whole report.
 
     jaxspec bench                 # the full profile: the real pair (SmolLM2 + its W4A16
                                   # draft) and the tiny pair; BENCHMARKS.md,
@@ -7,8 +7,12 @@
     jaxspec bench --pairs real --out .   # only the real pair, into the committed report
     jaxspec bench --out .         # into the current directory: rewrites the committed report
     jaxspec bench --quick         # tiny sizes, under two minutes: keeps the code from rotting
+    jaxspec bench --pairs tiny --sections adaptive --out .   # one kept section, in place
+    jaxspec bench --pairs tiny --sections colocated --set gammas=2,4,6   # any profile size
 
-Sections (each module of this package measures one; `suite` runs them in order):
+Each section is an object (`section.Section`: its run, its markdown, its plot) in the module
+that measures it; a pair lists its sections (`tiny`, `real`) and `report` is the one writer.
+The tiny pair's suite, in order:
   colocated  speculative vs plain decoding on the shipped pair and on self-speculation
   peer       the same checkpoints in HF transformers (plain and assisted generation), greedy
              tokens asserted identical to ours
@@ -20,8 +24,15 @@ Sections (each module of this package measures one; `suite` runs them in order):
   quality    the W4A16 draft against the unquantized one: bytes, perplexity, alpha
 The real pair adds `specbench` (Spec-Bench's per-category speedup and mean accepted tokens),
 `cost` (each model's decode time against the roofline) and `kernels` (the float kernel against
-XLA's ops: matmuls by rows and format, the target's forward by shape),
-`jaxspec_apps.bench.real`.
+XLA's ops: matmuls by rows and format, the target's forward by shape).
+
+Kept apart, run only when `--sections` names them, each its own block of BENCHMARKS.md
+(between markers naming the command) and its own bench/<name>.json and .md:
+  adaptive   (tiny) gamma="auto" against every fixed gamma over round trips 0-200 ms
+  fleet      (tiny) two verifier replicas: aggregate tokens/s, and a SIGKILL's failover
+  openai     (tiny) the OpenAI-compatible endpoint's overhead over edge sessions
+  target     (real) plain greedy decoding, jaxspec vs transformers, against the roofline
+  int4       (real) the int4 kernel against XLA's paths on SmolLM2's shapes
 
 Only numbers measured in the run are reported; speed is compared as ratios within the run.
 """
@@ -70,10 +81,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sections",
         default=None,
-        help="comma-separated subset of the sections (default: all); the report then has "
-        "only those. With --pairs real, the real pair's sections (specbench, cost, kernels, "
-        "colocated, "
-        "peer, verifier, capacity, latency, wirecost, quality)",
+        help="comma-separated subset of the suite's sections (default: all); the report then "
+        "has only those. With --pairs real, the real pair's (specbench, cost, kernels, "
+        "colocated, peer, verifier, capacity, latency, wirecost, quality). Sections kept "
+        "apart run only when named here, each into its own block of BENCHMARKS.md: adaptive, "
+        "fleet, openai (tiny pair), target, int4 (real pair)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help="set one size of the profile for this run (repeatable): e.g. gammas=2,4, "
+        "rtts_ms=0,20, fleet_seconds=20, openai_repeats=11 (the fields of "
+        "jaxspec_apps.bench.profile.Profile)",
     )
 
 

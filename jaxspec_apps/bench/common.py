@@ -1,4 +1,5 @@
-"""What every section shares: timing, held-out prompts, the greedy-equality check, the machine."""
+"""What every section shares: timing, held-out prompts, the greedy-equality check, the machine,
+its roofline and a warmed-up verifier."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import platform
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pydoc_data.topics import topics
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+
+from verify import Scheduler, SchedulerConfig
 
 TRAIN_REPORT = pathlib.Path(__file__).resolve().parents[1] / "models" / "train_report.json"
 
@@ -36,42 +40,24 @@ def check_same_tokens(label: str, got: Sequence[int], want: Sequence[int]) -> No
     )
 
 
-def run_sections(
-    runners: Mapping[str, Callable[[], dict[str, Any]]],
-    sections: Sequence[str],
-    out: dict[str, Any],
-    log: Callable[[str], None],
-    prefix: str = "",
-) -> None:
-    """Run `sections` in order, each by its runner, into `out["sections"]` (with its `wall_s`).
-    A greedy mismatch goes to `out["failures"]`, a section that needs torch where it is not
-    installed (or that returns a `skipped` reason) to `out["skipped"]`; the others still run.
-    `prefix` starts each log line (which pair)."""
-    for section in sections:
-        t0 = time.time()
-        try:
-            if section == "peer":
-                import torch  # noqa: F401  (the peer runs on torch: the `test` extra)
-            data = runners[section]()
-        except GreedyMismatch as e:
-            out["failures"][section] = str(e)
-            log(f"{prefix}{section}: GREEDY MISMATCH: {e}")
-            continue
-        except ModuleNotFoundError as e:
-            if e.name != "torch":
-                raise
-            out.setdefault("skipped", {})[section] = (
-                f"{e.name} is not installed (pip install -e .[test])"
-            )
-            log(f"{prefix}{section}: skipped, {e.name} is not installed")
-            continue
-        if "skipped" in data:
-            out.setdefault("skipped", {})[section] = data["skipped"]
-            log(f"{prefix}{section}: skipped, {data['skipped']}")
-            continue
-        data["wall_s"] = time.time() - t0
-        out["sections"][section] = data
-        log(f"{prefix}{section}: done in {data['wall_s']:.0f} s")
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure_roofline(mib: int = 256, n: int = 2048) -> dict[str, float]:
+    """Read bandwidth (a jitted sum over `mib` MiB) and float32 matmul FLOP/s (n^3)."""
+
+    x = jnp.ones((mib * 2**20 // 4,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    total(x).block_until_ready()
+    t = min(_timed(lambda: total(x).block_until_ready()) for _ in range(5))
+    a = jnp.ones((n, n), jnp.float32)
+    mm = jax.jit(jnp.matmul)
+    mm(a, a).block_until_ready()
+    tm = min(_timed(lambda: mm(a, a).block_until_ready()) for _ in range(3))
+    return {"bandwidth_Bps": x.nbytes / t, "flops_per_s": 2 * n**3 / tm}
 
 
 def best_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -153,3 +139,31 @@ def machine() -> dict[str, Any]:
         if m is not None:
             info[mod] = m.__version__
     return info
+
+
+def make_scheduler(
+    model: Any,
+    *,
+    rows: Sequence[int],
+    gamma: int,
+    max_len: int,
+    max_sparse_k: int = 16,
+    warm: bool = True,
+) -> Scheduler:
+    """A `verify.Scheduler` with one row bucket per size in `rows` and one width bucket
+    (gamma + 1), so every section of a run shares its compilations; warmed up (every shape
+    compiled) unless `warm` is False (shapes then compile on first use)."""
+
+    rows = tuple(sorted(set(rows)))
+    config = SchedulerConfig(
+        max_sessions=rows[-1],
+        max_len=max_len,
+        max_gamma=gamma,
+        max_sparse_k=max_sparse_k,
+        row_buckets=rows,
+        width_buckets=(gamma + 1,),
+    )
+    sched = Scheduler(model, config)
+    if warm:
+        sched.warmup()
+    return sched

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import floatkernel
+from jaxspec_apps.bench.section import Context, Page, Section
 
 ROWS = (1, 2, 5, 8, 16)
 SHAPES = ((1, 1), (1, 5), (4, 5), (16, 5), (1, 64))  # (rows, positions) of a model call
@@ -104,7 +105,7 @@ def run(target: Any, repeats: int, chain: int = CHAIN) -> dict[str, Any]:
     }
 
 
-def markdown(res: dict[str, Any]) -> list[str]:
+def table_md(res: dict[str, Any]) -> list[str]:
     """The section's tables."""
     if "skipped" in res:
         return [f"Not run: {res['skipped']}."]
@@ -137,3 +138,17 @@ def markdown(res: dict[str, Any]) -> list[str]:
             f"{r['xla_over_kernel']:.2f}x | {r['over_kernel_decode']:.2f} |"
         )
     return lines
+
+
+def markdown(res: dict[str, Any], page: Page) -> list[str]:
+    """The kernels section of the real pair's report."""
+    heading = "### The float kernel against XLA (batch-invariant matmul, attention)"
+    return ["", heading, "", *table_md(res)]
+
+
+def run_section(ctx: Context) -> dict[str, Any]:
+    """Both tables on the pass's target, the best of at least 3 repeats."""
+    return run(ctx.target, max(ctx.p.repeats, 3))
+
+
+SECTION = Section("kernels", run_section, markdown)

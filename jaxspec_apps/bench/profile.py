@@ -1,12 +1,27 @@
 """Benchmark sizes (stdlib only). `full` is the committed report: the shipped tiny pair at
 these sizes, then the real pair (SmolLM2 and its W4A16 draft) at the `real` sizes; `quick`
-keeps CI honest in under two minutes; `tiny` is for tests with tiny random checkpoints."""
+keeps CI honest in under two minutes; `tiny` is for tests with tiny random checkpoints.
+
+Every field can be set for one run (`jaxspec bench --set NAME=VALUE`, `with_settings`). The
+fields of a section that runs only when named (`--sections adaptive`, ...) carry that
+section's name in their metadata: they are recorded in the section's own results, not in
+`profile_settings` (`suite_settings`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import typing
+from collections.abc import Sequence
+from typing import Any
 
 SECTIONS = ("colocated", "peer", "capacity", "latency", "verifier", "wirecost", "quality")
+SELF_DRAFT = "smollm2-w4a16"  # the real pair's draft: SmolLM2's own W4A16 copy
+SMALL_DRAFT = "smollm2-draft"  # the distilled 14M draft for weak devices
+
+
+def _of(section: str, default: Any) -> Any:
+    """A field that only section `section` reads."""
+    return dataclasses.field(default=default, metadata={"section": section})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,6 +69,29 @@ class Profile:
     real_prompt_tokens: int | None = None  # cut prompts to this many tokens (tiny models)
     real_profile: bool = False  # the real pair's pass uses `REAL`'s sizes, else these
     default_pairs: str = "tiny"  # what `--pairs` defaults to: tiny, real or both
+    # Sections run only when named. adaptive: gamma="auto" against every fixed gamma
+    adaptive_rtts_ms: tuple[float, ...] = _of("adaptive", (0.0, 20.0, 50.0, 100.0, 200.0))
+    adaptive_max_gamma: int = _of("adaptive", 8)
+    adaptive_prompts: int = _of("adaptive", 2)
+    adaptive_new_tokens: int = _of("adaptive", 48)
+    adaptive_drafts: tuple[str, ...] = _of("adaptive", ("self", "draft"))  # which pairs
+    # fleet: verifier replicas (subprocesses), closed-loop clients, a SIGKILL
+    fleet_sessions: int = _of("fleet", 8)
+    fleet_seconds: float = _of("fleet", 30.0)
+    fleet_new_tokens: int = _of("fleet", 64)
+    # openai: the OpenAI-compatible endpoint against edge sessions
+    openai_new_tokens: int = _of("openai", 64)
+    openai_clients: int = _of("openai", 8)
+    openai_repeats: int = _of("openai", 7)
+    # target (real pair): plain greedy, jaxspec vs transformers, against the roofline
+    target_new_tokens: int = _of("target", 128)
+    target_repeats: int = _of("target", 3)
+    target_prompts: int = _of("target", 4)
+    # int4 (real pair's shapes): the int4 kernel against XLA's paths
+    int4_rows: tuple[int, ...] = _of("int4", (1, 5, 16))
+    int4_group: int = _of("int4", 64)
+    int4_offset: bool = _of("int4", False)
+    int4_repeats: int = _of("int4", 7)
 
 
 PROFILES = {
@@ -86,6 +124,21 @@ PROFILES = {
         quality_new_tokens=8,
         specbench_per_category=1,
         specbench_new_tokens=16,
+        adaptive_rtts_ms=(0.0, 50.0),
+        adaptive_max_gamma=4,
+        adaptive_prompts=1,
+        adaptive_new_tokens=16,
+        fleet_sessions=2,
+        fleet_seconds=2.0,
+        fleet_new_tokens=16,
+        openai_new_tokens=16,
+        openai_clients=2,
+        openai_repeats=1,
+        target_new_tokens=16,
+        target_repeats=1,
+        target_prompts=1,
+        int4_rows=(1,),
+        int4_repeats=1,
     ),
 }
 PROFILES["tiny"] = dataclasses.replace(
@@ -108,6 +161,11 @@ PROFILES["tiny"] = dataclasses.replace(
     roofline_n=256,
     wire_new_tokens=6,
     quality_seq_len=32,
+    adaptive_rtts_ms=(0.0, 20.0),
+    adaptive_max_gamma=2,
+    adaptive_new_tokens=8,
+    adaptive_drafts=("self",),
+    target_new_tokens=10,
 )
 
 # A 135M target on 2 cores: one prompt per category where the tiny pair takes four, no
@@ -143,3 +201,42 @@ REAL = Profile(
 def real_sizes(p: Profile) -> Profile:
     """The sizes of the real pair's pass in a run of profile `p`."""
     return REAL if p.real_profile else p
+
+
+def suite_settings(p: Profile) -> dict[str, Any]:
+    """`p`'s fields that the suite's sections read (`results["profile_settings"]`)."""
+    return {
+        f.name: getattr(p, f.name) for f in dataclasses.fields(p) if "section" not in f.metadata
+    }
+
+
+def with_settings(p: Profile, items: Sequence[str]) -> Profile:
+    """`p` with `NAME=VALUE` items (`--set`) in place of its fields: numbers as numbers,
+    tuples comma-separated, booleans true/false, `none` for an optional value."""
+    hints = typing.get_type_hints(Profile)
+    changes = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or name not in hints or name == "name":
+            raise ValueError(f"--set {item!r}: expected NAME=VALUE with NAME a field of "
+                             f"the profile ({', '.join(sorted(hints))})")  # fmt: skip
+        try:
+            changes[name] = _parse(hints[name], value.strip())
+        except ValueError as e:
+            raise ValueError(f"--set {item!r}: {e}") from None
+    return dataclasses.replace(p, **changes)
+
+
+def _parse(kind: Any, value: str) -> Any:
+    """`value` as type `kind` (a `Profile` field's)."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) is tuple:
+        return tuple(_parse(args[0], v.strip()) for v in value.split(",") if v.strip())
+    if type(None) in args:  # X | None
+        return None if value.lower() == "none" else _parse(args[0], value)
+    if kind is bool:
+        if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(f"{value!r} is not true or false")
+        return value.lower() in ("true", "1", "yes")
+    return kind(value)

@@ -16,8 +16,10 @@ from typing import Any
 
 import jaxspec
 from jaxspec.text import chat_prompt, encode_prompt
-from jaxspec_apps.bench.colocated import _pooled
+from jaxspec_apps.bench.colocated import pooled
 from jaxspec_apps.bench.common import best_time, check_same_tokens
+from jaxspec_apps.bench.report_tables import ratio
+from jaxspec_apps.bench.section import Context, Page, Section
 
 PROMPTS: dict[str, tuple[str, ...]] = {
     "coding": (
@@ -118,7 +120,7 @@ def run(
 def _row(category: str, t: dict[str, Any]) -> dict[str, Any]:
     """A table row from the totals `t` (prompts, tokens, plain_s, spec_s, the speculative
     runs' stats) of a category, or of all of them."""
-    pooled = _pooled(t["stats"])
+    figures = pooled(t["stats"])
     return {
         "category": category,
         "prompts": t["prompts"],
@@ -126,6 +128,55 @@ def _row(category: str, t: dict[str, Any]) -> dict[str, Any]:
         "plain_tok_s": t["tokens"] / t["plain_s"],
         "spec_tok_s": t["tokens"] / t["spec_s"],
         "speedup": t["plain_s"] / t["spec_s"],
-        "mean_accepted_tokens": pooled["tokens_per_round"],
-        **pooled,
+        "mean_accepted_tokens": figures["tokens_per_round"],
+        **figures,
     }
+
+
+def run_section(ctx: Context) -> dict[str, Any]:
+    """Every category's prompts, T = 0, sync."""
+    p = ctx.p
+    return run(
+        ctx.target, ctx.draft, ctx.by_category, new_tokens=p.specbench_new_tokens,
+        gamma=p.gamma, repeats=p.repeats,
+    )  # fmt: skip
+
+
+def table_md(sb: dict[str, Any]) -> list[str]:
+    """One row per category and one over all, with the acceptance at each position."""
+    g = sb["gamma"]
+    lines = [
+        "| category | prompts | plain tok/s | SD tok/s | speedup | mean accepted tokens τ | α | "
+        + " | ".join(f"pos {i + 1}" for i in range(g))
+        + " |",
+        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * g,
+    ]
+    for row in [*sb["rows"], sb["overall"]]:
+        name = f"**{row['category']}**" if row["category"] == "overall" else row["category"]
+        pos = " | ".join(f"{a:.2f}" for a in row["per_position_acceptance"])
+        lines.append(
+            f"| {name} | {row['prompts']} | {row['plain_tok_s']:.1f} | {row['spec_tok_s']:.1f} | "
+            f"{ratio(row['speedup'])} | {row['mean_accepted_tokens']:.2f} | {row['alpha']:.3f} | "
+            f"{pos} |"
+        )
+    return lines
+
+
+def markdown(sb: dict[str, Any], page: Page) -> list[str]:
+    """The Spec-Bench section of the real pair's report."""
+    return [
+        "",
+        "### Spec-Bench: speedup and mean accepted tokens per category (T = 0, batch 1)",
+        "",
+        f"γ = {sb['gamma']}, sync, {sb['new_tokens']} new tokens per prompt (stop tokens "
+        f"ignored so every answer has that length), plain and speculative timed in turns "
+        f"(the best of {page.settings['repeats']} after a warm-up). Greedy speculative "
+        "tokens are asserted equal to plain greedy tokens. τ = tokens committed per "
+        "verification (bonus included); pos i = the share of rounds whose draft i was "
+        "accepted.",
+        "",
+        *table_md(sb),
+    ]
+
+
+SECTION = Section("specbench", run_section, markdown)

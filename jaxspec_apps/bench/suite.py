@@ -1,15 +1,15 @@
-"""Runs every section of `jaxspec bench` in one process and writes the report.
+"""Runs the sections of `jaxspec bench` in one process and writes the report.
 
 One target/draft pair, one set of held-out prompts and one warmed-up `verify.Scheduler` are
-shared by the sections, so compilations are paid once. A greedy mismatch in any section
-(speculative vs plain, ours vs transformers) is recorded, the report still written, and the
-command exits 1.
+shared by the sections of a pass (`section.Context`), so compilations are paid once. A greedy
+mismatch in any section (speculative vs plain, ours vs transformers) is recorded, the report
+still written, and the command exits 1. The sections kept apart (`tiny.KEPT`, `real.KEPT`) run
+only when `--sections` names them, each into its own block of the report.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import pathlib
@@ -21,33 +21,19 @@ from collections.abc import Callable
 from typing import Any
 
 import jaxspec
-from jaxspec.shapes import bucket
-from jaxspec_apps.bench import (
-    capacity,
-    colocated,
-    latency,
-    peer,
-    quality,
-    real,
-    report,
-    verifier,
-    wirecost,
+from jaxspec_apps.bench import peer, real, report, tiny
+from jaxspec_apps.bench.common import machine
+from jaxspec_apps.bench.profile import (
+    PROFILES,
+    SELF_DRAFT,
+    Profile,
+    real_sizes,
+    suite_settings,
+    with_settings,
 )
-from jaxspec_apps.bench.common import heldout_stream, machine, prompts_from, run_sections
-from jaxspec_apps.bench.profile import PROFILES, SECTIONS, Profile, real_sizes
+from jaxspec_apps.bench.section import Context, Page, Section, run_sections
 
-
-def scheduler_len(p: Profile) -> int:
-    """A slot length that fits every section's sessions (prompt + new tokens + a block)."""
-    g = p.gamma
-    need = max(
-        p.capacity_new_tokens + 2 * g + 2,
-        p.latency_new_tokens + g + 1,
-        p.wire_new_tokens + g + 1,
-        (p.batch_steps + 3 + verifier.PROFILE_STEPS) * (g + 1) + 8 + g + 1,
-        4 * g + 16,
-    )
-    return bucket(p.prompt_len + need, 64)
+Log = Callable[[str], None]
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -71,52 +57,9 @@ def _command(args: argparse.Namespace) -> str:
             words += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if args.sections:
         words += ["--sections", args.sections]
+    for item in getattr(args, "set", None) or ():
+        words += ["--set", item]
     return shlex.join(words)
-
-
-def headline(results: dict[str, Any]) -> dict[str, Any]:
-    """The keys `bench/results.json` promises, from the sections that ran."""
-    s = results["sections"]
-    out: dict[str, Any] = {}
-    if "colocated" in s:
-        p = results["profile_settings"]
-        (row,) = [
-            r
-            for r in s["colocated"]["default_pair"]
-            if r["temperature"] == 0.0 and r["gamma"] == p["gamma"] and r["mode"] == "sync"
-        ]
-        out["colocated_speedup"] = row["speedup"]
-    if "peer" in s:
-        out["peer_plain_ratio"] = s["peer"]["peer_plain_ratio"]
-        out["peer_spec_ratio"] = s["peer"]["peer_spec_ratio"]
-    if "verifier" in s:
-        by_batch = {r["batch"]: r for r in s["verifier"]["rows"]}
-        if 1 in by_batch and 32 in by_batch:
-            b32 = by_batch[32]
-            out["batch32_over_batch1"] = b32["ratio_to_batch1"]
-            out["batch_scaling_vs_roofline"] = (
-                b32["ratio_to_batch1"] / b32["roofline_ratio_to_batch1"]
-            )
-            out["roofline_fraction"] = {
-                "batch1": by_batch[1]["roofline_fraction"],
-                "batch32": b32["roofline_fraction"],
-            }
-    if "capacity" in s:
-        out["capacity_factor_measured"] = s["capacity"]["capacity_factor_measured"]
-        out["capacity_factor_predicted"] = s["capacity"]["capacity_factor_predicted"]
-    if "latency" in s:
-        at50 = [r for r in s["latency"]["rows"] if r["rtt_ms"] == 50]
-        if at50:
-            m = at50[0]["measured"]
-            out["pipelined_over_sync_at_50ms"] = m["sync"] / m["pipelined"]
-    if "wirecost" in s and "rows" in s["wirecost"]:
-        out["wire_bytes_per_token"] = {
-            r["encoding"]: r["bytes_per_token"] for r in s["wirecost"]["rows"]
-        }
-    if "quality" in s:
-        for k in ("w4a16_bytes_ratio", "w4a16_ppl_ratio", "w4a16_alpha_ratio"):
-            out[k] = s["quality"][k]
-    return out
 
 
 def output_dir(out: str | None) -> pathlib.Path:
@@ -127,196 +70,151 @@ def output_dir(out: str | None) -> pathlib.Path:
     return pathlib.Path(tempfile.mkdtemp(prefix="jaxspec-bench-"))
 
 
+def sizes(args: argparse.Namespace) -> tuple[str, Profile, Profile]:
+    """(the profile's name, the tiny pair's sizes, the real pair's), `--set` applied."""
+    name = args.profile or ("quick" if args.quick else "full")
+    items = getattr(args, "set", None) or ()
+    p = with_settings(PROFILES[name], items)
+    return name, p, with_settings(real_sizes(p), items)
+
+
+def selected(
+    args: argparse.Namespace, pairs: str
+) -> tuple[tuple[str, ...] | None, list[tuple[str, Section]]]:
+    """(the suite sections `--sections` names for the first pass, all without it, None when
+    it names only kept sections; the kept sections it names, each with its pair)."""
+    suite = tuple(s.name for s in (real.SECTIONS if pairs == "real" else tiny.SECTIONS))
+    kept = {s.name: ("tiny", s) for s in tiny.KEPT} if pairs != "real" else {}
+    if pairs != "tiny":
+        kept |= {s.name: ("real", s) for s in real.KEPT}
+    if not args.sections:
+        return suite, []
+    asked = tuple(args.sections.split(","))
+    unknown = set(asked) - set(suite) - set(kept)
+    if unknown:
+        raise ValueError(f"unknown sections {sorted(unknown)}; choose from {suite + tuple(kept)}")
+    names = tuple(n for n in asked if n not in kept)
+    return names or None, [kept[n] for n in asked if n in kept]
+
+
+def context(args: argparse.Namespace, pair: str, p: Profile, log: Log) -> Context:
+    """A pass's context: the pair's checkpoint names from `args`, models loaded on use."""
+    if pair == "real":
+        names = getattr(args, "real_target", "smollm2"), getattr(args, "real_draft", SELF_DRAFT)
+    else:
+        names = args.target, args.draft
+    return Context(pair, p, log, *names, command=_command(args))
+
+
 def run_suite(args: argparse.Namespace) -> int:
     """Run the sections `args` selects; write BENCHMARKS.md, bench/results.json and plots
     into `--out` (default: a new temporary directory, `output_dir`)."""
     t_start = time.time()
-    load_start = os.getloadavg()[0]
-    name = args.profile or ("quick" if args.quick else "full")
-    p = PROFILES[name]
-    sections = SECTIONS if not args.sections else tuple(args.sections.split(","))
-    unknown = set(sections) - set(SECTIONS) if getattr(args, "pairs", None) != "real" else ()
-    if unknown:
-        raise ValueError(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
 
     def log(msg: str) -> None:
         print(f"[{time.time() - t_start:6.1f}s] {msg}", flush=True)
 
-    out = output_dir(args.out)
-    log(f"the report goes to {out.resolve()}" + ("" if args.out else " (--out to choose)"))
+    name, p, real_p = sizes(args)
     pairs = getattr(args, "pairs", None) or p.default_pairs
     if pairs not in ("tiny", "real", "both"):
         raise ValueError(f"--pairs must be tiny, real or both, got {pairs!r}")
+    names, kept = selected(args, pairs)
+    out = output_dir(args.out)
+    log(f"the report goes to {out.resolve()}" + ("" if args.out else " (--out to choose)"))
     previous = out / "bench" / "results.json"
-    if pairs == "real" and previous.is_file():
-        # Only the real pair: the tiny pair's figures of the report there are kept.
-        results = json.loads(previous.read_text())  # its "real": merged by a partial pass
-        results["skipped"].pop("real", None)
-        results["failures"] = {k: v for k, v in results["failures"].items() if "/" not in k}
-        run_real(args, p, results, log, strict=True)
-        write_outputs(results, out, log)
-        return 1 if results["failures"] else 0
-    if pairs == "real":
+    if pairs == "real" and names is not None and not previous.is_file():
         raise ValueError(
             f"--pairs real adds the real pair to an existing report; {previous} is missing "
             "(run --pairs both, or the tiny pair first)"
         )
+    results = None
+    if names is not None and pairs == "real":
+        # Only the real pair: the tiny pair's figures of the report there are kept.
+        results = json.loads(previous.read_text())  # its "real": merged by a partial pass
+        results["skipped"].pop("real", None)
+        results["failures"] = {k: v for k, v in results["failures"].items() if "/" not in k}
+        run_real(args, real_p, results, log, strict=True, names=names)
+    elif names is not None:
+        results = run_tiny(args, name, p, names, log)
+        results["wall_time_s"] = time.time() - t_start
+        if pairs == "both":
+            run_real(args, real_p, results, log, strict=False)
+    failed = run_kept(args, kept, p, real_p, out, log, splice=results is None)
+    if results is not None:
+        report.write(results, out, log)
+        failed = failed or bool(results["failures"])
+    return 1 if failed else 0
 
-    target, draft = jaxspec.load(args.target), jaxspec.load(args.draft)
-    stream = heldout_stream(target)
-    n_prompts = max(p.prompts, p.peer_prompts, p.wire_prompts)
-    prompts = prompts_from(stream, n_prompts, p.prompt_len, seed=0)
+
+def run_tiny(
+    args: argparse.Namespace, name: str, p: Profile, names: tuple[str, ...], log: Log
+) -> dict[str, Any]:
+    """The tiny pair's pass over the sections `names`, in that order; its results."""
+    load_start = os.getloadavg()[0]
+    ctx = context(args, "tiny", p, log)
+    tiny.prepare(ctx)
+    target, draft = ctx.target, ctx.draft
     log(f"profile {name}: {target.num_params():,}-param target, {draft.num_params():,}-param "
-        f"draft, {len(stream):,} held-out tokens")  # fmt: skip
+        f"draft, {len(ctx.stream):,} held-out tokens")  # fmt: skip
     results: dict[str, Any] = {
-        "command": _command(args),
+        "command": ctx.command,
         "profile": name,
-        "profile_settings": dataclasses.asdict(p),
-        "models": {
-            "target": args.target,
-            "draft": args.draft,
-            "target_params": target.num_params(),
-            "draft_params": draft.num_params(),
-            "target_bytes": target.nbytes(),
-            "draft_bytes": draft.nbytes(),
-        },
+        "profile_settings": suite_settings(p),
+        "models": tiny.models(ctx),
         "sections": {},
         "failures": {},
         "skipped": {},
     }
-    shared: dict[str, Any] = {}
-
-    def sched() -> Any:
-        if "sched" not in shared:
-            rows = {1, *p.batches}
-            shared["sched"] = verifier.make_scheduler(
-                target, rows=rows, gamma=p.gamma, max_len=scheduler_len(p)
-            )
-            log(f"verifier warmed up: row buckets {sorted(rows)}, slot length {scheduler_len(p)}")
-        return shared["sched"]
-
-    def run_colocated() -> dict[str, Any]:
-        kw = dict(temperatures=p.temperatures, new_tokens=p.new_tokens, repeats=p.repeats)
-        pair = colocated.run(
-            target, draft, prompts[: p.prompts], gammas=p.gammas, modes=p.modes, **kw
-        )
-        self_draft = jaxspec.quantize(target, "w4a16", 128, method="asym")  # no calibration
-        self_rows = colocated.run(
-            target, self_draft, prompts[: p.prompts], gammas=(p.gamma,), modes=p.self_modes, **kw
-        )
-        return {
-            "default_pair": pair,
-            "self_w4a16": self_rows,
-            "self_draft_bytes": self_draft.nbytes(),
-        }
-
-    def run_peer() -> dict[str, Any]:
-        return peer.run(
-            target, draft, peer.checkpoint_dir(args.target), peer.checkpoint_dir(args.draft),
-            prompts[: p.peer_prompts], new_tokens=p.peer_new_tokens, gamma=p.gamma,
-            repeats=p.repeats,
-        )  # fmt: skip
-
-    def run_capacity() -> dict[str, Any]:
-        cap_prompts = prompts_from(stream, min(p.capacity_max_clients, 64), p.prompt_len, seed=1)
-        return capacity.run(target, draft, cap_prompts, **capacity.sizes(p))
-
-    def run_latency() -> dict[str, Any]:
-        comp, rows = latency.run(
-            target, draft, gamma=p.gamma, new_tokens=p.latency_new_tokens, temperature=0.0,
-            rtts_ms=p.rtts_ms, repeats=p.repeats, prompt=prompts[0], scheduler=sched(),
-        )  # fmt: skip
-        return {
-            "gamma": p.gamma,
-            "new_tokens": p.latency_new_tokens,
-            "components": comp,
-            "rows": rows,
-            "crossover_ms_measured": latency.crossover_ms(rows, "measured"),
-            "crossover_ms_predicted": latency.predicted_crossover_ms(comp, p.gamma),
-        }
-
-    def run_verifier() -> dict[str, Any]:
-        roof = verifier.measure_roofline(p.roofline_mib, p.roofline_n)
-        out = verifier.batch_sweep(
-            target, p.batches, p.gamma, p.prompt_len, p.batch_steps, scheduler=sched(),
-            roofline=roof,
-        )  # fmt: skip
-        return {"gamma": p.gamma, "roofline": roof, "rows": out[1:]}
-
-    def run_wirecost() -> dict[str, Any]:
-        rows = wirecost.run(
-            draft, prompts[: p.wire_prompts], sched(), gamma=p.gamma, new_tokens=p.wire_new_tokens,
-            sparse_ks=p.wire_sparse_ks,
-        )  # fmt: skip
-        return {"gamma": p.gamma, "new_tokens": p.wire_new_tokens, "rows": rows}
-
-    def run_quality() -> dict[str, Any]:
-        return quality.w4a16_summary(
-            target, draft, stream, prompts_from(stream, p.quality_prompts, p.prompt_len, seed=2),
-            windows=p.quality_windows, seq_len=p.quality_seq_len,
-            new_tokens=p.quality_new_tokens, gamma=p.gamma,
-        )  # fmt: skip
-
-    runners: dict[str, Callable[[], dict[str, Any]]] = {
-        "colocated": run_colocated,
-        "peer": run_peer,
-        "capacity": run_capacity,
-        "latency": run_latency,
-        "verifier": run_verifier,
-        "wirecost": run_wirecost,
-        "quality": run_quality,
-    }
-    run_sections(runners, sections, results, log)
-
+    by_name = {s.name: s for s in tiny.SECTIONS}
+    run_sections([by_name[n] for n in names], ctx, results)
     results["machine"] = machine() | {"load_average_1min_start": load_start}
-    results |= headline(results)
-    results["wall_time_s"] = time.time() - t_start
-    if pairs == "both":
-        run_real(args, p, results, log, strict=False)
-    write_outputs(results, out, log)
-    return 1 if results["failures"] else 0
+    return results | tiny.headline(results)
 
 
 def run_real(
     args: argparse.Namespace,
     p: Profile,
     results: dict[str, Any],
-    log: Callable[[str], None],
+    log: Log,
     *,
     strict: bool,
+    names: tuple[str, ...] = real.REAL_SECTIONS,
 ) -> None:
-    """The real pair's pass into `results["real"]`, its greedy mismatches into `failures`
-    as `real/<section>`. When the pair cannot be had (offline, no shipped draft) it is
-    `skipped` with the reason, or, `strict`, an error."""
+    """The real pair's pass over `names` into `results["real"]`, its greedy mismatches into
+    `failures` as `real/<section>`. When the pair cannot be had (offline, no shipped draft)
+    it is `skipped` with the reason, or, `strict`, an error."""
     t0, load0 = time.time(), os.getloadavg()[0]
-    target_name = getattr(args, "real_target", "smollm2")
-    draft_name = getattr(args, "real_draft", "smollm2-w4a16")
+    ctx = context(args, "real", p, log)
     try:
-        for name in (target_name, draft_name):
+        for name in (ctx.target_name, ctx.draft_name):
             peer.checkpoint_dir(name)  # fetches a remote target once; raises when it cannot
-        jaxspec.load(draft_name)
+        jaxspec.load(ctx.draft_name)
     except Exception as e:  # any reason the pair is missing is reported
         if strict:
             raise
         results["skipped"]["real"] = f"the real pair is not available here: {e}"
         log(f"real pair: skipped, {e}")
         return
-    sizes = real_sizes(p)
-    # --sections names the real pair's sections when only it runs, else the tiny pair's.
-    picked = tuple(args.sections.split(",")) if args.sections and strict else real.REAL_SECTIONS
-    res = real.run(target_name, draft_name, sizes, log, picked)
+    real.prepare(ctx)
+    t, d = ctx.target, ctx.draft
+    log(f"real pair: {t.num_params():,}-param target {ctx.target_name}, "
+        f"{d.num_params():,}-param draft {ctx.draft_name} ({d.nbytes():,} bytes)")  # fmt: skip
+    res: dict[str, Any] = {"models": real.models(ctx), "sections": {}, "failures": {}}
+    by_name = {s.name: s for s in real.SECTIONS}
+    run_sections([by_name[n] for n in names], ctx, res, prefix="real ")
+    res |= real.headline(res)
     for section, err in res.pop("failures").items():
         results["failures"][f"real/{section}"] = err
     new = {
-        "command": _command(args),
-        "profile": sizes.name,
-        "profile_settings": dataclasses.asdict(sizes),
+        "command": ctx.command,
+        "profile": p.name,
+        "profile_settings": suite_settings(p),
         **res,
         "machine": machine() | {"load_average_1min_start": load0},
         "wall_time_s": time.time() - t0,
     }
     old = results.get("real")
-    partial = set(picked) != set(real.REAL_SECTIONS)
+    partial = set(names) != set(real.REAL_SECTIONS)
     results["real"] = merge_real(old, new) if partial and old and old.get("sections") else new
 
 
@@ -347,22 +245,37 @@ _REAL_META = frozenset(
 )  # fmt: skip
 
 
-def write_outputs(results: dict[str, Any], out: pathlib.Path, log: Callable[[str], None]) -> None:
-    """`out/bench/results.json`, `out/bench/*.png` (if matplotlib is installed) and
-    `out/BENCHMARKS.md`."""
-
-    bench = out / "bench"
-    bench.mkdir(parents=True, exist_ok=True)
-    (bench / "results.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
-    try:
-        plots = report.plots(results, bench)
-    except ModuleNotFoundError as e:
-        if e.name != "matplotlib":
-            raise
-        plots = {}
-        print("note: matplotlib is not installed; no plots (pip install -e .[test])")
-    extra = report.tool_sections(bench)  # sections the tools wrote (bench/<name>.md), kept
-    (out / "BENCHMARKS.md").write_text(report.markdown(results, plots, extra))
-    log(f"wrote {out / 'BENCHMARKS.md'}, {bench / 'results.json'} and {len(plots)} plots")
-    if results["failures"]:
-        print(f"FAILED: {results['failures']}", file=sys.stderr)
+def run_kept(
+    args: argparse.Namespace,
+    kept: list[tuple[str, Section]],
+    p: Profile,
+    real_p: Profile,
+    out: pathlib.Path,
+    log: Log,
+    *,
+    splice: bool,
+) -> bool:
+    """Each kept section named, in its pair's context: printed, written to bench/<name>.json,
+    .md and its plot, and (`splice`, when no suite pass rewrites the report) put in
+    BENCHMARKS.md in place. True when one of them failed (`Section.failures`)."""
+    failed = False
+    for pair, section in kept:
+        ctx = context(args, pair, real_p if pair == "real" else p, log)
+        data = section.run(ctx)
+        if "skipped" in data:
+            log(f"{section.name}: skipped, {data['skipped']}")
+            continue
+        md = "\n".join(section.markdown(data, Page({}))) + "\n"
+        print(md)
+        bench = report.write_kept(out, section.name, data, md, splice=splice)
+        if section.plot is not None:
+            try:
+                section.plot(data, bench)
+            except ModuleNotFoundError as e:  # matplotlib: the test extra
+                print(f"note: no plot ({e.name} is not installed)")
+        log(f"wrote {bench / section.name}.json, .md and BENCHMARKS.md's block")
+        errors = section.failures(data)
+        if errors:
+            print(f"FAILED: {errors}", file=sys.stderr)
+            failed = True
+    return failed

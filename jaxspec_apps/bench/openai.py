@@ -1,27 +1,22 @@
-"""The OpenAI-compatible endpoint's cost, measured in one run against one verifier:
-
-    python tools/bench_openai.py                  # the shipped tiny pair, 64 tokens, 8 clients
-    python tools/bench_openai.py --new-tokens 128 --clients 8 --repeats 5
-    python tools/bench_openai.py --out .          # also bench/openai.{json,md} and the
-                                                  # "OpenAI-compatible endpoint" section of
-                                                  # BENCHMARKS.md
+"""The `openai` section (run only when named: `jaxspec bench --pairs tiny --sections openai`):
+the OpenAI-compatible endpoint's cost, measured in one run against one verifier.
 
 1. Per-token overhead over `edge generate`: the same greedy request (same prompt, tokens and
    flags) as an edge session run in this process over gRPC, as `python -m edge generate`
    runs it, and through `python -m edge serve` (a subprocess, streamed over HTTP/SSE and
-   read to `[DONE]`); time per token = a request's wall time / its tokens; `--repeats`
-   pairs run back to back after a warm-up, the overhead their ratios' median. The goal is
-   <= 5% overhead.
-2. `--clients` concurrent streaming clients (seeds 0..N-1, temperature 1) on that one
+   read to `[DONE]`); time per token = a request's wall time / its tokens;
+   `openai_repeats` pairs run back to back after a warm-up, the overhead their ratios'
+   median. The goal is <= 5% overhead.
+2. `openai_clients` concurrent streaming clients (seeds 0..N-1, temperature 1) on that one
    verifier: aggregate tokens/s against one client alone, and the time to the first chunk.
 
+The verifier serves the tiny pair's target, the endpoint drafts with its draft at W4A16.
 Both servers run with --no-warmup; every shape is compiled by the warm-up requests before any
-timing. Stdout: the two result lines.
+timing. It prints the two result lines.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import http.client
 import json
@@ -42,18 +37,18 @@ from edge.drafter import load_drafter
 from edge.session import run_session
 from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec.text import decode_text, encode_prompt
-from jaxspec_apps.bench.report import write_tool_section
+from jaxspec_apps.bench.section import Context, Page, Section
 from verify.process import VerifierProcess
 
 PROMPT = "def fib(n):"
 READY = re.compile(r"jaxspec OpenAI endpoint serving \S+ on (http://\S+/v1)")
 
 
-def _start_endpoint(verifier: str, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+def _start_endpoint(verifier: str, draft: str, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     """`python -m edge serve` on a free port; (process, base URL) once it listens."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edge", "serve", "--verifier", verifier, "--port", "0",
-         "--timeout-s", "300"],
+        [sys.executable, "-m", "edge", "serve", "--verifier", verifier, "--draft", draft,
+         "--port", "0", "--timeout-s", "300"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         start_new_session=True,
     )  # fmt: skip
@@ -141,10 +136,10 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def overhead(address: str, url: str, pid: int, n: int, repeats: int) -> dict[str, Any]:
+def overhead(address: str, url: str, pid: int, n: int, repeats: int, draft: str) -> dict[str, Any]:
     """Time per token of the same greedy request, edge session vs the endpoint."""
     spec = DraftSpec(gamma=4)
-    drafter = load_drafter("default-draft", "w4a16", spec)
+    drafter = load_drafter(draft, "w4a16", spec)
     ids = encode_prompt(drafter.model, PROMPT)
     config = SessionConfig(prompt=ids, max_new_tokens=n, temperature=0.0, mode="pipelined",
                            draft=spec)  # fmt: skip
@@ -193,7 +188,7 @@ def concurrent(address: str, url: str, n: int, clients: int) -> dict[str, Any]:
             "first_alone_s": alone["first_s"]}  # fmt: skip
 
 
-def markdown(r: dict[str, Any]) -> str:
+def markdown(r: dict[str, Any], page: Page) -> list[str]:
     """The "OpenAI-compatible endpoint" section of BENCHMARKS.md."""
     o, c = r["overhead"], r["concurrent"]
     return f"""## The OpenAI-compatible endpoint
@@ -223,8 +218,7 @@ The {c["clients"]} clients are concurrent streams (seeds 0..{c["clients"] - 1}, 
 same prompt; seed 0's text is checked equal to its run alone). One edge process drafts for
 all of them on one event loop and the tiny verifier is compute-bound on the same 2 cores, so
 the aggregate does not rise above one client's rate here; with the draft on a device and the
-verifier remote, the sessions' round trips overlap instead.
-"""
+verifier remote, the sessions' round trips overlap instead.""".split("\n")
 
 
 def lines(r: dict[str, Any]) -> tuple[str, str]:
@@ -249,37 +243,29 @@ def lines(r: dict[str, Any]) -> tuple[str, str]:
     return first, second
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--out", default=None, help="directory holding BENCHMARKS.md and bench/")
-    args = p.parse_args(argv)
+def run_section(ctx: Context) -> dict[str, Any]:
+    """One verifier and one endpoint on loopback; the overhead and the concurrent clients."""
+    p = ctx.p
+    n, clients = p.openai_new_tokens, p.openai_clients
     env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
-    max_len = str(max(128, 64 * -(-(args.new_tokens + 32) // 64)))
-    flags = ["--checkpoint", "default", "--max-sessions", str(max(8, args.clients)),
+    max_len = str(max(128, 64 * -(-(n + 32) // 64)))
+    flags = ["--checkpoint", ctx.target_name, "--max-sessions", str(max(8, clients)),
              "--max-gamma", "4", "--max-len", max_len, "--no-warmup"]  # fmt: skip
     load_before = os.getloadavg()[0]
     with VerifierProcess(flags, env=env) as verifier:
         verifier.wait_ready(300)
-        proc, url = _start_endpoint(verifier.address, env)
+        proc, url = _start_endpoint(verifier.address, ctx.draft_name, env)
         try:
-            o = overhead(verifier.address, url, proc.pid, args.new_tokens, args.repeats)
-            c = concurrent(verifier.address, url, args.new_tokens, args.clients)
+            o = overhead(verifier.address, url, proc.pid, n, p.openai_repeats, ctx.draft_name)
+            c = concurrent(verifier.address, url, n, clients)
         finally:
             proc.terminate()
             proc.wait(30)
-    argv = sys.argv[1:] if argv is None else argv
-    command = " ".join(["python tools/bench_openai.py", *argv]).replace(" --out .", "")
-    result = {"command": command, "repeats": args.repeats, "load_before": load_before,
+    result = {"command": ctx.command, "repeats": p.openai_repeats, "load_before": load_before,
               "load_after": os.getloadavg()[0], "overhead": o, "concurrent": c}  # fmt: skip
     for line in lines(result):
         print(line.replace("**", ""))
-    if args.out is not None:
-        write_tool_section(pathlib.Path(args.out), "openai", result, markdown(result))
-    return 0
+    return result
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+SECTION = Section("openai", run_section, markdown)
