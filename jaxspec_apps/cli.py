@@ -89,10 +89,10 @@ def _generate(args: argparse.Namespace) -> int:
     print(echo + decode_text(model, out.tokens))
     s = out.stats
     spec = ""
-    if s.spec is not None:
+    if (f := s.figures) is not None:
         spec = (
             f", speculative gamma={args.gamma} {args.mode} {args.encoding}: acceptance rate "
-            f"{s.acceptance_rate:.2f}, {s.tokens_per_round:.2f} tokens per round"
+            f"{f.acceptance_rate:.2f}, {f.tokens_per_round:.2f} tokens per round"
         )
     # Compilation (first call of each shape) and generation are timed apart: tok/s is the
     # speed of the generation alone, what a second prompt of these shapes would get.
@@ -137,11 +137,12 @@ def choose_colocated_gamma(
     t_d = 1.0 / jaxspec.generate(draft, ids, probe_tokens, **plain).stats.tokens_per_s
     t_v = 1.0 / jaxspec.generate(target, ids, probe_tokens, **plain).stats.tokens_per_s
     probe = jaxspec.generate(target, ids, probe_tokens, **plain, draft=draft, gamma=max_gamma)
-    alphas = conditional_alphas(probe.stats.per_position_acceptance or ())
+    figures = probe.stats.figures or jaxspec.AcceptanceFigures()
+    alphas = conditional_alphas(figures.per_position_acceptance)
     gamma = analytic.best_gamma("colocated", alphas, t_d, 0.0, t_v, max_gamma=max_gamma)
     words = (
         f"draft {t_d * 1e3:.1f} ms/token, target {t_v * 1e3:.1f} ms/token, acceptance "
-        f"{probe.stats.acceptance_rate:.2f} over {probe_tokens} probe tokens at gamma={max_gamma}"
+        f"{figures.acceptance_rate:.2f} over {probe_tokens} probe tokens at gamma={max_gamma}"
     )
     return gamma, words
 

@@ -218,7 +218,7 @@ def test_a_sync_session_that_stops_drafting_is_plain_decoding(pair):
     trace = _sync_session(pair, _Script([0]))
     with jax.enable_x64(True):
         plain = jaxspec.generate(pair[1].model, [1, 2, 3, 4], 12, seeds=[5]).tokens
-    assert trace.tokens == plain and trace.drafted == 0
+    assert trace.tokens == plain and trace.figures.num_draft_tokens == 0
 
 
 def test_a_probe_after_empty_blocks_drafts_from_a_rebuilt_cache(pair):
@@ -244,4 +244,4 @@ def test_a_probe_after_empty_blocks_drafts_from_a_rebuilt_cache(pair):
             return super().draft(state, *args, **kw)
 
     trace = _sync_session(pair, _Script([0, 0, 0, 3, 0, 0, 2, 0, 4]), new=16, drafter=Checked)
-    assert len(trace.tokens) == 16 and 0 < trace.drafted and len(checked) >= 2
+    assert len(trace.tokens) == 16 and 0 < trace.figures.num_draft_tokens and len(checked) >= 2

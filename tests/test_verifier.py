@@ -259,7 +259,7 @@ def test_a_flooding_tenant_cannot_starve_another():
                 "quiet",
             )
         sched.tick()
-        served.append(q.rounds)
+        served.append(q.figures.rounds)
     # Two rows a tick, two tenants: the quiet tenant is served every tick.
     assert served == list(range(1, 9))
 

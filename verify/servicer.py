@@ -32,6 +32,7 @@ from typing import Any
 import grpc
 
 from jaxspec import wire
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import (
@@ -465,13 +466,11 @@ class VerifyStream:
         res = await fut
         self.tasks.discard(fut)
         metrics = self.service.metrics
-        metrics.count_block(
-            self.tenant.name,
-            stale=res.stale,
-            drafted=len(block.tokens),
-            accepted=res.accepted,
-            committed=len(res.tokens),
-        )
+        if res.stale:
+            metrics.count_stale(self.tenant.name)
+        else:
+            counted = AcceptanceFigures.of_round(len(block.tokens), res.accepted, len(res.tokens))
+            metrics.count_round(self.tenant.name, counted)
         metrics.block_seconds.labels(self.tenant.name).observe(time.perf_counter() - received)
         await self._write(pb.VerifyResponse(result=wire.result_to_proto(res)))
         self.service.answered_draining += self.service.draining.is_set()
