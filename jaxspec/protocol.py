@@ -84,7 +84,7 @@ ENCODINGS: tuple[str, ...] = ("full", "sparse", "onehot")
 # edge then samples from exactly float32(q16) * scale, docs/design.md §3).
 Q_DTYPES: tuple[str, ...] = ("float32", "float16")
 MODES: tuple[str, ...] = ("sync", "pipelined")
-MAX_GAMMA = 64  # the most drafts one block may carry anywhere (a verifier may allow fewer)
+GAMMA_CEILING = 64  # the most drafts any block may carry; a verifier's max_gamma is at most this
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -128,8 +128,8 @@ class DraftSpec:
                 f"gamma must be an integer (the longest block, with adaptive=True for "
                 f"'auto'), got {self.gamma!r}"
             )
-        if not 0 <= self.gamma <= MAX_GAMMA:
-            raise InvalidArgument(f"gamma must be in [0, {MAX_GAMMA}], got {self.gamma}")
+        if not 0 <= self.gamma <= GAMMA_CEILING:
+            raise InvalidArgument(f"gamma must be in [0, {GAMMA_CEILING}], got {self.gamma}")
         if not isinstance(self.adaptive, bool):
             raise InvalidArgument(f"adaptive must be a bool, got {self.adaptive!r}")
         if self.adaptive and self.gamma < 1:
@@ -158,7 +158,7 @@ class DraftSpec:
         return dataclasses.replace(self, gamma=gamma, adaptive=False)
 
     def check(
-        self, *, vocab_size: int, max_gamma: int = MAX_GAMMA, max_sparse_k: int | None = None
+        self, *, vocab_size: int, max_gamma: int = GAMMA_CEILING, max_sparse_k: int | None = None
     ) -> None:
         """Raise `InvalidArgument` unless this spec fits a vocabulary and a verifier's limits."""
         if self.gamma > max_gamma:
@@ -196,8 +196,11 @@ class SessionConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SessionInfo:
+    """The verifier's answer to OpenSession: the session's id and what it took: `gamma` (the
+    drafts its blocks carry at most), the sparse-q and vocabulary limits, max_new_tokens."""
+
     session_id: str
-    max_gamma: int
+    gamma: int
     max_sparse_k: int
     vocab_size: int
     max_new_tokens: int

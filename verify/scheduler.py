@@ -31,7 +31,7 @@ import numpy as np
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.model import Model, init_cache
 from jaxspec.protocol import (
-    MAX_GAMMA,
+    GAMMA_CEILING,
     MODES,
     DraftBlock,
     FailedPrecondition,
@@ -219,7 +219,7 @@ class SchedulerConfig:
 
     max_sessions: int = 64  # KV slots: live sessions at once
     max_len: int = 512  # positions per slot (prompt + new tokens + max_gamma + 1)
-    max_gamma: int = 8  # the most drafts a block may carry here (<= protocol MAX_GAMMA)
+    max_gamma: int = 8  # the most drafts a block may carry here (<= protocol GAMMA_CEILING)
     max_sparse_k: int = 16  # the most q columns a sparse block may carry
     row_buckets: tuple[int, ...] | None = None
     width_buckets: tuple[int, ...] | None = None
@@ -238,8 +238,8 @@ class SchedulerConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 1 <= self.max_gamma <= MAX_GAMMA:
-            raise ValueError(f"max_gamma must be in [1, {MAX_GAMMA}], got {self.max_gamma}")
+        if not 1 <= self.max_gamma <= GAMMA_CEILING:
+            raise ValueError(f"max_gamma must be in [1, {GAMMA_CEILING}], got {self.max_gamma}")
         if not self.idle_timeout_s > 0:
             raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
         width = self.max_gamma + 1
@@ -403,7 +403,7 @@ class Scheduler:
             )  # fmt: skip
         return SessionInfo(
             session_id=sid,
-            max_gamma=config.draft.gamma,
+            gamma=config.draft.gamma,
             max_sparse_k=self.config.max_sparse_k,
             vocab_size=self.vocab,
             max_new_tokens=config.max_new_tokens,

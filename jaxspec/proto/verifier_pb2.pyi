@@ -88,18 +88,18 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, prompt: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., mode: _Optional[_Union[Mode, str]] = ..., gamma: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse_k: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., default_stop_tokens: _Optional[bool] = ..., committed: _Optional[_Iterable[int]] = ..., adaptive_gamma: _Optional[bool] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., q_dtype: _Optional[_Union[QDtype, str]] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("session_id", "max_gamma", "max_sparse_k", "vocab_size", "max_new_tokens")
+    __slots__ = ("session_id", "gamma", "max_sparse_k", "vocab_size", "max_new_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
-    MAX_GAMMA_FIELD_NUMBER: _ClassVar[int]
+    GAMMA_FIELD_NUMBER: _ClassVar[int]
     MAX_SPARSE_K_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    max_gamma: int
+    gamma: int
     max_sparse_k: int
     vocab_size: int
     max_new_tokens: int
-    def __init__(self, session_id: _Optional[str] = ..., max_gamma: _Optional[int] = ..., max_sparse_k: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., gamma: _Optional[int] = ..., max_sparse_k: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class DraftBlock(_message.Message):
     __slots__ = ("session_id", "epoch", "start", "tokens", "q", "q_ids", "q_f16", "q_scale")

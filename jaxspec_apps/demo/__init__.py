@@ -190,7 +190,7 @@ def serve_args(args: argparse.Namespace) -> list[str]:
     need = max(len(p.encode()) for p in prompts) + template + args.tokens + 16
     max_len = bucket(need, 512)
     out = ["--checkpoint", args.checkpoint, "--max-sessions", str(args.tenants)]
-    longest = args.max_gamma if args.gamma == AUTO else args.gamma
+    longest = args.longest_block if args.gamma == AUTO else args.gamma
     out += ["--max-gamma", str(longest), "--max-len", str(max_len), "--drain-timeout-s", "2"]
     out += ["--kv-buckets", str(max_len)]  # one KV bucket: half the shapes to compile first
     if args.compilation_cache is not None:

@@ -91,7 +91,7 @@ class _StandIn:
 
         return SessionInfo(
             session_id="warmup",
-            max_gamma=config.draft.gamma,
+            gamma=config.draft.gamma,
             max_sparse_k=0,
             vocab_size=0,
             max_new_tokens=config.max_new_tokens,
