@@ -23,7 +23,7 @@ from jaxspec.protocol import (
     Unavailable,
     VerifyResult,
 )
-from jaxspec.testing import peaked_pair
+from tests.fixtures import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 from verify.metrics import ServiceMetrics
 

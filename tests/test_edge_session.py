@@ -17,8 +17,8 @@ from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
 from edge.session import EdgeSession, run_session
 from jaxspec.protocol import DraftSpec, SessionConfig
-from jaxspec.testing import peaked_pair
 from jaxspec.verification import Variant
+from tests.fixtures import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 PROMPT, NEW = (1, 2, 3, 4), 16

@@ -24,7 +24,7 @@ from jaxspec.protocol import (
     InvalidArgument,
     SessionConfig,
 )
-from jaxspec.testing import peaked_pair
+from tests.fixtures import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 PROMPT, NEW = (1, 2, 3, 4), 16

@@ -38,8 +38,8 @@ from jaxspec.protocol import (
 )
 from jaxspec.sampling import SamplingParams
 from jaxspec.speculative import draft_q_for
-from jaxspec.testing import peaked_pair
 from jaxspec.verification import Variant
+from tests.fixtures import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 V, K = 64, 8  # tiny_config's vocabulary; sparse columns
