@@ -241,7 +241,7 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
     print(echo + decode_text(text_model, trace.tokens))
     print(
         f"[{len(trace.tokens)} tokens, {trace.tokens_per_s:.1f} tok/s, {_acceptance(trace)}, "
-        f"{trace.rounds} rounds, {trace.stale} stale, "
+        f"{trace.figures.rounds} rounds, {trace.stale} stale, "
         f"{trace.resumes} resumes; {args.mode} gamma={args.gamma} {args.encoding}"
         + (" float16 q" if spec.f16 else "")
         + (f", blocks of {_lengths(policy.chosen)}" if policy is not None else "")

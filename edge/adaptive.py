@@ -1,7 +1,7 @@
 """Adaptive gamma: the edge picks each block's length from what it measures.
 
 Before drafting a block the session asks `AdaptiveGamma.next_gamma()`; the answer is the
-block length in 0..max_gamma with the least expected time per token under the papers' model
+block length in 0..longest with the least expected time per token under the papers' model
 (`jaxspec.analytic`, the same formulas the benchmarks evaluate and `proofs/latency.py`
 proves), fed with running measurements:
 
@@ -30,7 +30,7 @@ position the choice cannot see).
 
 Starting: until both timings are measured, the block is the longest the acceptance
 measurements support: the longest n whose last draft is reached with probability >= 1/2
-under the current per-position estimates (max_gamma before any answer, so the first block
+under the current per-position estimates (longest before any answer, so the first block
 measures every position).
 
 Why the output does not change: every draw is keyed by its absolute position (docs/design.md
@@ -51,7 +51,7 @@ class AdaptiveGamma:
     """Running measurements of one session and the block length they call for.
 
     Args:
-      max_gamma: the longest block (the session's `DraftSpec.gamma`).
+      longest: the longest block (the session's `DraftSpec.gamma`).
       mode: "sync" or "pipelined" (the session's mode; it selects the model's formula).
       depth: blocks in flight (pipelined).
       prior_alpha, prior_weight: the acceptance assumed before any answer, and how many
@@ -65,7 +65,7 @@ class AdaptiveGamma:
 
     def __init__(
         self,
-        max_gamma: int,
+        longest: int,
         mode: str,
         depth: int = 1,
         *,
@@ -75,20 +75,20 @@ class AdaptiveGamma:
         start_gamma: int | None = None,
         probe_every: int = 8,
     ) -> None:
-        if max_gamma < 1:
-            raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
+        if longest < 1:
+            raise ValueError(f"longest must be >= 1, got {longest}")
         if mode not in ("sync", "pipelined"):
             raise ValueError(f"mode must be 'sync' or 'pipelined', got {mode!r}")
         if probe_every < 1:
             raise ValueError(f"probe_every must be >= 1, got {probe_every}")
-        self.max_gamma = max_gamma
+        self.longest = longest
         self.mode = mode
         self.depth = 1 if mode == "sync" else max(1, depth)
         self.prior_alpha = prior_alpha
         self.prior_weight = prior_weight
         self.decay = decay
-        self.tested = [0] * max_gamma  # per position: answers that reached it
-        self.accepted = [0] * max_gamma  # per position: answers that accepted it
+        self.tested = [0] * longest  # per position: answers that reached it
+        self.accepted = [0] * longest  # per position: answers that accepted it
         self.t_draft: float | None = None  # seconds per draft token
         self.latency: float | None = None  # seconds from send to answer
         self.t_verify: float | None = None  # seconds of the verifier's step (it reports them)
@@ -162,9 +162,9 @@ class AdaptiveGamma:
         """The longest block the acceptance measured so far supports: the longest n whose
         last draft is reached (drafts 0..n-2 all accepted) with probability >= 1/2."""
         if not sum(self.tested):
-            return self.max_gamma
+            return self.longest
         reach, n = 1.0, 1
-        for i, a in enumerate(self.alphas()[: self.max_gamma - 1]):
+        for i, a in enumerate(self.alphas()[: self.longest - 1]):
             reach *= a
             if reach < 0.5:
                 break
@@ -192,7 +192,7 @@ class AdaptiveGamma:
                 self.latency - t_v,
                 t_v,
                 depth=self.depth,
-                max_gamma=self.max_gamma,
+                longest=self.longest,
             )
             if self.allow_zero and self.plain_token_time() < self.token_time(g):
                 if self._empty_run < self.probe_every:

@@ -43,7 +43,7 @@ from jaxspec.model import KVCache, Llama, Model, init_cache
 from jaxspec.protocol import DraftSpec, InvalidArgument
 from jaxspec.quantize import quant_spec
 from jaxspec.quantize import quantize as quantize_model
-from jaxspec.sampling import SamplingParams, TokenCounts, _cond
+from jaxspec.sampling import SamplingParams, TokenCounts, cond
 from jaxspec.shapes import bucket
 from jaxspec.speculative import draft_block
 from jaxspec.verification import DraftQ
@@ -169,7 +169,7 @@ def draft(
 
     # Re-feed t(n-2) only where its KV is missing (see `draft_block`).
     missing = (n_N >= 2) & (n_N - 2 >= state.cache.lengths)
-    counts = _cond(
+    counts = cond(
         sampling.penalized(),
         lambda _: TokenCounts.of(state.tokens, state.prompt_len, n_N, module.config.vocab_size),
         lambda _: TokenCounts.zeros(N, module.config.vocab_size),

@@ -16,7 +16,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from jaxspec.protocol import AcceptanceFigures, VerifierError
+from jaxspec.figures import AcceptanceFigures
+from jaxspec.protocol import VerifierError
 from jaxspec.sampling import (
     SEED_LIMIT,
     check_logit_bias,
@@ -417,8 +418,6 @@ def usage(
     prompt_tokens: int,
     completion_tokens: int,
     figures: AcceptanceFigures,
-    rounds: int,
-    committed: int,
 ) -> dict[str, Any]:
     """OpenAI's `usage`, plus `jaxspec`: the verifier's acceptance figures for the request
     (alpha = accepted drafts / drafts verified, tokens per verify round, and per draft
@@ -429,8 +428,8 @@ def usage(
         "total_tokens": prompt_tokens + completion_tokens,
         "jaxspec": {
             "acceptance_rate": round(figures.acceptance_rate, 6),
-            "tokens_per_round": round(committed / rounds, 6) if rounds else 0.0,
-            "rounds": rounds,
+            "tokens_per_round": round(figures.tokens_per_round, 6),
+            "rounds": figures.rounds,
             "draft_tokens": figures.num_draft_tokens,
             "accepted_tokens": figures.num_accepted_tokens,
             "accepted_per_position": list(figures.accepted_per_position),

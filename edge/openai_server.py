@@ -156,14 +156,7 @@ class Generation:
 
     def usage(self) -> dict[str, Any]:
         """The answer's `usage`, with the acceptance figures (`usage.jaxspec`)."""
-        trace = self.session.trace
-        return usage(
-            len(self.config.prompt),
-            len(self.text.tokens),
-            trace.figures,
-            trace.rounds,
-            len(trace.tokens),
-        )
+        return usage(len(self.config.prompt), len(self.text.tokens), self.session.trace.figures)
 
 
 _BACKGROUND: set[asyncio.Task] = set()  # cancelled sessions, kept alive while they close

@@ -32,8 +32,8 @@ import jax
 import numpy as np
 
 from edge.drafter import DraftBatch, Drafter, DrafterState
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import (
-    AcceptanceFigures,
     DraftBlock,
     SessionConfig,
     Unavailable,
@@ -46,27 +46,21 @@ from jaxspec.shapes import bucket
 
 @dataclasses.dataclass
 class SessionTrace:
-    """What a session did: tokens, timings and counters (for metrics, the demo, benchmarks)."""
+    """What a session did: tokens, timings and counters (for metrics, the demo, benchmarks).
+    Acceptance is counted once, by the verifier: `figures`."""
 
     tokens: list[int] = dataclasses.field(default_factory=list)
     token_times: list[float] = dataclasses.field(default_factory=list)  # commit wall times
     blocks_sent: int = 0
     stale: int = 0
     rollbacks: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    rounds: int = 0
     resumes: int = 0  # sessions reopened after the verifier went away
     start_time: float = 0.0
     end_time: float = 0.0
     events: list[tuple[str, tuple[int, ...]]] = dataclasses.field(default_factory=list)
-    # The verifier's acceptance totals for this session (vLLM's figures, summed over the
-    # sessions a resume opened): what the last answered block carried.
+    # The verifier's acceptance totals for this session (summed over the sessions a resume
+    # opened): what the last answered block carried.
     figures: AcceptanceFigures = dataclasses.field(default_factory=AcceptanceFigures)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -343,9 +337,6 @@ class EdgeSession:
         """Commit the answer to `block` (sent at `sent`); on a correction or bonus token, roll
         the drafter back to it and move to the answer's epoch."""
         trace = self.trace
-        trace.rounds += 1
-        trace.drafted += len(block.tokens)
-        trace.accepted += r.accepted
         now = time.perf_counter()
         if self.observe_result is not None and sent is not None:
             self.observe_result(len(block.tokens), r.accepted, now - sent, r.step_s)

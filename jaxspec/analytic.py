@@ -83,14 +83,14 @@ def best_gamma(
     t_v: Number,
     *,
     depth: int = 1,
-    max_gamma: int,
+    longest: int,
 ) -> int:
-    """The gamma in 1..max_gamma with the least expected time per token for `mode` ("sync",
+    """The gamma in 1..longest with the least expected time per token for `mode` ("sync",
     "pipelined" or "colocated"); ties go to the shorter block. `t_d` may be a function of
     gamma (draft time per token when drafting a block of gamma: a fixed cost per block makes
     short blocks dearer per token)."""
-    if max_gamma < 1:
-        raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
+    if longest < 1:
+        raise ValueError(f"longest must be >= 1, got {longest}")
 
     def cost(g: int) -> Number:
         td = t_d(g) if callable(t_d) else t_d
@@ -102,4 +102,4 @@ def best_gamma(
             return colocated_token_time(g, alpha, td, t_v)
         raise ValueError(f"unknown mode {mode!r}")
 
-    return min(range(1, max_gamma + 1), key=lambda g: (cost(g), g))
+    return min(range(1, longest + 1), key=lambda g: (cost(g), g))

@@ -22,9 +22,14 @@ from safetensors import safe_open
 from safetensors.flax import save_file
 
 from jaxspec.config import CheckpointError, LlamaConfig
-from jaxspec.gguf_import import _field as _gguf_field
-from jaxspec.gguf_import import _reader as _gguf_reader
-from jaxspec.gguf_import import find_gguf, gguf_tokenizer, has_tokenizer, read_gguf
+from jaxspec.gguf_import import (
+    find_gguf,
+    gguf_field,
+    gguf_reader,
+    gguf_tokenizer,
+    has_tokenizer,
+    read_gguf,
+)
 from jaxspec.model import Model, init_params
 
 PathLike = str | os.PathLike[str]
@@ -254,10 +259,10 @@ def generation_defaults(path: PathLike) -> dict[str, float]:
     conversion). Chat commands use them where no flag says otherwise."""
     d = _resolve(path)
     if d.suffix == ".gguf" and d.is_file():
-        reader = _gguf_reader(d)
+        reader = gguf_reader(d)
         out = {}
         for key, field in GGUF_SAMPLING.items():
-            value = _gguf_field(reader, field)
+            value = gguf_field(reader, field)
             if value is not None:
                 out[key] = float(value)
         return out

@@ -22,11 +22,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, UInt32
 
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.model import KVCache, Llama, Model, init_cache
 from jaxspec.protocol import MODES, DraftSpec
 from jaxspec.sampling import Purpose, SamplingParams, TokenCounts, sample_at, session_keys
 from jaxspec.shapes import bucket
-from jaxspec.speculative import DecodeBatch, SpecCounters, SpecStats, speculative_decode
+from jaxspec.speculative import DecodeBatch, SpecCounters, speculative_decode
 from jaxspec.traces import traces
 from jaxspec.verification import EXACT, Variant
 
@@ -40,37 +41,20 @@ class GenerateStats:
     `wall_s` is the time spent decoding (compilation excluded) and `tokens_per_s` the new
     tokens over it: the speed a second call with the same shapes gets. `compile_s` is the time
     spent tracing and compiling shapes met for the first time (0.0 when every shape was
-    compiled already); `compiled` says whether any was. `spec` holds the speculative-decoding
-    counters when a draft was used (None for plain decoding)."""
+    compiled already); `compiled` says whether any was. `figures` holds the speculative-decoding
+    totals (`AcceptanceFigures`) when a draft was used (None for plain decoding)."""
 
     num_rows: int
     new_tokens: int
     wall_s: float
     compiled: bool
-    spec: SpecStats | None = None
+    figures: AcceptanceFigures | None = None
     compile_s: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
         """New tokens per second of decoding (compilation excluded)."""
         return self.new_tokens / self.wall_s if self.wall_s > 0 else float("inf")
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """alpha: accepted drafts / drafted tokens."""
-        return None if self.spec is None else self.spec.acceptance_rate
-
-    @property
-    def mean_accepted(self) -> float | None:
-        return None if self.spec is None else self.spec.mean_accepted
-
-    @property
-    def tokens_per_round(self) -> float | None:
-        return None if self.spec is None else self.spec.tokens_per_round
-
-    @property
-    def per_position_acceptance(self) -> tuple[float, ...] | None:
-        return None if self.spec is None else self.spec.per_position_acceptance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +145,7 @@ def generate(
         Lossless: the output is distributed exactly as plain decoding's.
         `q_dtype="float16"` drafts from q rounded to float16 (times one float32 scale per
         draft), as an edge session of that `q_dtype` does: the same tokens as that session.
-        `gamma=0` is speculation off: plain decoding, the draft unused (`stats.spec` None),
+        `gamma=0` is speculation off: plain decoding, the draft unused (`stats.figures` None),
         as an edge session of gamma 0 gets the same tokens from the verifier.
       max_batch: rows decoded per jitted call; larger batches run in chunks.
     """
@@ -210,7 +194,7 @@ def decode(
     n = len(rows)
     stop_arr = jnp.asarray(list(stop_tokens) or [-1], jnp.int32)
     out = np.full((n, max_new_tokens), -1, np.int32)
-    compile_s, compiled, spec_stats = 0.0, False, None
+    compile_s, compiled, figures = 0.0, False, None
     start = time.perf_counter()
     for lo in range(0, n, max_batch):
         hi = min(n, lo + max_batch)
@@ -222,14 +206,14 @@ def decode(
         if traced:  # a new shape: its lowering was a compilation
             compiled, compile_s = True, compile_s + lowering_s
         if counters is not None:
-            chunk_stats = counters.to_stats()
-            spec_stats = chunk_stats if spec_stats is None else spec_stats + chunk_stats
+            part = counters.to_figures()
+            figures = part if figures is None else figures + part
     stats = GenerateStats(
         num_rows=n,
         new_tokens=int(np.sum(out >= 0)),
         wall_s=time.perf_counter() - start - compile_s,
         compiled=compiled,
-        spec=spec_stats,
+        figures=figures,
         compile_s=compile_s,
     )
     return out, stats

@@ -87,7 +87,10 @@ def find_gguf(path: PathLike) -> pathlib.Path | None:
     return None
 
 
-def _reader(path: pathlib.Path) -> Any:
+def gguf_reader(path: pathlib.Path) -> Any:
+    """A `gguf.GGUFReader` over the file at `path` (memory-mapped, nothing loaded yet), or a
+    `CheckpointError` naming the file when the reader cannot parse it (the reader raises
+    ValueError, struct.error, IndexError... : callers catch one error that says which file)."""
     import gguf
 
     try:
@@ -96,50 +99,52 @@ def _reader(path: pathlib.Path) -> Any:
         raise CheckpointError(f"{path} is not a readable GGUF file: {e}") from e
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
+def gguf_field(reader: Any, key: str, default: Any = None) -> Any:
+    """The value of the metadata key `key` (e.g. "llama.context_length") in a `gguf_reader`'s
+    file, `default` when the file does not have it."""
     f = reader.fields.get(key)
     return default if f is None else f.contents()
 
 
 def gguf_config(reader: Any, where: str = "") -> LlamaConfig:
     """The `LlamaConfig` of a GGUF file's `llama.*` metadata."""
-    arch = _field(reader, "general.architecture")
+    arch = gguf_field(reader, "general.architecture")
     if arch != "llama":
         raise CheckpointError(
             f"{where}: GGUF architecture {arch!r} is not supported; jaxspec reads 'llama'"
         )
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise CheckpointError(f"{where}: per-frequency RoPE factors (rope_freqs) not supported")
-    scaling = _field(reader, "llama.rope.scaling.type", "none")
+    scaling = gguf_field(reader, "llama.rope.scaling.type", "none")
     if scaling not in ("none", None):
         raise CheckpointError(f"{where}: RoPE scaling {scaling!r} in a GGUF is not supported")
 
     def need(key: str) -> Any:
-        v = _field(reader, f"llama.{key}")
+        v = gguf_field(reader, f"llama.{key}")
         if v is None:
             raise CheckpointError(f"{where}: GGUF metadata lacks llama.{key}")
         return v
 
     hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = _field(reader, "llama.vocab_size") or (len(tokens.data) if tokens else None)
+    vocab = gguf_field(reader, "llama.vocab_size") or (len(tokens.data) if tokens else None)
     if vocab is None:
         raise CheckpointError(f"{where}: GGUF metadata gives no vocabulary size")
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    eos = gguf_field(reader, "tokenizer.ggml.eos_token_id")
     return LlamaConfig(
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(need("feed_forward_length")),
         num_hidden_layers=int(need("block_count")),
         num_attention_heads=heads,
-        num_key_value_heads=int(_field(reader, "llama.attention.head_count_kv", heads)),
-        head_dim=int(_field(reader, "llama.attention.key_length", hidden // heads)),
-        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        max_position_embeddings=int(_field(reader, "llama.context_length", 2048)),
+        num_key_value_heads=int(gguf_field(reader, "llama.attention.head_count_kv", heads)),
+        head_dim=int(gguf_field(reader, "llama.attention.key_length", hidden // heads)),
+        rms_norm_eps=float(gguf_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(gguf_field(reader, "llama.rope.freq_base", 10000.0)),
+        max_position_embeddings=int(gguf_field(reader, "llama.context_length", 2048)),
         tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
         model_type="llama",
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (int(eos),),
     )
 
@@ -203,7 +208,7 @@ def gguf_tokenizer(path: pathlib.Path, reader: Any = None) -> Any:
         convert_gguf_tokenizer,
     )
 
-    reader = reader if reader is not None else _reader(path)
+    reader = reader if reader is not None else gguf_reader(path)
     meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
     grouped = {
         group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items()
@@ -222,7 +227,9 @@ def gguf_tokenizer(path: pathlib.Path, reader: Any = None) -> Any:
         token_id = meta.get(f"tokenizer.ggml.{key}")
         config[name] = tokenizer["tokens"][token_id] if token_id is not None else None
     try:
-        backend, extra = convert_gguf_tokenizer(_field(reader, "general.architecture"), tokenizer)
+        backend, extra = convert_gguf_tokenizer(
+            gguf_field(reader, "general.architecture"), tokenizer
+        )
         return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
     except Exception as e:  # transformers raises many types here
         raise CheckpointError(f"{path}: the GGUF tokenizer could not be built: {e}") from e
@@ -236,6 +243,6 @@ def read_gguf(
     path: pathlib.Path, progress: Any = None
 ) -> tuple[LlamaConfig, dict[str, np.ndarray], Any]:
     """`(config, HF-named float32 tensors, reader)` of a GGUF file."""
-    reader = _reader(path)
+    reader = gguf_reader(path)
     config = gguf_config(reader, str(path))
     return config, gguf_tensors(reader, config, str(path), progress), reader

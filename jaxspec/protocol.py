@@ -12,6 +12,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from jaxspec.figures import AcceptanceFigures
+
 
 class VerifierError(Exception):
     """Base of protocol errors; `code` names the gRPC status it maps to."""
@@ -82,7 +84,7 @@ ENCODINGS: tuple[str, ...] = ("full", "sparse", "onehot")
 # edge then samples from exactly float32(q16) * scale, docs/design.md §3).
 Q_DTYPES: tuple[str, ...] = ("float32", "float16")
 MODES: tuple[str, ...] = ("sync", "pipelined")
-MAX_GAMMA = 64  # the most drafts one block may carry anywhere (a verifier may allow fewer)
+GAMMA_CEILING = 64  # the most drafts any block may carry; a verifier's max_gamma is at most this
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -126,8 +128,8 @@ class DraftSpec:
                 f"gamma must be an integer (the longest block, with adaptive=True for "
                 f"'auto'), got {self.gamma!r}"
             )
-        if not 0 <= self.gamma <= MAX_GAMMA:
-            raise InvalidArgument(f"gamma must be in [0, {MAX_GAMMA}], got {self.gamma}")
+        if not 0 <= self.gamma <= GAMMA_CEILING:
+            raise InvalidArgument(f"gamma must be in [0, {GAMMA_CEILING}], got {self.gamma}")
         if not isinstance(self.adaptive, bool):
             raise InvalidArgument(f"adaptive must be a bool, got {self.adaptive!r}")
         if self.adaptive and self.gamma < 1:
@@ -156,7 +158,7 @@ class DraftSpec:
         return dataclasses.replace(self, gamma=gamma, adaptive=False)
 
     def check(
-        self, *, vocab_size: int, max_gamma: int = MAX_GAMMA, max_sparse_k: int | None = None
+        self, *, vocab_size: int, max_gamma: int = GAMMA_CEILING, max_sparse_k: int | None = None
     ) -> None:
         """Raise `InvalidArgument` unless this spec fits a vocabulary and a verifier's limits."""
         if self.gamma > max_gamma:
@@ -194,8 +196,11 @@ class SessionConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SessionInfo:
+    """The verifier's answer to OpenSession: the session's id and what it took: `gamma` (the
+    drafts its blocks carry at most), the sparse-q and vocabulary limits, max_new_tokens."""
+
     session_id: str
-    max_gamma: int
+    gamma: int
     max_sparse_k: int
     vocab_size: int
     max_new_tokens: int
@@ -265,47 +270,6 @@ def q_to_f16(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class AcceptanceFigures:
-    """A session's speculative-decoding totals, counted as vLLM counts them (its
-    `vllm:spec_decode_*` metrics), by the verifier over the blocks it verified (stale ones
-    count nothing; accepted drafts are those committed, cut at a stop token / max_new_tokens).
-
-    num_drafts: blocks verified with at least one draft (a gamma-0 block is none);
-    num_draft_tokens: drafts verified; num_accepted_tokens: drafts accepted;
-    accepted_per_position: `[gamma]`, entry i = blocks whose draft at position i was accepted.
-    """
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: tuple[int, ...] = ()
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted drafts / drafts verified (alpha); 0.0 before any draft."""
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """vLLM's: 1 + accepted drafts per block with drafts (tokens a block yields, counting
-        the verifier's own); 0.0 before any."""
-        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
-
-    def __add__(self, other: AcceptanceFigures) -> AcceptanceFigures:
-        """The totals of two sessions (e.g. before and after a resume); per-position entries
-        add by position."""
-        a, b = self.accepted_per_position, other.accepted_per_position
-        n = max(len(a), len(b))
-        a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
-        return AcceptanceFigures(
-            num_drafts=self.num_drafts + other.num_drafts,
-            num_draft_tokens=self.num_draft_tokens + other.num_draft_tokens,
-            num_accepted_tokens=self.num_accepted_tokens + other.num_accepted_tokens,
-            accepted_per_position=tuple(x + y for x, y in zip(a, b, strict=True)),
-        )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class VerifyResult:
     """The verifier's answer to one block.
 
@@ -325,7 +289,7 @@ class VerifyResult:
     new_epoch: int = 0
     stale: bool = False
     finished: bool = False
-    figures: AcceptanceFigures = AcceptanceFigures()
+    figures: AcceptanceFigures = dataclasses.field(default_factory=AcceptanceFigures)
     # The verify step that answered this block (0: stale): a measurement, not part of what
     # the result says, so it takes no part in equality.
     step_s: float = dataclasses.field(default=0.0, compare=False)

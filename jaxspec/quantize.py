@@ -15,7 +15,7 @@ weights: with it in bf16 the w4a16 draft keeps 0.70x of its bf16 bytes, quantize
 softmax stay in float; norm scales, biases (and the embedding with `embeddings=False`) are
 stored in bfloat16. Activations run in `model.dtype`, unquantized except under "w4a4".
 
-Scales: symmetric absmax (a group's largest |w| maps to 2^(b-1) - 1 exactly; `_aqt` says
+Scales: symmetric absmax (a group's largest |w| maps to 2^(b-1) - 1 exactly; `aqt_compat` says
 why that is not AQT's default), one bfloat16 scale per output column and per group of
 `group_size` consecutive inputs (the contraction axis); `group_size=None` is per-channel (one
 group). A contraction axis that `group_size` does not divide is zero-padded to whole groups
@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import _aqt, int4kernel, quant_methods
+from jaxspec import aqt_compat, int4kernel, quant_methods
 from jaxspec.config import CheckpointError
 from jaxspec.model import Llama, Model, init_cache
 
@@ -57,7 +57,7 @@ SCHEMES: dict[str, tuple[int, int | None] | None] = {
     "w4a16": (4, None),
     "w4a4": (4, 4),
 }
-SCALE_DTYPE = _aqt.SCALE_DTYPE
+SCALE_DTYPE = aqt_compat.SCALE_DTYPE
 STORE_DTYPE = jnp.bfloat16  # everything that is not quantized
 QUANT_METHOD = "jaxspec-aqt"
 METHODS = ("gptq", "clip", "asym", "rtn")  # `quantize(method=...)`; quant_methods says how
@@ -188,7 +188,7 @@ class QuantSpec:
             return (-(-M // TILE), K, 32), jnp.uint8
         if self.weight_bits == 4 and self.packed:
             return (-(-K // 2), M), jnp.uint8
-        return (K, M), _aqt.qvalue_dtype(self.weight_bits)
+        return (K, M), aqt_compat.qvalue_dtype(self.weight_bits)
 
     def pack(self, q_KM: jax.Array) -> jax.Array:
         """int8 q `[K, M]` -> the stored ints."""
@@ -249,7 +249,7 @@ class _Matmul(nn.Module):
     @nn.compact
     def __call__(self, x, w=None, served=None, minimum=None):
         s = self.spec
-        y = _aqt.matmul(
+        y = aqt_compat.matmul(
             x, w, mode=self.mode, weight_bits=s.weight_bits, act_bits=s.act_bits,
             group=self.group, served=served,
         )  # fmt: skip
@@ -377,7 +377,9 @@ class QuantEmbed(nn.Module):
                 table = q * s.astype(self.dtype)[:, None, :] + m[:, None, :]
                 return table.reshape(G * g, -1)[:H].T.reshape(*tokens.shape, H)
         elif self.mode == "train":
-            q, s = _aqt.fake_quant_table(self._weight().reshape(G, g, -1), self.spec.weight_bits)
+            q, s = aqt_compat.fake_quant_table(
+                self._weight().reshape(G, g, -1), self.spec.weight_bits
+            )
             q, s = jnp.take(q, flat, axis=2), jnp.take(s, flat, axis=1)
         else:  # convert: freeze the table through `attend`; the lookup itself does not matter
             self.attend(jnp.zeros((1, H), self.dtype))
@@ -712,10 +714,10 @@ def _convert(module: Llama, spec: QuantSpec, params: Any) -> Any:
     tok = jnp.zeros((1, 1), jnp.int32)
     cache = init_cache(module.config, 1, 1, module.dtype)
     _, variables = module.apply(
-        {"params": params}, tok, tok, tok > -1, cache, mutable=[_aqt.COLLECTION]
+        {"params": params}, tok, tok, tok > -1, cache, mutable=[aqt_compat.COLLECTION]
     )
     frozen = {}
-    for owner, qs in _aqt.frozen(variables[_aqt.COLLECTION]).items():
+    for owner, qs in aqt_compat.frozen(variables[aqt_compat.COLLECTION]).items():
         assert owner[-1] == "matmul", owner
         frozen[owner[:-1]] = qs
     return _serve_params(spec, params, frozen)

@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, UInt32
+
+_T = TypeVar("_T")
 
 
 class Purpose(enum.IntEnum):
@@ -399,11 +402,11 @@ def warp(
     """
     V = logits_BV.shape[-1]
     if options:
-        logits_BV = _cond(
+        logits_BV = cond(
             jnp.any(params.bias_ids >= 0), lambda x: _add_bias(x, params), lambda x: x, logits_BV
         )
     if counts is not None and params.repetition_penalty is not None:
-        logits_BV = _cond(
+        logits_BV = cond(
             params.penalized(), lambda x: _penalize(x, params, counts), lambda x: x, logits_BV
         )
     t = params.temperature.astype(logits_BV.dtype)[:, None]
@@ -412,11 +415,11 @@ def warp(
     def sampled(_):
         scaled = logits_BV / jnp.where(t > 0, t, 1)
         if options:
-            scaled = _cond(
+            scaled = cond(
                 jnp.any(params.min_p > 0), lambda x: _min_p(x, params), lambda x: x, scaled
             )
         filters = jnp.any(params.top_k > 0) | jnp.any(params.top_p < 1)
-        probs = _cond(
+        probs = cond(
             filters,
             lambda s: _top_k_top_p(s, params),
             lambda s: jax.nn.softmax(s, axis=-1),
@@ -424,7 +427,7 @@ def warp(
         )
         return jnp.where(t > 0, probs, greedy)
 
-    return _cond(jnp.all(t == 0), lambda _: greedy, sampled, None)
+    return cond(jnp.all(t == 0), lambda _: greedy, sampled, None)
 
 
 def _add_bias(logits_BV: jax.Array, params: SamplingParams) -> jax.Array:
@@ -455,9 +458,14 @@ def _min_p(scaled_BV: jax.Array, params: SamplingParams) -> jax.Array:
     return jnp.where(probs >= floor, scaled_BV, -jnp.inf)
 
 
-def _cond(pred, true_fn, false_fn, operand):
-    """`lax.cond` under a trace; a plain `if` on concrete values (eager calls then compile
-    nothing: an eager float64 `lax.cond` once crashed XLA's CPU compiler in our suite)."""
+def cond(
+    pred: Any, true_fn: Callable[[Any], _T], false_fn: Callable[[Any], _T], operand: Any
+) -> _T:
+    """`jax.lax.cond(pred, true_fn, false_fn, operand)` under a trace; on a concrete `pred` a
+    plain `if` that calls only the branch taken. The sampler, the verification rule and the
+    drafter skip work a batch does not need (penalties, min-p, top-k/top-p) this way both in
+    jitted steps and in eager calls; eager calls then compile nothing (an eager float64
+    `lax.cond` once crashed XLA's CPU compiler in our suite)."""
     if isinstance(pred, jax.core.Tracer):
         return jax.lax.cond(pred, true_fn, false_fn, operand)
     return true_fn(operand) if bool(pred) else false_fn(operand)

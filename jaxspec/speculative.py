@@ -22,57 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.model import KVCache, Llama, init_cache
 from jaxspec.protocol import DraftSpec
 from jaxspec.sampling import Purpose, SamplingParams, TokenCounts, sample, uniforms, warp
 from jaxspec.verification import EXACT, DraftQ, Variant, Verdicts, verify_block
-
-
-@dataclasses.dataclass(frozen=True)
-class SpecStats:
-    """Speculative-decoding counters (vLLM's vocabulary).
-
-    acceptance_rate: accepted drafts / drafted tokens (alpha).
-    mean_accepted: accepted drafts per verification round.
-    tokens_per_round: committed tokens per verification round.
-    per_position_acceptance: `[K]`, fraction of rounds whose draft j was accepted.
-    """
-
-    rounds: int
-    drafted: int
-    accepted: int
-    emitted: int
-    per_position_accepted: tuple[int, ...]
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_accepted(self) -> float:
-        return self.accepted / self.rounds if self.rounds else 0.0
-
-    @property
-    def tokens_per_round(self) -> float:
-        return self.emitted / self.rounds if self.rounds else 0.0
-
-    @property
-    def per_position_acceptance(self) -> tuple[float, ...]:
-        return tuple(a / self.rounds if self.rounds else 0.0 for a in self.per_position_accepted)
-
-    def __add__(self, other: SpecStats) -> SpecStats:
-        return SpecStats(
-            rounds=self.rounds + other.rounds,
-            drafted=self.drafted + other.drafted,
-            accepted=self.accepted + other.accepted,
-            emitted=self.emitted + other.emitted,
-            per_position_accepted=tuple(
-                a + b
-                for a, b in zip(
-                    self.per_position_accepted, other.per_position_accepted, strict=True
-                )
-            ),
-        )
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -124,15 +78,16 @@ class SpecCounters:
             rounds=z, drafted=z, accepted=z, emitted=z, per_position=jnp.zeros(gamma, z.dtype)
         )
 
-    def to_stats(self) -> SpecStats:
-        """The host-side `SpecStats` of these (device) counters."""
+    def to_figures(self) -> AcceptanceFigures:
+        """The host-side `AcceptanceFigures` of these (device) counters."""
         c = jax.tree.map(np.asarray, self)
-        return SpecStats(
+        return AcceptanceFigures(
+            num_drafts=int(c.rounds) if c.per_position.shape[0] else 0,
+            num_draft_tokens=int(c.drafted),
+            num_accepted_tokens=int(c.accepted),
+            accepted_per_position=tuple(int(x) for x in c.per_position),
             rounds=int(c.rounds),
-            drafted=int(c.drafted),
-            accepted=int(c.accepted),
             emitted=int(c.emitted),
-            per_position_accepted=tuple(int(x) for x in c.per_position),
         )
 
 

@@ -33,7 +33,7 @@ from jaxspec.sampling import (
     Purpose,
     SamplingParams,
     TokenCounts,
-    _cond,
+    cond,
     sample,
     uniforms,
     warp,
@@ -286,7 +286,7 @@ def _target_probs(logits_BKV, draft_BK, sampling, counts) -> jax.Array:
     if counts is None:
         return warp(flat, rep).reshape(B, K1, V)
     # the per-position counts are built only when a row sets a penalty
-    return _cond(
+    return cond(
         sampling.penalized(),
         lambda x: warp(x, rep, counts.per_position(draft_BK, K1)),
         lambda x: warp(x, rep),

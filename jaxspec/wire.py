@@ -14,9 +14,9 @@ import dataclasses
 
 import numpy as np
 
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.protocol import (
-    AcceptanceFigures,
     DraftBlock,
     DraftSpec,
     InvalidArgument,
@@ -201,6 +201,8 @@ def result_from_proto(m: pb.VerifyResult) -> VerifyResult:
             num_draft_tokens=m.figures.num_draft_tokens,
             num_accepted_tokens=m.figures.num_accepted_tokens,
             accepted_per_position=tuple(m.figures.accepted_per_position),
+            rounds=m.figures.rounds,
+            emitted=m.figures.emitted,
         ),
         step_s=m.step_s,
     )

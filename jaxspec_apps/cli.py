@@ -78,7 +78,7 @@ def _generate(args: argparse.Namespace) -> int:
     if spec.adaptive:  # co-located decoding drafts one fixed gamma: measure and pick it
         gamma = 0  # without a draft, plain decoding: nothing to choose
         if draft is not None:
-            gamma, why = choose_colocated_gamma(model, draft, ids, args.max_gamma, sampling)
+            gamma, why = choose_colocated_gamma(model, draft, ids, args.longest_block, sampling)
             print(f"[--gamma auto: picked gamma={gamma} ({why})]", file=sys.stderr)
         spec = dataclasses.replace(spec, gamma=gamma, adaptive=False)
         args.gamma = gamma
@@ -89,10 +89,10 @@ def _generate(args: argparse.Namespace) -> int:
     print(echo + decode_text(model, out.tokens))
     s = out.stats
     spec = ""
-    if s.spec is not None:
+    if (f := s.figures) is not None:
         spec = (
             f", speculative gamma={args.gamma} {args.mode} {args.encoding}: acceptance rate "
-            f"{s.acceptance_rate:.2f}, {s.tokens_per_round:.2f} tokens per round"
+            f"{f.acceptance_rate:.2f}, {f.tokens_per_round:.2f} tokens per round"
         )
     # Compilation (first call of each shape) and generation are timed apart: tok/s is the
     # speed of the generation alone, what a second prompt of these shapes would get.
@@ -122,7 +122,7 @@ def choose_colocated_gamma(
     target: jaxspec.Model,
     draft: jaxspec.Model,
     ids: Sequence[int],
-    max_gamma: int,
+    longest: int,
     sampling: dict,
     probe_tokens: int = PROBE_TOKENS,
 ) -> tuple[int, str]:
@@ -131,17 +131,18 @@ def choose_colocated_gamma(
     co-located: the sync round without a network), fed with measured figures: the draft's and
     the target's time per token from a short plain run of each (a verify step of a few
     positions costs about one decode step on a memory-bound model), and the acceptance per
-    draft position from a short speculative run at `max_gamma`. Returns the gamma and the
+    draft position from a short speculative run at `longest`. Returns the gamma and the
     figures in words. Each probe's compilation is excluded from its timing."""
     plain = {k: v for k, v in sampling.items()}
     t_d = 1.0 / jaxspec.generate(draft, ids, probe_tokens, **plain).stats.tokens_per_s
     t_v = 1.0 / jaxspec.generate(target, ids, probe_tokens, **plain).stats.tokens_per_s
-    probe = jaxspec.generate(target, ids, probe_tokens, **plain, draft=draft, gamma=max_gamma)
-    alphas = conditional_alphas(probe.stats.per_position_acceptance or ())
-    gamma = analytic.best_gamma("colocated", alphas, t_d, 0.0, t_v, max_gamma=max_gamma)
+    probe = jaxspec.generate(target, ids, probe_tokens, **plain, draft=draft, gamma=longest)
+    figures = probe.stats.figures or jaxspec.AcceptanceFigures()
+    alphas = conditional_alphas(figures.per_position_acceptance)
+    gamma = analytic.best_gamma("colocated", alphas, t_d, 0.0, t_v, longest=longest)
     words = (
         f"draft {t_d * 1e3:.1f} ms/token, target {t_v * 1e3:.1f} ms/token, acceptance "
-        f"{probe.stats.acceptance_rate:.2f} over {probe_tokens} probe tokens at gamma={max_gamma}"
+        f"{figures.acceptance_rate:.2f} over {probe_tokens} probe tokens at gamma={longest}"
     )
     return gamma, words
 
@@ -232,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         helps={
             "gamma_auto": "drafts per block, or 'auto': measure the draft's and the target's "
             "speeds and the acceptance on short runs, then pick the fastest block length in "
-            "[1, --max-gamma] (default %(default)s)",
+            "[1, --longest-block] (default %(default)s)",
             "mode": "sync: one block, then its verdict (with a bonus token); pipelined: "
             "draft the next block before the verdict (co-located there is no round trip to "
             "hide, so sync is the default here; the edge and the demo default to pipelined) "

@@ -9,7 +9,7 @@
 Each command keeps its own defaults (passed here) and leaves out the flags it has no use
 for; the names, types, choices and help texts are the same everywhere. The destinations are
 `temperature`, `top_k`, `top_p`, `seed`, `gamma`, `mode`, `encoding`, `sparse_k` (and
-`max_gamma` where a command takes `--gamma auto`: `args.gamma` is then an int or "auto";
+`longest_block` where a command takes `--gamma auto`: `args.gamma` is then an int or "auto";
 `q_dtype` where a command sends q over the wire).
 `check_args` runs the same validators the library runs later (`check_sampling`, `DraftSpec`),
 so a bad flag fails in a fraction of a second instead of after a model has loaded.
@@ -39,12 +39,12 @@ SAMPLING_HELP = {
     "'2:-100' bans token 2; at most 32, each within +-100",
 }
 AUTO = "auto"  # --gamma auto: the edge picks each block's length (DraftSpec.adaptive)
-DEFAULT_MAX_GAMMA = 8  # the longest block of --gamma auto unless --max-gamma says
+DEFAULT_LONGEST_BLOCK = 8  # the longest block of --gamma auto unless --longest-block says
 DRAFT_HELP = {
     "gamma": "drafts per block (default %(default)s)",
     "gamma_auto": "drafts per block, or 'auto': the edge picks each block's length in "
-    "[1, --max-gamma] as it goes (default %(default)s)",
-    "max_gamma": "with --gamma auto: the longest block (default %(default)s)",
+    "[1, --longest-block] as it goes (default %(default)s)",
+    "longest_block": "with --gamma auto: the longest block (default %(default)s)",
     "mode": "sync: one block, then wait for its verdict (a bonus token after a fully accepted "
     "block); pipelined: draft on while blocks are in flight (default %(default)s)",
     "encoding": "how the draft q travels: full distribution, sparse top-k, or onehot "
@@ -302,7 +302,7 @@ def add_draft_flags(
     limited to `MODES`, `ENCODINGS` and `Q_DTYPES`); a flag whose default is None is left out.
 
     `auto_gamma`: the command can let the edge choose each block's length, so `--gamma`
-    also takes "auto" (`DraftSpec(gamma=--max-gamma, adaptive=True)`) and `--max-gamma` is
+    also takes "auto" (`DraftSpec(gamma=--longest-block, adaptive=True)`) and `--longest-block` is
     added. Commands that run a fixed block length (co-located decoding, benchmarks) leave it
     off, and "auto" is a usage error there."""
     flags = {
@@ -316,19 +316,19 @@ def add_draft_flags(
     gamma_auto_help = helps.pop("gamma_auto", DRAFT_HELP["gamma_auto"])
     if auto_gamma and gamma is not None:
         helps.setdefault("gamma", gamma_auto_help)
-        flags["max_gamma"] = (DEFAULT_MAX_GAMMA, int, None)
+        flags["longest_block"] = (DEFAULT_LONGEST_BLOCK, int, None)
     _add(parser, flags, DRAFT_HELP, helps)
 
 
 def draft_spec_from_args(args: argparse.Namespace) -> DraftSpec:
     """The `DraftSpec` of parsed draft flags (a flag a command left out takes DraftSpec's
-    default); `--gamma auto` is `DraftSpec(gamma=--max-gamma (default 8), adaptive=True)`.
+    default); `--gamma auto` is `DraftSpec(gamma=--longest-block (default 8), adaptive=True)`.
     Raises `InvalidArgument` (a `ValueError`) for values out of range."""
     names = ("gamma", "encoding", "sparse_k", "q_dtype")
     given = {f: getattr(args, f) for f in names if hasattr(args, f)}
     if given.get("gamma") == AUTO:
-        max_gamma = getattr(args, "max_gamma", None)
-        given["gamma"] = DEFAULT_MAX_GAMMA if max_gamma is None else max_gamma
+        longest = getattr(args, "longest_block", None)
+        given["gamma"] = DEFAULT_LONGEST_BLOCK if longest is None else longest
         given["adaptive"] = True
     return DraftSpec(**given)
 

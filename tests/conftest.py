@@ -41,7 +41,7 @@ settings.load_profile("ci")
 @pytest.fixture(scope="session")
 def hf_checkpoints(tmp_path_factory):
     """name -> (checkpoint dir, transformers oracle model) for every config variant."""
-    from jaxspec.testing import config_variants, write_hf_checkpoint
+    from tests.fixtures import config_variants, write_hf_checkpoint
 
     out = {}
     for i, (name, cfg) in enumerate(config_variants().items()):

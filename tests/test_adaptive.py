@@ -43,7 +43,7 @@ def test_best_gamma_is_the_argmin_of_the_model():
         for alpha in (F(1, 5), F(3, 5), F(19, 20)):
             for rtt in (F(0), F(1, 20), F(1, 5)):
                 args = (alpha, F(1, 200), rtt, F(1, 100))
-                g = analytic.best_gamma(mode, *args, depth=2, max_gamma=8)
+                g = analytic.best_gamma(mode, *args, depth=2, longest=8)
                 costs = {
                     k: analytic.sync_token_time(k, *args)
                     if mode == "sync"
@@ -52,12 +52,12 @@ def test_best_gamma_is_the_argmin_of_the_model():
                 }
                 assert costs[g] == min(costs.values())
     # A long round trip and high acceptance want long blocks; poor acceptance short ones.
-    assert analytic.best_gamma("sync", F(19, 20), F(1, 200), F(1, 5), 0, max_gamma=8) == 8
-    assert analytic.best_gamma("sync", F(1, 10), F(1, 200), 0, F(1, 100), max_gamma=8) == 1
+    assert analytic.best_gamma("sync", F(19, 20), F(1, 200), F(1, 5), 0, longest=8) == 8
+    assert analytic.best_gamma("sync", F(1, 10), F(1, 200), 0, F(1, 100), longest=8) == 1
 
 
 def _feed(ctl: AdaptiveGamma, alpha_pattern: list[bool], t_draft: float, latency: float):
-    for g in range(1, ctl.max_gamma + 1):
+    for g in range(1, ctl.longest + 1):
         ctl.observe_draft(g, 99.0)  # each length's first call compiles: ignored
     for _ in range(40):
         ctl.observe_draft(4, 4 * t_draft)
@@ -218,7 +218,7 @@ def test_a_sync_session_that_stops_drafting_is_plain_decoding(pair):
     trace = _sync_session(pair, _Script([0]))
     with jax.enable_x64(True):
         plain = jaxspec.generate(pair[1].model, [1, 2, 3, 4], 12, seeds=[5]).tokens
-    assert trace.tokens == plain and trace.drafted == 0
+    assert trace.tokens == plain and trace.figures.num_draft_tokens == 0
 
 
 def test_a_probe_after_empty_blocks_drafts_from_a_rebuilt_cache(pair):
@@ -244,4 +244,4 @@ def test_a_probe_after_empty_blocks_drafts_from_a_rebuilt_cache(pair):
             return super().draft(state, *args, **kw)
 
     trace = _sync_session(pair, _Script([0, 0, 0, 3, 0, 0, 2, 0, 4]), new=16, drafter=Checked)
-    assert len(trace.tokens) == 16 and 0 < trace.drafted and len(checked) >= 2
+    assert len(trace.tokens) == 16 and 0 < trace.figures.num_draft_tokens and len(checked) >= 2

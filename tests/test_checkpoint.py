@@ -13,7 +13,8 @@ import torch
 
 import jaxspec
 from jaxspec import CheckpointError
-from jaxspec.testing import byte_tokenizer, tiny_config, write_hf_checkpoint
+from jaxspec.testing import byte_tokenizer, tiny_config
+from tests.fixtures import write_hf_checkpoint
 
 
 def _logits(model, ids):

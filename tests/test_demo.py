@@ -125,8 +125,8 @@ def test_events_build_the_text_in_styles_and_count_alpha():
     ]
     assert v.inflight == []
     assert chars(v.ids) == "abcdXyzuvB" and v.new_tokens == 8
-    assert v.acceptance_rate == pytest.approx(6 / 8)  # the stale block was never verified
-    assert (v.rounds, v.rejections, v.stale) == (2, 1, 1)
+    assert v.figures.acceptance_rate == pytest.approx(6 / 8)  # the stale block was never verified
+    assert (v.figures.rounds, v.rejections, v.stale) == (2, 1, 1)
     assert v.ttft_s == [1.0]  # from the session's start to the first commit
     assert v.tokens_per_s == pytest.approx(5 / 1.0)  # after the first commit (compilation)
     assert v.inter_token_latency_s == pytest.approx(1.0 / 5)
@@ -287,8 +287,16 @@ def test_the_screen_state_and_the_process_helper_import_only_the_stdlib():
                     assert (
                         top in sys.stdlib_module_names
                         or m.startswith("jaxspec_apps.demo._state")
+                        or m == "jaxspec.figures"  # standard library only (checked below)
                         or top == "__future__"
                     ), (name, m)
+    # The one non-stdlib module allowed loads nothing heavy (jaxspec's namespace is lazy).
+    probe = "import sys, jaxspec.figures; print(sorted(sys.modules))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO
+    ).stdout
+    for heavy in ("'jax'", "'numpy'"):
+        assert heavy not in loaded, heavy
 
 
 def test_parse_ready_line():
@@ -369,7 +377,7 @@ def test_demo_runs_tenants_against_a_real_verifier_on_an_80x24_screen():
         assert v.status == "done" and v.new_tokens > 0
         whole = re.sub(r"\s", "", tenant_text(v).plain)
         assert bodies[v.index] and whole.endswith(bodies[v.index]), text
-        assert v.acceptance_rate > 0 and v.tokens_per_s > 0
+        assert v.figures.acceptance_rate > 0 and v.tokens_per_s > 0
     alphas = [float(a) for a in re.findall(r"α (\d\.\d\d)", text)]
     rates = [float(r) for r in re.findall(r"· (\d+) tok/s · ITL", text)]
     assert len(alphas) == 2 and all(a > 0 for a in alphas), text

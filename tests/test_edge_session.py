@@ -17,8 +17,8 @@ from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
 from edge.session import EdgeSession, run_session
 from jaxspec.protocol import DraftSpec, SessionConfig
-from jaxspec.testing import peaked_pair
 from jaxspec.verification import Variant
+from tests.fixtures import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 PROMPT, NEW = (1, 2, 3, 4), 16
@@ -96,8 +96,8 @@ def test_edge_cloud_equals_colocated_speculative(mode, encoding, temperature):
         seeds=[3],
     )
     assert trace.tokens == ref.tokens
-    assert trace.rounds > 0 and trace.acceptance_rate < 1
-    assert trace.acceptance_rate > 0 or temperature == 0.0  # greedy random drafts never agree
+    assert trace.figures.rounds > 0 and trace.figures.acceptance_rate < 1
+    assert trace.figures.acceptance_rate > 0 or temperature == 0.0  # random greedy drafts miss
     if temperature == 0.0:
         assert trace.tokens == jaxspec.generate(t, list(PROMPT), NEW, temperature=0.0).tokens
 
@@ -238,7 +238,7 @@ def test_penalties_edge_cloud_equal_colocated(mode, depth):
         t, list(PROMPT), NEW, draft=d, gamma=3, mode=mode, seeds=[3], **PENALTIES
     )
     assert trace.tokens == ref.tokens
-    assert trace.rounds > 0 and 0 < trace.acceptance_rate < 1  # rejections happened
+    assert trace.figures.rounds > 0 and 0 < trace.figures.acceptance_rate < 1  # rejections happened
     plain = jaxspec.generate(t, list(PROMPT), NEW, seeds=[3]).tokens
     assert trace.tokens != plain or mode == "sync"  # (the penalties change the output)
 
@@ -267,14 +267,14 @@ def test_slot_counts_follow_the_committed_tokens():
     def checking_tick():
         out = tick()
         for s in sched.sessions.values():
-            if s.penalized and s.rounds:
+            if s.penalized and s.figures.rounds:
                 out_counts = np.bincount(s.tokens[s.prompt_len :], minlength=sched.vocab)
                 np.testing.assert_array_equal(np.asarray(sched.counts.output[s.slot]), out_counts)
                 in_prompt = np.isin(np.arange(sched.vocab), s.tokens[: s.prompt_len])
                 np.testing.assert_array_equal(np.asarray(sched.counts.prompt[s.slot]), in_prompt)
-                checked.append(s.rounds)
+                checked.append(s.figures.rounds)
         return out
 
     sched.tick = checking_tick
     trace = session("pipelined", 3, 2, penalties=PENALTIES, sched=sched)
-    assert checked and trace.acceptance_rate < 1
+    assert checked and trace.figures.acceptance_rate < 1

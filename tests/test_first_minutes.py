@@ -292,7 +292,7 @@ def test_conditional_alphas():
 
 def test_jaxspec_generate_gamma_auto_says_what_it_picked(capsys, monkeypatch, tmp_path):
     """A random tiny checkpoint as target and draft: --gamma auto measures (probes of 4
-    tokens here), picks a gamma in [1, --max-gamma], says so with its figures, and decodes
+    tokens here), picks a gamma in [1, --longest-block], says so with its figures, and decodes
     with it (the stats line names the gamma)."""
     import jaxspec_apps.cli as cli
     from jaxspec.testing import write_random_checkpoint
@@ -301,7 +301,7 @@ def test_jaxspec_generate_gamma_auto_says_what_it_picked(capsys, monkeypatch, tm
     monkeypatch.setattr(cli, "PROBE_TOKENS", 4)
     monkeypatch.setattr(cli.choose_colocated_gamma, "__defaults__", (4,))
     argv = ["generate", "--checkpoint", tiny, "--draft", tiny, "--prompt", "def f(x):",
-            "--gamma", "auto", "--max-gamma", "2", "--max-new-tokens", "4", "--temperature",
+            "--gamma", "auto", "--longest-block", "2", "--max-new-tokens", "4", "--temperature",
             "0", "--compilation-cache", "none"]  # fmt: skip
     assert cli.main(argv) == 0
     err = capsys.readouterr().err
@@ -402,7 +402,7 @@ def test_the_demos_verifier_compiles_its_whole_pool_before_serving():
     lazy = p.parse_args(["--pair", "tiny", "--no-warmup"])
     demo._pair.resolve_pair(lazy)
     assert "--no-warmup" in demo.serve_args(lazy) and "--full-warmup" not in demo.serve_args(lazy)
-    auto = p.parse_args(["--pair", "tiny", "--gamma", "auto", "--max-gamma", "6"])
+    auto = p.parse_args(["--pair", "tiny", "--gamma", "auto", "--longest-block", "6"])
     demo._pair.resolve_pair(auto)
     flags = demo.serve_args(auto)
     assert flags[flags.index("--max-gamma") + 1] == "6"

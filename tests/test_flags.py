@@ -50,7 +50,7 @@ def test_values_reach_one_validated_draft_spec():
 
 
 def test_gamma_auto_is_an_adaptive_spec_and_reaches_the_wire():
-    """--gamma auto (commands that opt in): DraftSpec(gamma=--max-gamma, adaptive=True), and
+    """--gamma auto (commands that opt in): DraftSpec(gamma=--longest-block, adaptive=True), and
     the flag survives the protocol's bytes; an old client's message (no field) is not
     adaptive. Commands that did not opt in refuse "auto" as a usage error."""
     from jaxspec import wire
@@ -61,17 +61,17 @@ def test_gamma_auto_is_an_adaptive_spec_and_reaches_the_wire():
     assert draft_spec_from_args(auto.parse_args(["--gamma", "auto"])) == DraftSpec(
         gamma=8, adaptive=True
     )
-    spec = draft_spec_from_args(auto.parse_args(["--gamma", "AUTO", "--max-gamma", "3"]))
+    spec = draft_spec_from_args(auto.parse_args(["--gamma", "AUTO", "--longest-block", "3"]))
     assert spec == DraftSpec(gamma=3, adaptive=True)
     fixed = draft_spec_from_args(auto.parse_args(["--gamma", "5"]))
     assert fixed == DraftSpec(gamma=5) and not fixed.adaptive
     with pytest.raises(ValueError, match="gamma"):
-        draft_spec_from_args(auto.parse_args(["--gamma", "auto", "--max-gamma", "65"]))
+        draft_spec_from_args(auto.parse_args(["--gamma", "auto", "--longest-block", "65"]))
     with pytest.raises(SystemExit):
         auto.parse_args(["--gamma", "fast"])
     with pytest.raises(SystemExit):
         parser().parse_args(["--gamma", "auto"])
-    assert not hasattr(parser().parse_args([]), "max_gamma")
+    assert not hasattr(parser().parse_args([]), "longest_block")
 
     cfg = SessionConfig(prompt=(1, 2), draft=spec)
     raw = wire.config_to_proto(cfg).SerializeToString()
@@ -186,7 +186,7 @@ def test_the_same_meaning_has_the_same_name_and_default_everywhere():
     for name, argv in required.items():  # every command where speculation runs
         p = cmds[name]
         auto = p.parse_args([*argv, "--gamma", "auto"])
-        assert (auto.gamma, auto.max_gamma) == ("auto", 8), name
+        assert (auto.gamma, auto.longest_block) == ("auto", 8), name
         assert p.parse_args(argv).gamma == 4, name
         flags = {s for a in p._actions for s in a.option_strings}
         assert {"--max-new-tokens", "--temperature", "--seed", "--mode", "--gamma"} <= flags, name

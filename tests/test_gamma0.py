@@ -16,15 +16,15 @@ import jaxspec
 from edge.drafter import Drafter
 from edge.session import run_session
 from jaxspec import wire
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.protocol import (
-    AcceptanceFigures,
     DraftBlock,
     DraftSpec,
     InvalidArgument,
     SessionConfig,
 )
-from jaxspec.testing import peaked_pair
+from tests.fixtures import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 PROMPT, NEW = (1, 2, 3, 4), 16
@@ -90,11 +90,11 @@ def test_a_gamma0_session_is_plain_decoding(kw):
         models()[0], list(PROMPT), NEW, draft=models()[1], gamma=0, mode=cfg.mode,
         temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seeds=[cfg.seed],
     )  # fmt: skip
-    assert colocated.tokens == want and colocated.stats.spec is None
+    assert colocated.tokens == want and colocated.stats.figures is None
     # One token per block, one block in flight (depth 3 asked), nothing stale or rolled back.
-    assert trace.rounds == trace.blocks_sent == NEW and trace.stale == trace.rollbacks == 0
+    assert trace.figures.rounds == trace.blocks_sent == NEW and trace.stale == trace.rollbacks == 0
     assert {k for k, _ in trace.events} == {"accept", "bonus"}
-    assert trace.figures == AcceptanceFigures() and trace.drafted == 0
+    assert trace.figures == AcceptanceFigures(rounds=NEW, emitted=NEW)
     if cfg.temperature > 0:  # the tokens are draws: another seed's differ (the test can fail)
         assert plain(dataclasses.replace(cfg, seed=cfg.seed + 100)) != want
 

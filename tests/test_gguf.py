@@ -17,8 +17,9 @@ from transformers import AutoModelForCausalLM
 import jaxspec
 from jaxspec import CheckpointError, gguf_import
 from jaxspec.model import Model, init_params
-from jaxspec.testing import tiny_config, write_gguf
+from jaxspec.testing import tiny_config
 from jaxspec_host import hub
+from tests.fixtures import write_gguf
 
 IDS = [1, 5, 9, 33, 2, 7, 60, 3]
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]

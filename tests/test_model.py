@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import jaxspec
-from jaxspec.testing import config_variants
+from tests.fixtures import config_variants
 
 VARIANTS = list(config_variants())
 TOL = 1e-4

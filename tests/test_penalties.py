@@ -223,7 +223,7 @@ def test_penalized_output_fits_the_exact_law(pair, exact_law, spec):
     samples, st_ = _sample(target, draft if spec else None, **(spec or {}))
     assert gof_pvalue(samples, exact_law) > 1e-3
     if spec:
-        assert 0 < st_.spec.acceptance_rate < 1
+        assert 0 < st_.figures.acceptance_rate < 1
 
 
 def test_counts_not_rolled_back_is_caught(pair, exact_law):
@@ -242,8 +242,8 @@ def test_draft_counts_stale_is_caught_by_acceptance(pair):
     target = pair[0]
     _, good = _sample(target, target, mode="sync", gamma=2)
     _, bad = mutated(target, target, PROMPT, ROWS, N_NEW, "draft_counts_stale", **PEN)
-    assert good.spec.acceptance_rate > 0.999
-    assert bad.spec.acceptance_rate < 0.95
+    assert good.figures.acceptance_rate > 0.999
+    assert bad.figures.acceptance_rate < 0.95
 
 
 def test_penalties_travel_on_the_wire():

@@ -262,7 +262,7 @@ def test_quantized_drafts_are_lossless_and_self_speculation_accepts_more(models,
     for name, draft in (("self", self_draft), ("other", other_draft)):
         out = jaxspec.generate(target, prompts, 12, temperature=0, draft=draft, gamma=4)
         assert out.tokens == plain.tokens
-        alphas[name] = out.stats.acceptance_rate
+        alphas[name] = out.stats.figures.acceptance_rate
     assert alphas["self"] > alphas["other"], alphas
 
 

@@ -97,7 +97,7 @@ LOSSLESS = [
 def test_sampled_output_fits_the_exact_target_law(pair, spec, sampling):
     samples, st = _sample(pair, **spec, **sampling)
     assert gof_pvalue(samples, exact_law(pair[0], sampling)) > 1e-3
-    assert 0 < st.acceptance_rate < 1  # the draft really differs from the target
+    assert 0 < st.figures.acceptance_rate < 1  # the draft really differs from the target
 
 
 MUTANTS = [
@@ -145,9 +145,9 @@ def test_greedy_speculative_equals_plain_greedy(hf_pair, mode, encoding, gamma):
             encoding=encoding,
         )  # fmt: skip
         assert spec.tokens == plain.tokens
-    assert spec.stats.acceptance_rate == 1.0
+    assert spec.stats.figures.acceptance_rate == 1.0
     per_round = gamma + 1 if mode == "sync" else gamma  # the last round is cut at 20
-    assert spec.stats.spec.rounds == 3 * -(-20 // per_round)
+    assert spec.stats.figures.rounds == 3 * -(-20 // per_round)
 
 
 def test_speculative_rows_are_independent_of_batch_mates(hf_pair):
@@ -164,10 +164,11 @@ def test_speculative_rows_are_independent_of_batch_mates(hf_pair):
 def test_stats_and_stop_tokens(hf_pair):
     target, draft = hf_pair
     free = jaxspec.generate(target, [[1, 2, 3]], 16, temperature=0.0, draft=draft, gamma=3)
-    s = free.stats
-    assert s.spec.drafted == 3 * s.spec.rounds
-    assert s.acceptance_rate == pytest.approx(s.spec.accepted / s.spec.drafted)
-    assert s.tokens_per_round == pytest.approx(16 / s.spec.rounds, abs=(3 + 1) / s.spec.rounds)
+    s = free.stats.figures
+    assert s.num_draft_tokens == 3 * s.rounds and s.num_drafts == s.rounds and s.emitted == 16
+    assert s.acceptance_rate == pytest.approx(s.num_accepted_tokens / s.num_draft_tokens)
+    assert s.tokens_per_round == pytest.approx(16 / s.rounds, abs=(3 + 1) / s.rounds)
+    assert s.mean_acceptance_length == pytest.approx(1 + s.num_accepted_tokens / s.rounds)
     assert list(s.per_position_acceptance) == sorted(s.per_position_acceptance, reverse=True)
     stop = free.tokens[0][7]
     out = jaxspec.generate(

@@ -16,7 +16,7 @@ import pytest
 
 import jaxspec
 from jaxspec.protocol import (
-    MAX_GAMMA,
+    GAMMA_CEILING,
     DraftBlock,
     DraftSpec,
     FailedPrecondition,
@@ -259,7 +259,7 @@ def test_a_flooding_tenant_cannot_starve_another():
                 "quiet",
             )
         sched.tick()
-        served.append(q.rounds)
+        served.append(q.figures.rounds)
     # Two rows a tick, two tenants: the quiet tenant is served every tick.
     assert served == list(range(1, 9))
 
@@ -340,7 +340,7 @@ def test_scheduler_config_is_validated_once_and_derives_its_buckets():
     assert c.token_budget == 12 * 5
     bad = [
         dict(max_gamma=0),
-        dict(max_gamma=MAX_GAMMA + 1),
+        dict(max_gamma=GAMMA_CEILING + 1),
         dict(max_sessions=0),
         dict(max_len=0),
         dict(idle_timeout_s=0.0),

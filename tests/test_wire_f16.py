@@ -38,8 +38,8 @@ from jaxspec.protocol import (
 )
 from jaxspec.sampling import SamplingParams
 from jaxspec.speculative import draft_q_for
-from jaxspec.testing import peaked_pair
 from jaxspec.verification import Variant
+from tests.fixtures import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 V, K = 64, 8  # tiny_config's vocabulary; sparse columns
@@ -268,7 +268,7 @@ def test_a_float16_session_equals_colocated_decoding(mode, encoding, temperature
         q_dtype="float16", temperature=temperature, seeds=[3],
     )  # fmt: skip
     assert trace.tokens == ref.tokens and len(trace.tokens) == NEW
-    assert trace.rounds > 0 and 0 < trace.acceptance_rate < 1
+    assert trace.figures.rounds > 0 and 0 < trace.figures.acceptance_rate < 1
     assert ep.f16_bytes > 0 and ep.f32_values == 0  # q went up as float16 only
 
 

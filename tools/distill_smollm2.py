@@ -421,7 +421,7 @@ def seconds_per_token(model: Any, prompt: list[int], new: int, repeats: int = 3)
 
 
 def alpha(target: Any, draft: Any, prompts: list[list[int]], new: int, temperature: float) -> Any:
-    """(alpha, mean accepted per round, alpha per draft position) of co-located speculative
+    """(alpha, mean acceptance length, alpha per draft position) of co-located speculative
     decoding, gamma 4, over `prompts` (one batch)."""
     import jaxspec
 
@@ -429,8 +429,8 @@ def alpha(target: Any, draft: Any, prompts: list[list[int]], new: int, temperatu
         target, prompts, new, draft=draft, gamma=4, temperature=temperature, seed=1,
         encoding="full",
     )  # fmt: skip
-    s = out.stats
-    return s.acceptance_rate, s.mean_accepted, list(s.per_position_acceptance or ())
+    f = out.stats.figures
+    return f.acceptance_rate, f.mean_acceptance_length, list(f.per_position_acceptance)
 
 
 # ----------------------------------------------------------------------------- main
@@ -570,14 +570,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for t in (0.0, 0.7):
         a, acc, per = alpha(target, loaded, prompts, plan.eval_tokens, t)
         report[f"alpha_t{str(t).replace('.', '')}"] = a
-        report[f"mean_accepted_t{str(t).replace('.', '')}"] = acc
+        report[f"mean_acceptance_length_t{str(t).replace('.', '')}"] = acc
         report[f"alpha_per_position_t{str(t).replace('.', '')}"] = per
-        log.log(f"alpha at T={t}: {a:.3f} (mean accepted {acc:.2f}, gamma 4)")
+        log.log(f"alpha at T={t}: {a:.3f} (mean acceptance length {acc:.2f}, gamma 4)")
     per_cat = {}
     for c in CATEGORIES:
         sel = [i for i, p in enumerate(held_p) if p.category == c]
         a, acc, _ = alpha(target, loaded, [prompts[i] for i in sel], plan.eval_tokens, 0.0)
-        per_cat[c] = {"alpha_t0": a, "mean_accepted_t0": acc}
+        per_cat[c] = {"alpha_t0": a, "mean_acceptance_length_t0": acc}
     report["by_category"] = per_cat
     probe = list(held_ids[0])
     t_target = seconds_per_token(target, probe, 32)

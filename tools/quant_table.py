@@ -102,7 +102,7 @@ def alpha(target: Any, draft: Any, prompts: list[list[int]], new: int, t: float)
     if t == 0.0:
         plain = jaxspec.generate(target, prompts, new, temperature=0.0)
         assert out.tokens == plain.tokens, "speculative greedy tokens differ from plain greedy"
-    return float(out.stats.acceptance_rate)
+    return float(out.stats.figures.acceptance_rate)
 
 
 def main(argv: list[str] | None = None) -> int:

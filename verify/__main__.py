@@ -582,11 +582,8 @@ class _WarmUp:
         only to read the shapes' arguments). A request that needs a shape not compiled yet
         compiles it on first use (jit) and waits for that. Stops at the first
         `WarmupCancelled` from `progress` (SIGTERM)."""
-        sched = verifier.scheduler
         for i, shape in enumerate(self.rest, len(self.first) + 1):
-            with verifier._lock:  # a snapshot of the state's shapes, not the compilation
-                fn, fn_args = sched.precompile_args(shape)
-            sched.precompile(fn, fn_args)
+            verifier.precompile(shape)  # the lock for the shapes only, not the compilation
             try:
                 self.progress(i, 0, shape_name(shape))
             except WarmupCancelled:

@@ -58,6 +58,15 @@ class LocalVerifier:
         tenant's (the same scheduler, worker and waiting callers as this one)."""
         return TenantEndpoint(self, tenant)
 
+    def precompile(self, shape: tuple[str, int, int, int]) -> None:
+        """Compile one of the scheduler's `warmup_shapes` ahead of time while this verifier
+        serves (from a worker thread): the shape's arguments are read under the lock that
+        steps take (a snapshot of the state's shapes), the compilation runs without it, so
+        steps go on meanwhile. Nothing runs and no state changes."""
+        with self._lock:
+            fn, fn_args = self.scheduler.precompile_args(shape)
+        self.scheduler.precompile(fn, fn_args)
+
     def _ensure_worker(self) -> None:
         if self._worker is None or self._worker.done():
             self._wake = asyncio.Event()

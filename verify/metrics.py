@@ -42,6 +42,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from jaxspec.figures import AcceptanceFigures
+
 PREFIX = "jaxspec_"
 VLLM = "vllm:spec_decode_"  # vLLM's names, where it has one
 
@@ -135,22 +137,21 @@ class ServiceMetrics:
         self.step_seconds.observe(seconds)
         self.batch_rows.observe(rows)
 
-    def count_block(
-        self, tenant: str, *, stale: bool, drafted: int, accepted: int, committed: int
-    ) -> None:
-        """One answered block of `tenant` (`drafted` drafts, the first `accepted` of them
-        accepted): a stale one counts as stale only; acceptance is a prefix of the block, so
-        positions 0 .. accepted-1 each count one acceptance."""
-        if stale:
-            self.stale.labels(tenant).inc()
-            return
-        if drafted:  # a gamma-0 block (no drafts) adds no series of vLLM's
-            self.drafts.labels(tenant).inc()
-            self.drafted.labels(tenant).inc(drafted)
-            self.accepted.labels(tenant).inc(accepted)
-            for position in range(accepted):
-                self.accepted_per_pos.labels(tenant, str(position)).inc()
-        self.committed.labels(tenant).inc(committed)
+    def count_stale(self, tenant: str) -> None:
+        """One block of `tenant` answered stale (it counts nothing else)."""
+        self.stale.labels(tenant).inc()
+
+    def count_round(self, tenant: str, block: AcceptanceFigures) -> None:
+        """One verified block of `tenant`, as its round's figures (`AcceptanceFigures.
+        of_round`)."""
+        if block.num_drafts:  # a gamma-0 block (no drafts) adds no series of vLLM's
+            self.drafts.labels(tenant).inc(block.num_drafts)
+            self.drafted.labels(tenant).inc(block.num_draft_tokens)
+            self.accepted.labels(tenant).inc(block.num_accepted_tokens)
+            for position, n in enumerate(block.accepted_per_position):
+                if n:
+                    self.accepted_per_pos.labels(tenant, str(position)).inc(n)
+        self.committed.labels(tenant).inc(block.emitted)
 
 
 @dataclasses.dataclass

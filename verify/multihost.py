@@ -140,6 +140,9 @@ class Lockstep:
         prefix: str = "jaxspec/lockstep",
     ):
         self.mesh = mesh
+        # JAX's coordination-service client: JAX (0.10) has no public handle on it
+        # (`jax.distributed` exports initialize/is_initialized/shutdown only), and its own
+        # jax.experimental modules read it here too (tests/test_layering.py allows this one).
         self.client = client if client is not None else jax._src.distributed.global_state.client
         if self.client is None:
             raise RuntimeError("jax.distributed is not initialized (verify.multihost.initialize)")

@@ -28,11 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.model import Model, init_cache
 from jaxspec.protocol import (
-    MAX_GAMMA,
+    GAMMA_CEILING,
     MODES,
-    AcceptanceFigures,
     DraftBlock,
     FailedPrecondition,
     InvalidArgument,
@@ -78,21 +78,8 @@ class Session:
     finished: bool = False
     last_active: float = 0.0
     queue: collections.deque = dataclasses.field(default_factory=collections.deque)
-    rounds: int = 0
-    drafted: int = 0  # drafts verified (vLLM's num_draft_tokens)
-    accepted: int = 0  # drafts accepted and committed (num_accepted_tokens)
-    emitted: int = 0
-    drafts: int = 0  # blocks verified with at least one draft (num_drafts)
-    per_position: list[int] = dataclasses.field(default_factory=list)  # [gamma], accepted at i
-
-    def figures(self) -> AcceptanceFigures:
-        """The session's acceptance totals so far (every `VerifyResult` carries them)."""
-        return AcceptanceFigures(
-            num_drafts=self.drafts,
-            num_draft_tokens=self.drafted,
-            num_accepted_tokens=self.accepted,
-            accepted_per_position=tuple(self.per_position),
-        )
+    # The session's acceptance totals so far (every `VerifyResult` carries them).
+    figures: AcceptanceFigures = dataclasses.field(default_factory=AcceptanceFigures)
 
     @property
     def committed(self) -> int:
@@ -232,7 +219,7 @@ class SchedulerConfig:
 
     max_sessions: int = 64  # KV slots: live sessions at once
     max_len: int = 512  # positions per slot (prompt + new tokens + max_gamma + 1)
-    max_gamma: int = 8  # the most drafts a block may carry here (<= protocol MAX_GAMMA)
+    max_gamma: int = 8  # the most drafts a block may carry here (<= protocol GAMMA_CEILING)
     max_sparse_k: int = 16  # the most q columns a sparse block may carry
     row_buckets: tuple[int, ...] | None = None
     width_buckets: tuple[int, ...] | None = None
@@ -251,8 +238,8 @@ class SchedulerConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 1 <= self.max_gamma <= MAX_GAMMA:
-            raise ValueError(f"max_gamma must be in [1, {MAX_GAMMA}], got {self.max_gamma}")
+        if not 1 <= self.max_gamma <= GAMMA_CEILING:
+            raise ValueError(f"max_gamma must be in [1, {GAMMA_CEILING}], got {self.max_gamma}")
         if not self.idle_timeout_s > 0:
             raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
         width = self.max_gamma + 1
@@ -406,7 +393,7 @@ class Scheduler:
                 or config.frequency_penalty != 0
             ),
             last_active=self.clock(),
-            per_position=[0] * config.draft.gamma,
+            figures=AcceptanceFigures(accepted_per_position=(0,) * config.draft.gamma),
         )
         s = self.sessions[sid]
         if s.penalized:  # the slot's counts: the prompt and the committed tokens (a resume)
@@ -416,7 +403,7 @@ class Scheduler:
             )  # fmt: skip
         return SessionInfo(
             session_id=sid,
-            max_gamma=config.draft.gamma,
+            gamma=config.draft.gamma,
             max_sparse_k=self.config.max_sparse_k,
             vocab_size=self.vocab,
             max_new_tokens=config.max_new_tokens,
@@ -587,7 +574,7 @@ class Scheduler:
     def _stale(self, s: Session, b: DraftBlock) -> VerifyResult:
         return VerifyResult(
             epoch=b.epoch, start=b.start, new_epoch=s.epoch, stale=True, finished=s.finished,
-            figures=s.figures(),
+            figures=s.figures,
         )  # fmt: skip
 
     # ---- the tick ------------------------------------------------------------------------
@@ -692,13 +679,7 @@ class Scheduler:
         if rejected:
             s.epoch += 1
         kept = min(accepted, len(cut))  # accepted drafts that were committed
-        s.rounds += 1
-        s.drafted += n
-        s.accepted += kept
-        s.drafts += n > 0
-        for j in range(kept):
-            s.per_position[j] += 1
-        s.emitted += len(cut)
+        s.figures += AcceptanceFigures.of_round(n, kept, len(cut))
         s.last_active = self.clock()
         self.tenant_tokens[s.tenant] += n + 1
         self.metrics.tokens_committed += len(cut)
@@ -712,7 +693,7 @@ class Scheduler:
             next_token=emitted[accepted] if extra and len(cut) > accepted else None,
             new_epoch=s.epoch,
             finished=finished,
-            figures=s.figures(),
+            figures=s.figures,
             step_s=self.metrics.last_step_s,
         )
 
@@ -861,20 +842,3 @@ class Scheduler:
         serving scheduler may step meanwhile): its first real call of that shape finds the
         executable compiled. Needs the plain jitted functions (not multi-host `calls`)."""
         fn.lower(*args).compile()
-
-    def session_stats(self) -> dict[str, dict[str, float]]:
-        """Per tenant: alpha (accepted / drafted) and tokens per round."""
-        acc: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
-        for s in self.sessions.values():
-            a = acc[s.tenant]
-            a[0] += s.drafted
-            a[1] += s.accepted
-            a[2] += s.emitted
-            a[3] += s.rounds
-        return {
-            t: {
-                "alpha": a[1] / a[0] if a[0] else 0.0,
-                "tokens_per_round": a[2] / a[3] if a[3] else 0.0,
-            }
-            for t, a in acc.items()
-        }

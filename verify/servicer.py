@@ -32,6 +32,7 @@ from typing import Any
 import grpc
 
 from jaxspec import wire
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import (
@@ -158,7 +159,11 @@ class VerifierService(pb_grpc.VerifierServicer):
 
     # ---- helpers -------------------------------------------------------------------------
 
-    async def _fail(self, context: Any, method: str, code: str, message: str) -> None:
+    async def reject(self, context: Any, method: str, code: str, message: str) -> None:
+        """End the RPC `method` with the status `code` (a `grpc.StatusCode` name) and
+        `message`, counted in `jaxspec_rejected_requests_total`: raises (`context.abort`),
+        never returns. Every refusal of the service goes through here, a Verify stream's too,
+        so the count is complete."""
         self.metrics.rejected.labels(method, code).inc()
         await context.abort(grpc.StatusCode[code], message)
 
@@ -168,20 +173,20 @@ class VerifierService(pb_grpc.VerifierServicer):
         if tenant is None:
             n = authorization_headers(metadata)
             why = f"{n} authorization headers (send exactly one)" if n > 1 else ""
-            await self._fail(context, method, "UNAUTHENTICATED", why or "missing or invalid token")
+            await self.reject(context, method, "UNAUTHENTICATED", why or "missing or invalid token")
         return tenant
 
     async def _decoded(self, request: Any, context: Any, method: str) -> None:
         """INVALID_ARGUMENT for a request whose bytes did not decode (after `_auth`)."""
         if isinstance(request, Undecodable):
-            await self._fail(
+            await self.reject(
                 context, method, "INVALID_ARGUMENT", f"the request is not a {request.message}"
             )
 
     async def _ready(self, context: Any, method: str) -> LocalVerifier:
         """The verifier, or UNAVAILABLE while warming up."""
         if self.verifier is None:
-            await self._fail(context, method, "UNAVAILABLE", WARMING_UP)
+            await self.reject(context, method, "UNAVAILABLE", WARMING_UP)
         return self.verifier
 
     @staticmethod
@@ -197,12 +202,12 @@ class VerifierService(pb_grpc.VerifierServicer):
         await self._decoded(request, context, "OpenSession")
         verifier = await self._ready(context, "OpenSession")
         try:
-            info = await self._open(verifier, tenant, request)
+            info = await self.open_session(verifier, tenant, request)
         except VerifierError as e:
-            await self._fail(context, "OpenSession", e.code, str(e))
+            await self.reject(context, "OpenSession", e.code, str(e))
         return wire.info_to_proto(info)
 
-    async def _open(
+    async def open_session(
         self, verifier: LocalVerifier, tenant: Tenant, request: pb.OpenSessionRequest
     ) -> SessionInfo:
         """Open a session for `tenant` (OpenSession, or a Verify stream's `open`): the
@@ -229,9 +234,9 @@ class VerifierService(pb_grpc.VerifierServicer):
             # session is closed as asked, so OK (and no refusal counted). An unknown id, or
             # another tenant's, is NOT_FOUND, alike.
             if not verifier.scheduler.closed_recently(request.session_id, tenant.name):
-                await self._fail(context, "CloseSession", e.code, str(e))
+                await self.reject(context, "CloseSession", e.code, str(e))
         except VerifierError as e:
-            await self._fail(context, "CloseSession", e.code, str(e))
+            await self.reject(context, "CloseSession", e.code, str(e))
         return pb.CloseSessionResponse()
 
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
@@ -385,7 +390,7 @@ class VerifyStream:
         """Open the stream's session (its first message only); its answer is queued."""
         if self.session_id is not None:
             raise InvalidArgument("a Verify stream carries one session")
-        info = await self.service._open(self.verifier, self.tenant, request)
+        info = await self.service.open_session(self.verifier, self.tenant, request)
         self.session_id = info.session_id
         self.opened = True
         self.service.bound.add(info.session_id)
@@ -465,13 +470,11 @@ class VerifyStream:
         res = await fut
         self.tasks.discard(fut)
         metrics = self.service.metrics
-        metrics.count_block(
-            self.tenant.name,
-            stale=res.stale,
-            drafted=len(block.tokens),
-            accepted=res.accepted,
-            committed=len(res.tokens),
-        )
+        if res.stale:
+            metrics.count_stale(self.tenant.name)
+        else:
+            counted = AcceptanceFigures.of_round(len(block.tokens), res.accepted, len(res.tokens))
+            metrics.count_round(self.tenant.name, counted)
         metrics.block_seconds.labels(self.tenant.name).observe(time.perf_counter() - received)
         await self._write(pb.VerifyResponse(result=wire.result_to_proto(res)))
         self.service.answered_draining += self.service.draining.is_set()
@@ -494,7 +497,7 @@ class VerifyStream:
     async def _fail(self, e: VerifierError) -> None:
         """End the stream with `e`'s status."""
         try:
-            await self.service._fail(self.context, "Verify", e.code, str(e))
+            await self.service.reject(self.context, "Verify", e.code, str(e))
         except grpc.aio.InternalError:
             # The status waited behind unread answers and the client went away meanwhile
             # (gRPC's ExecuteBatchError): nobody is left to tell.

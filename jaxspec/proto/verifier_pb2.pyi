@@ -88,18 +88,18 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, prompt: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., mode: _Optional[_Union[Mode, str]] = ..., gamma: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse_k: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., default_stop_tokens: _Optional[bool] = ..., committed: _Optional[_Iterable[int]] = ..., adaptive_gamma: _Optional[bool] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., q_dtype: _Optional[_Union[QDtype, str]] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("session_id", "max_gamma", "max_sparse_k", "vocab_size", "max_new_tokens")
+    __slots__ = ("session_id", "gamma", "max_sparse_k", "vocab_size", "max_new_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
-    MAX_GAMMA_FIELD_NUMBER: _ClassVar[int]
+    GAMMA_FIELD_NUMBER: _ClassVar[int]
     MAX_SPARSE_K_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    max_gamma: int
+    gamma: int
     max_sparse_k: int
     vocab_size: int
     max_new_tokens: int
-    def __init__(self, session_id: _Optional[str] = ..., max_gamma: _Optional[int] = ..., max_sparse_k: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., gamma: _Optional[int] = ..., max_sparse_k: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class DraftBlock(_message.Message):
     __slots__ = ("session_id", "epoch", "start", "tokens", "q", "q_ids", "q_f16", "q_scale")
@@ -148,16 +148,20 @@ class VerifyResult(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., start: _Optional[int] = ..., accepted: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., has_next_token: _Optional[bool] = ..., next_token: _Optional[int] = ..., new_epoch: _Optional[int] = ..., stale: _Optional[bool] = ..., finished: _Optional[bool] = ..., figures: _Optional[_Union[AcceptanceFigures, _Mapping]] = ..., step_s: _Optional[float] = ...) -> None: ...
 
 class AcceptanceFigures(_message.Message):
-    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position")
+    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position", "rounds", "emitted")
     NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    EMITTED_FIELD_NUMBER: _ClassVar[int]
     num_drafts: int
     num_draft_tokens: int
     num_accepted_tokens: int
     accepted_per_position: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ...) -> None: ...
+    rounds: int
+    emitted: int
+    def __init__(self, num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., rounds: _Optional[int] = ..., emitted: _Optional[int] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("open", "block")

@@ -67,7 +67,7 @@ async def _session(
     finally:
         await v.aclose()
     used = policy.chosen if policy is not None else [int(gamma)] * tr.blocks_sent
-    _alphas.append(tr.acceptance_rate)
+    _alphas.append(tr.figures.acceptance_rate)
     return tr.tokens, (tr.end_time - tr.start_time) / max(1, len(tr.tokens)), used
 
 

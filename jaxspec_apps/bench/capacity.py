@@ -30,6 +30,7 @@ import numpy as np
 import jaxspec
 from edge.drafter import Drafter
 from jaxspec import analytic
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
 from jaxspec.sampling import SamplingParams, session_keys
 from jaxspec.shapes import bucket
@@ -103,7 +104,7 @@ def lockstep(
         "rounds": rounds,
         "t_v": verify / rounds,  # server time of one verify round (all N rows)
         "t_d": drafting / (rounds * drafter.spec.gamma),  # per drafted token, N drafters
-        "alpha": sum(s.accepted for s in sessions) / max(1, sum(s.drafted for s in sessions)),
+        "alpha": sum((s.figures for s in sessions), AcceptanceFigures()).acceptance_rate,
     }
     for s in sids:
         sched.close(s)

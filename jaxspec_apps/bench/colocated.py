@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jaxspec
+from jaxspec.figures import AcceptanceFigures
 from jaxspec_apps.bench.common import best_time, check_same_tokens
 from jaxspec_apps.bench.report_tables import ratio, save
 from jaxspec_apps.bench.section import Context, Page, Section
@@ -41,15 +42,13 @@ def _timed_generate(
 
 
 def pooled(stats: list[Any]) -> dict[str, Any]:
-    """Alpha, tokens per round and per-position acceptance over several `generate` calls,
-    pooled by their counters (vLLM's definitions, `jaxspec.speculative.SpecStats`)."""
-    spec = [s.spec for s in stats]
-    drafted, rounds = sum(s.drafted for s in spec), sum(s.rounds for s in spec)
-    per_pos = [sum(c) for c in zip(*(s.per_position_accepted for s in spec), strict=True)]
+    """Alpha, tokens per round and per-position acceptance over several `generate` calls:
+    their `AcceptanceFigures` summed, read as docs/design.md §7 defines them."""
+    figures = sum((s.figures for s in stats), AcceptanceFigures())
     return {
-        "alpha": sum(s.accepted for s in spec) / drafted if drafted else 0.0,
-        "tokens_per_round": sum(s.emitted for s in spec) / rounds if rounds else 0.0,
-        "per_position_acceptance": [a / rounds if rounds else 0.0 for a in per_pos],
+        "alpha": figures.acceptance_rate,
+        "tokens_per_round": figures.tokens_per_round,
+        "per_position_acceptance": list(figures.per_position_acceptance),
     }
 
 

@@ -96,7 +96,7 @@ def measure_components(
         "t_d": t_block / gamma,
         "t_v": min(times),
         "colocated_token_s": t_spec / o.stats.new_tokens,
-        "alpha": o.stats.acceptance_rate,
+        "alpha": o.stats.figures.acceptance_rate,
     }
 
 
@@ -128,7 +128,7 @@ async def edge_session(
         tr = await run_session(ep, Drafter(draft, cfg.draft), cfg, depth=depth)
     finally:
         await v.aclose()
-    return (tr.end_time - tr.start_time - rtt_s) / len(tr.tokens), tr.acceptance_rate
+    return (tr.end_time - tr.start_time - rtt_s) / len(tr.tokens), tr.figures.acceptance_rate
 
 
 def predict(comp: dict[str, float], gamma: int, rtt: float, depth: int) -> dict[str, float]:

@@ -101,8 +101,8 @@ def acceptance(
             seed=0, stop_tokens=[],
         )  # fmt: skip
         key = f"t{temp:g}"
-        out[f"alpha_{key}"] = res.stats.acceptance_rate
-        out[f"tokens_per_round_{key}"] = res.stats.tokens_per_round
+        out[f"alpha_{key}"] = res.stats.figures.acceptance_rate
+        out[f"tokens_per_round_{key}"] = res.stats.figures.tokens_per_round
     return out
 
 

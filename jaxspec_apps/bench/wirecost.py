@@ -22,6 +22,7 @@ from typing import Any
 from edge.drafter import Drafter
 from edge.session import run_session
 from jaxspec import wire
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec_apps.bench.report_tables import save
 from jaxspec_apps.bench.section import Context, Page, Section
@@ -68,7 +69,8 @@ def encodings(
 async def _session(
     sched: Any, draft: Any, prompt: Sequence[int], config: dict[str, Any]
 ) -> dict[str, Any]:
-
+    """One sync session through `CountingEndpoint`: its tokens, the bytes each way, the
+    blocks sent, and the verifier's acceptance figures."""
     cfg = SessionConfig(prompt=tuple(int(t) for t in prompt), **config)
     verifier = LocalVerifier(scheduler=sched)
     ep = CountingEndpoint(verifier)
@@ -79,8 +81,7 @@ async def _session(
         await verifier.aclose()
     return {
         "tokens": len(tr.tokens),
-        "drafted": tr.drafted,
-        "accepted": tr.accepted,
+        "figures": tr.figures,
         "up_bytes": ep.up_bytes,
         "down_bytes": ep.down_bytes,
         "blocks": ep.blocks,
@@ -111,7 +112,9 @@ def run(
             asyncio.run(_session(sched, draft, p, config | {"seed": i}))
             for i, p in enumerate(prompts)
         ]
-        tot = {key: sum(r[key] for r in runs) for key in runs[0]}
+        counted = ("tokens", "up_bytes", "down_bytes", "blocks")
+        tot = {key: sum(r[key] for r in runs) for key in counted}
+        figures = sum((r["figures"] for r in runs), AcceptanceFigures())
         rows.append(
             {
                 "encoding": label,
@@ -124,8 +127,8 @@ def run(
                 "bytes_down_per_token": tot["down_bytes"] / tot["tokens"],
                 "bytes_per_token": (tot["up_bytes"] + tot["down_bytes"]) / tot["tokens"],
                 "bytes_per_block_up": tot["up_bytes"] / tot["blocks"],
-                "alpha": tot["accepted"] / tot["drafted"],
-                "tokens_per_round": tot["tokens"] / tot["blocks"],
+                "alpha": figures.acceptance_rate,
+                "tokens_per_round": figures.tokens_per_round,
             }
         )
     return rows

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import sys
 
@@ -55,9 +56,18 @@ MAX_TENANTS = 64
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The `jaxspec demo` options (the CLI calls this while building its parser)."""
+    """The `jaxspec demo` options (the CLI calls this while building its parser), in the
+    order `--help` lists them."""
     p.description = "Live view of edge tenants drafting against a verifier service."
     p.formatter_class = HelpFormatter
+    _add_tenant_flags(p)
+    _add_generation_flags(p)
+    _add_verifier_flags(p)
+    _add_output_flags(p)
+
+
+def _add_tenant_flags(p: argparse.ArgumentParser) -> None:
+    """How many tenants, how they draft, and the simulated link between them and the verifier."""
     p.add_argument(
         "--num-tenants",
         dest="tenants",
@@ -73,6 +83,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depth", type=int, default=2, help="blocks in flight when pipelined")
     p.add_argument("--rtt-ms", type=float, default=50.0, help="simulated round trip in ms")
     p.add_argument("--jitter-ms", type=float, default=5.0, help="± on the round trip in ms")
+
+
+def _add_generation_flags(p: argparse.ArgumentParser) -> None:
+    """What each tenant samples: sampling values, prompts, length, and for how long."""
     add_sampling_flags(
         p,
         temperature=0.7,
@@ -98,6 +112,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="generate for this long once started, each tenant beginning a new sample (next "
         "seed) when one ends; 0 (default): one sample per tenant, then stop",
     )
+
+
+def _add_verifier_flags(p: argparse.ArgumentParser) -> None:
+    """Which verifier (a running one, or one spawned with which target), and the draft."""
     p.add_argument("--verifier", default=None, help="host:port of a running verifier")
     p.add_argument("--token", default=None, help="bearer token for --verifier ($JAXSPEC_TOKEN)")
     p.add_argument(
@@ -127,6 +145,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "tenant) before serving (default; the tenants start together, so they need them at "
         "once); --no-warmup compiles each on first use (requests stall on each new shape)",
     )
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
+    """Where the run is shown: live or a plain summary, and screen captures."""
     p.add_argument("--plain", action="store_true", help="no live view: print a summary at the end")
     p.add_argument(
         "--capture",
@@ -168,7 +190,7 @@ def serve_args(args: argparse.Namespace) -> list[str]:
     need = max(len(p.encode()) for p in prompts) + template + args.tokens + 16
     max_len = bucket(need, 512)
     out = ["--checkpoint", args.checkpoint, "--max-sessions", str(args.tenants)]
-    longest = args.max_gamma if args.gamma == AUTO else args.gamma
+    longest = args.longest_block if args.gamma == AUTO else args.gamma
     out += ["--max-gamma", str(longest), "--max-len", str(max_len), "--drain-timeout-s", "2"]
     out += ["--kv-buckets", str(max_len)]  # one KV bucket: half the shapes to compile first
     if args.compilation_cache is not None:
@@ -204,74 +226,101 @@ def run(
     if state is None:
         state = make_state(args)
     result = DemoResult(state=state, interrupted=True)  # unless the run ends by itself
-
-    def on_phase(text: str) -> None:
-        if not live:
-            console.print(f"jaxspec demo: {text}", highlight=False)
-
-    def capture() -> None:
-        if args.capture:
-            width, height = (console.width, console.height) if live else (80, 24)
-            for path in args.capture:
-                save_capture(state, path, width, height)
-
     try:
         with contextlib.ExitStack() as stack:
             _raise_on_termination(stack)
-            server = None
-            if args.verifier is None:
-                server = stack.enter_context(VerifierProcess(serve_args(args)))
-                state.settings.verifier_pid = server.pid
-                state.detail = "starting the verifier…"
-                on_phase(f"verifier pid {server.pid} starting")
-            else:
-                state.settings.verifier = args.verifier
-                state.detail = f"connecting to {args.verifier}…"
-
-            async def address() -> str:
-                if server is None:
-                    return args.verifier
-                while (addr := server.ready_address()) is None:
-                    await asyncio.sleep(0.05)
-                return addr
-
-            async def run_async() -> DemoResult:
-                loop, task = asyncio.get_running_loop(), asyncio.current_task()
-                for sig in (signal.SIGTERM, signal.SIGHUP):
-                    with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
-                        loop.add_signal_handler(sig, task.cancel)
-                try:
-                    return await run_demo(
-                        args,
-                        state,
-                        address,
-                        on_phase=on_phase,
-                        on_end=capture,
-                        verifier_log=None if server is None else lambda: server.lines,
-                    )
-                except asyncio.CancelledError:  # stopped before the tenants ran
-                    task.uncancel()
-                    with state.lock:
-                        state.phase = "interrupted"
-                    return DemoResult(state=state, interrupted=True)
-
-            if live:
-                dashboard = Dashboard(state)
-                stack.enter_context(
-                    Live(dashboard, console=console, refresh_per_second=8, transient=False)
-                )
-            try:
-                result = asyncio.run(run_async())
-            except KeyboardInterrupt:
-                with state.lock:
-                    state.phase = "interrupted"
-                raise
-            finally:
-                _raise_on_termination(stack)  # the event loop left SIGTERM at its default
+            result = _run_to_the_end(_DemoRun(args, console, live, state), stack)
     except KeyboardInterrupt:  # before or after the event loop, or a second Ctrl-C
-        with state.lock:
-            state.phase = "interrupted"
+        _interrupted(state)
     return result
+
+
+@dataclasses.dataclass
+class _DemoRun:
+    """One `run`: its options, the console it shows on (live or plain lines), the screen's
+    state, and the verifier it spawned (None with `--verifier`)."""
+
+    args: argparse.Namespace
+    console: Console
+    live: bool
+    state: DemoState
+    server: VerifierProcess | None = None
+
+    def start_verifier(self, stack: contextlib.ExitStack) -> None:
+        """Spawn the verifier (stopped when `stack` closes) unless `--verifier` names one."""
+        if self.args.verifier is None:
+            self.server = server = stack.enter_context(VerifierProcess(serve_args(self.args)))
+            self.state.settings.verifier_pid = server.pid
+            self.state.detail = "starting the verifier…"
+            self.on_phase(f"verifier pid {server.pid} starting")
+        else:
+            self.state.settings.verifier = self.args.verifier
+            self.state.detail = f"connecting to {self.args.verifier}…"
+
+    def on_phase(self, text: str) -> None:
+        """Start-up words as plain lines; the live screen shows them itself."""
+        if not self.live:
+            self.console.print(f"jaxspec demo: {text}", highlight=False)
+
+    def capture(self) -> None:
+        """Save the screen as the run ends (`--capture`), at the terminal's size or 80x24."""
+        if self.args.capture:
+            width, height = (self.console.width, self.console.height) if self.live else (80, 24)
+            for path in self.args.capture:
+                save_capture(self.state, path, width, height)
+
+    async def address(self) -> str:
+        """The verifier's host:port: `--verifier`'s, or the spawned one's once it listens."""
+        if self.server is None:
+            return self.args.verifier
+        while (addr := self.server.ready_address()) is None:
+            await asyncio.sleep(0.05)
+        return addr
+
+    async def run_async(self) -> DemoResult:
+        """`run_demo` in the event loop, SIGTERM and SIGHUP cancelling it as Ctrl-C does."""
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+                loop.add_signal_handler(sig, task.cancel)
+        server = self.server
+        try:
+            return await run_demo(
+                self.args,
+                self.state,
+                self.address,
+                on_phase=self.on_phase,
+                on_end=self.capture,
+                verifier_log=None if server is None else lambda: server.lines,
+            )
+        except asyncio.CancelledError:  # stopped before the tenants ran
+            task.uncancel()
+            _interrupted(self.state)
+            return DemoResult(state=self.state, interrupted=True)
+
+
+def _run_to_the_end(run: _DemoRun, stack: contextlib.ExitStack) -> DemoResult:
+    """The verifier started (or named), the dashboard up when live, then the event loop
+    until the run ends; `stack` stops the verifier and the dashboard afterwards."""
+    run.start_verifier(stack)
+    if run.live:
+        dashboard = Dashboard(run.state)
+        stack.enter_context(
+            Live(dashboard, console=run.console, refresh_per_second=8, transient=False)
+        )
+    try:
+        return asyncio.run(run.run_async())
+    except KeyboardInterrupt:
+        _interrupted(run.state)
+        raise
+    finally:
+        _raise_on_termination(stack)  # the event loop left SIGTERM at its default
+
+
+def _interrupted(state: DemoState) -> None:
+    """The screen says the run was interrupted."""
+    with state.lock:
+        state.phase = "interrupted"
 
 
 def _resolve_pair_showing_progress(

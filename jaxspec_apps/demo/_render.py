@@ -128,7 +128,7 @@ def tenant_title(view: TenantView, now: float) -> Text:
     itl = view.inter_token_latency_s
     t = Text.assemble(
         (f" edge {view.index + 1}", "bold"),
-        f" · α {view.acceptance_rate:.2f}",
+        f" · α {view.figures.acceptance_rate:.2f}",
         f" · {rate:.0f} tok/s",
         f" · ITL {itl * 1e3:.0f} ms" if itl else " · ITL –",
         f" · {view.new_tokens}/{view.max_new_tokens}",
@@ -365,7 +365,7 @@ def answers(state: DemoState) -> str:
     with state.lock:
         for v in state.tenants:
             head = (
-                f"edge {v.index + 1} · {v.status} · α {v.acceptance_rate:.2f} · "
+                f"edge {v.index + 1} · {v.status} · α {v.figures.acceptance_rate:.2f} · "
                 f"{v.tokens_per_s:.1f} tok/s · {v.tokens} tokens"
             )
             q = v.prompt_text.strip().replace("\n", "\n     ")
@@ -399,7 +399,7 @@ def summary(state: DemoState) -> Group:
                 f"edge {v.index + 1}",
                 v.status,
                 str(v.tokens),
-                f"{v.acceptance_rate:.2f}",
+                f"{v.figures.acceptance_rate:.2f}",
                 f"{v.tokens_per_s:.1f}",
                 f"{v.inter_token_latency_s * 1e3:.1f}",
                 ttft,

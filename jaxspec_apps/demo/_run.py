@@ -91,7 +91,7 @@ class _StandIn:
 
         return SessionInfo(
             session_id="warmup",
-            max_gamma=config.draft.gamma,
+            gamma=config.draft.gamma,
             max_sparse_k=0,
             vocab_size=0,
             max_new_tokens=config.max_new_tokens,
@@ -202,172 +202,262 @@ async def run_demo(
     start-up text (repeats at most every `PROGRESS_EVERY_S`) and each tenant's first tokens.
     """
 
-    loop = asyncio.get_running_loop()
+    words = _StartupWords(state, asyncio.get_running_loop(), on_phase, verifier_log)
+    token = args.token or os.environ.get("JAXSPEC_TOKEN")
+    if not state.settings.spawned:  # the verifier first (a second), then the draft (tens of s)
+        await _check_named_verifier(args, token, words)
+    drafter, configs, address = await _load_draft_while_the_verifier_starts(
+        args, state, wait_address, words
+    )
+    with state.lock:
+        state.settings.verifier = address
+    endpoints, monitor = await _connect(args, state, address, token, words)
     result = DemoResult(state=state)
-    s = state.settings
-    said = {"text": "", "t": float("-inf")}
+    tenants = _Tenants(args, state, drafter, configs, endpoints, monitor, result, on_phase)
+    await tenants.run(words, on_end)
+    return result
 
-    def phase(word: str, detail: str = "", *, tick: bool = False) -> None:
-        with state.lock:
-            state.phase, state.detail = word, detail
-        text, now = detail or word, loop.time()
-        if on_phase is not None and text != said["text"]:
-            if not tick or now - said["t"] >= PROGRESS_EVERY_S:
-                said.update(text=text, t=now)
-                on_phase(text)
 
-    step = {"text": ""}  # what the demo itself is doing while the verifier starts
+@dataclasses.dataclass
+class _StartupWords:
+    """What the screen says while the run starts (`DemoState.phase` and `.detail`), and what
+    `on_phase` hears: every new text, but a text that only counts on (`tick`) at most every
+    `PROGRESS_EVERY_S`, so a plain log is not flooded with "compiling 5/28, 6/28, ...".
+    While a spawned verifier is not serving yet, its own progress is added to the words."""
 
-    def starting(text: str | None = None, *, tick: bool = False) -> None:
+    state: DemoState
+    loop: asyncio.AbstractEventLoop
+    on_phase: Callable[[str], None] | None = None
+    verifier_log: Callable[[], Sequence[str]] | None = None
+    address: asyncio.Future[str] | None = None  # the verifier's host:port once it serves
+    said: str = ""  # the last text `on_phase` heard, and when (the loop's clock)
+    said_t: float = float("-inf")
+    step: str = ""  # what the demo itself is doing while the verifier starts
+
+    def phase(self, word: str, detail: str = "", *, tick: bool = False) -> None:
+        """Show `word` (the phase) and `detail` on screen; tell `on_phase` if it is new."""
+        with self.state.lock:
+            self.state.phase, self.state.detail = word, detail
+        text, now = detail or word, self.loop.time()
+        if self.on_phase is not None and text != self.said:
+            if not tick or now - self.said_t >= PROGRESS_EVERY_S:
+                self.said, self.said_t = text, now
+                self.on_phase(text)
+
+    def starting(self, text: str | None = None, *, tick: bool = False) -> None:
+        """The "starting" phase: the demo's own step (`text`, else the last one), with the
+        spawned verifier's progress while it is not serving yet."""
         if text is not None:
-            step["text"] = text
-        words = step["text"]
-        if s.spawned and not address_fut.done():
-            counts = warmup_progress(verifier_log()) if verifier_log is not None else None
+            self.step = text
+        words = self.step
+        waiting = self.address is not None and not self.address.done()
+        if self.state.settings.spawned and waiting:
+            log = self.verifier_log
+            counts = warmup_progress(log()) if log is not None else None
             if counts is None:
                 words += "; the verifier is loading its target"
             elif counts[1]:
                 words += f"; the verifier is compiling its batch shapes {counts[0]}/{counts[1]}"
-        phase("starting", words + "…", tick=tick)
+        self.phase("starting", words + "…", tick=tick)
 
-    async def tick_starting() -> None:
+    async def keep_ticking(self) -> None:
+        """Refresh the start-up words twice a second (the verifier's count moves on its own)."""
         while True:
             await asyncio.sleep(0.5)
-            starting(tick=True)
+            self.starting(tick=True)
 
-    token = args.token or os.environ.get("JAXSPEC_TOKEN")
-    if not s.spawned:  # the verifier first (a second), then the draft (tens of seconds)
-        phase("starting", f"checking the verifier {args.verifier}…")
-        async with GrpcEndpoint(args.verifier, token=token, timeout_s=CHECK_TIMEOUT_S) as ep:
-            await check_verifier(ep, serving=False)  # warming up is fine: waited for below
-    address_fut = asyncio.ensure_future(wait_address())
-    ticker = asyncio.ensure_future(tick_starting())
+
+async def _check_named_verifier(
+    args: argparse.Namespace, token: str | None, words: _StartupWords
+) -> None:
+    """Ask a `--verifier` for its Stats before the draft loads: a wrong address or token
+    fails in a second, not after tens of seconds of loading and compiling. Warming up is
+    fine here: the tenants wait for it to serve (`_connect`)."""
+    words.phase("starting", f"checking the verifier {args.verifier}…")
+    async with GrpcEndpoint(args.verifier, token=token, timeout_s=CHECK_TIMEOUT_S) as ep:
+        await check_verifier(ep, serving=False)
+
+
+async def _load_draft_while_the_verifier_starts(
+    args: argparse.Namespace,
+    state: DemoState,
+    wait_address: Callable[[], Awaitable[str]],
+    words: _StartupWords,
+) -> tuple[Drafter, list[SessionConfig], str]:
+    """Load and compile the draft (in worker threads) while the verifier starts; the drafter,
+    each tenant's session and the verifier's address once it serves."""
+    loop, s = words.loop, state.settings
+    words.address = address = asyncio.ensure_future(wait_address())
+    ticker = asyncio.ensure_future(words.keep_ticking())
     try:
-        starting(f"loading the {s.quantize.upper()} draft {s.draft}")
+        words.starting(f"loading the {s.quantize.upper()} draft {s.draft}")
         drafter = await loop.run_in_executor(
             None, load_drafter, args.draft, args.quantize, draft_spec_from_args(args)
         )
         configs = _configs(args, state, drafter)
-        starting("compiling the draft model")
+        words.starting("compiling the draft model")
         await loop.run_in_executor(None, _compile_drafter, drafter, configs, s.depth)
-        if not address_fut.done():
-            starting("draft ready; waiting for the verifier")
-        address = await address_fut
+        if not address.done():
+            words.starting("draft ready; waiting for the verifier")
+        return drafter, configs, await address
     finally:
-        address_fut.cancel()
+        address.cancel()
         ticker.cancel()
-    with state.lock:
-        s.verifier = address
 
+
+async def _connect(
+    args: argparse.Namespace,
+    state: DemoState,
+    address: str,
+    token: str | None,
+    words: _StartupWords,
+) -> tuple[list[GrpcEndpoint], GrpcEndpoint]:
+    """A channel per tenant and one for the Stats poller, once the verifier serves (waited
+    for up to `WAIT_SERVING_S`); its Stats then are the baseline this demo's own figures are
+    counted from. A verifier spawned with --no-warmup gets a longer per-call deadline."""
     lazy = args.verifier is None and not args.warmup
     kw = dict(token=token) | (dict(timeout_s=LAZY_RESULT_TIMEOUT_S) if lazy else {})
     endpoints = [GrpcEndpoint(address, **kw) for _ in state.tenants]
     monitor = GrpcEndpoint(address, **kw)
-    try:  # the figures this demo's own are counted from, once the verifier serves
+    try:
         state.set_baseline(
             await check_verifier(
                 monitor,
                 retry_s=WAIT_SERVING_S,
-                on_retry=lambda notice: phase("starting", f"{notice}…"),
+                on_retry=lambda notice: words.phase("starting", f"{notice}…"),
             )
         )
     except BaseException:
-        for ep in (*endpoints, monitor):
-            with contextlib.suppress(Exception):
-                await ep.aclose()
+        await _close([*endpoints, monitor], Exception)
         raise
-    one_way, jitter = args.rtt_ms / 2e3, args.jitter_ms / 2e3
+    return endpoints, monitor
 
-    stopping = False  # set when the run ends: no tenant starts another sample
 
-    async def tenant(i: int) -> None:
-        view = state.tenants[i]
-        cfg = configs[i]
-        sample = 0
+async def _close(endpoints: Sequence[GrpcEndpoint], *ignore: type[BaseException]) -> None:
+    """Close every channel, each one's `ignore`d errors left unraised."""
+    for ep in endpoints:
+        with contextlib.suppress(*ignore):
+            await ep.aclose()
+
+
+@dataclasses.dataclass
+class _Tenants:
+    """The running demo: one task per tenant (each its own channel behind a simulated WAN
+    link, one sample after another with `--seconds`) and a poller of the verifier's Stats."""
+
+    args: argparse.Namespace
+    state: DemoState
+    drafter: Drafter
+    configs: list[SessionConfig]  # tenant i's first sample
+    endpoints: list[GrpcEndpoint]  # tenant i's channel
+    monitor: GrpcEndpoint  # the Stats poller's channel
+    result: DemoResult
+    on_phase: Callable[[str], None] | None = None
+    stopping: bool = False  # set when the run ends: no tenant starts another sample
+
+    async def run(self, words: _StartupWords, on_end: Callable[[], None] | None) -> None:
+        """Run the tenants until they finish, `--seconds` pass or this task is cancelled
+        (Ctrl-C, SIGTERM: the screen is kept), then stop them and close every channel."""
+        words.phase("running")
+        tasks = [asyncio.ensure_future(self.tenant(i)) for i in range(len(self.state.tenants))]
+        poller = asyncio.ensure_future(self.poll_stats())
         try:
-            while True:
-                if sample:  # --seconds: a fresh sample with the next seed
-                    cfg = dataclasses.replace(cfg, seed=cfg.seed + len(state.tenants))
-                with state.lock:
-                    view.start_sample(cfg.prompt)
-                # A fresh simulated link per session: a DelayedEndpoint whose message was
-                # cancelled mid-flight (blocks still in flight when a session ends) would
-                # hold every later message of that direction behind it.
-                ep = DelayedEndpoint(
-                    endpoints[i], one_way_s=one_way, jitter_s=jitter, seed=cfg.seed
-                )
-
-                def on_event(kind: str, toks: tuple[int, ...]) -> None:
-                    with state.lock:
-                        first = view.tokens == 0
-                        view.on_event(kind, toks)
-                        first = first and view.tokens > 0
-                    if first and on_phase is not None:
-                        t = state.elapsed_s()
-                        on_phase(f"edge {i + 1}: first tokens {t:.1f} s after start")
-
-                # --gamma auto: each block's length from what this session measures.
-                policy = (
-                    AdaptiveGamma(cfg.draft.gamma, cfg.mode, s.depth)
-                    if cfg.draft.adaptive
-                    else None
-                )
-                await run_session(
-                    ep, drafter, cfg, depth=s.depth, on_event=on_event, block_len=policy
-                )
-                sample += 1
-                if args.seconds <= 0 or stopping:
-                    break
-            with state.lock:
-                view.finish("stopped" if stopping else "done")
+            timeout = self.args.seconds if self.args.seconds > 0 else None
+            await asyncio.wait(tasks, timeout=timeout)
+            words.phase("done" if all(t.done() for t in tasks) else "time is up")
         except asyncio.CancelledError:
-            with state.lock:
-                view.finish("stopped" if view.status == "drafting" else view.status)
-            raise
-        except Exception as e:  # one tenant's failure is shown, the others go on
-            msg = f"{getattr(e, 'code', type(e).__name__)}: {e}"
-            result.errors.append(f"edge {i + 1}: {msg}")
-            with state.lock:
-                view.finish("error", msg)
+            self.result.interrupted = True
+            asyncio.current_task().uncancel()
+            words.phase("interrupted")
+        finally:
+            if on_end is not None:  # the screen as the run ends, drafts in flight included
+                on_end()
+            await self.stop(tasks, poller)
 
-    async def poll_stats() -> None:
-        while True:
-            try:
-                state.set_stats(await monitor.stats())
-            except Exception as e:
-                state.set_stats(None, f"stats unavailable: {e}")
-            state.sample_throughput()
-            await asyncio.sleep(STATS_EVERY_S)
-
-    phase("running")
-    tasks = [asyncio.ensure_future(tenant(i)) for i in range(len(state.tenants))]
-    poller = asyncio.ensure_future(poll_stats())
-    try:
-        timeout = args.seconds if args.seconds > 0 else None
-        await asyncio.wait(tasks, timeout=timeout)
-        phase("done" if all(t.done() for t in tasks) else "time is up")
-    except asyncio.CancelledError:  # Ctrl-C, SIGTERM: stop the tenants, keep the screen
-        result.interrupted = True
-        asyncio.current_task().uncancel()
-        phase("interrupted")
-    finally:
-        if on_end is not None:  # the screen as the run ends, drafts in flight included
-            on_end()
+    async def stop(self, tasks: list[asyncio.Future[None]], poller: asyncio.Future[None]) -> None:
+        """Stop every tenant and the poller, take the verifier's last Stats, close channels."""
         # The sessions close in run_session's `finally`. A cancellation can be lost (on
         # Python 3.11 `asyncio.wait_for` returns a result that arrives together with the
         # cancel), so cancel until every tenant has stopped.
-        stopping = True
+        self.stopping = True
         pending = set(tasks)
         while pending:
             for t in pending:
                 t.cancel()
             _, pending = await asyncio.wait(pending, timeout=1.0)
         with contextlib.suppress(Exception, asyncio.CancelledError):
-            state.set_stats(await asyncio.wait_for(monitor.stats(), 2.0))
+            self.state.set_stats(await asyncio.wait_for(self.monitor.stats(), 2.0))
         poller.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(poller, return_exceptions=True)
-        for ep in (*endpoints, monitor):
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await ep.aclose()
-    return result
+        await _close([*self.endpoints, self.monitor], Exception, asyncio.CancelledError)
+
+    async def tenant(self, i: int) -> None:
+        """Tenant i from start to end; its failure is shown on its row, the others go on."""
+        view = self.state.tenants[i]
+        try:
+            await self._samples(i)
+            with self.state.lock:
+                view.finish("stopped" if self.stopping else "done")
+        except asyncio.CancelledError:
+            with self.state.lock:
+                view.finish("stopped" if view.status == "drafting" else view.status)
+            raise
+        except Exception as e:
+            msg = f"{getattr(e, 'code', type(e).__name__)}: {e}"
+            self.result.errors.append(f"edge {i + 1}: {msg}")
+            with self.state.lock:
+                view.finish("error", msg)
+
+    async def _samples(self, i: int) -> None:
+        """Tenant i's samples: one, or with `--seconds` a fresh one with the next seed each
+        time one ends, until the run stops."""
+        view, cfg = self.state.tenants[i], self.configs[i]
+        sample = 0
+        while True:
+            if sample:
+                cfg = dataclasses.replace(cfg, seed=cfg.seed + len(self.state.tenants))
+            with self.state.lock:
+                view.start_sample(cfg.prompt)
+            await self._sample(i, cfg)
+            sample += 1
+            if self.args.seconds <= 0 or self.stopping:
+                break
+
+    async def _sample(self, i: int, cfg: SessionConfig) -> None:
+        """One session of tenant i over its channel behind a simulated link."""
+        depth = self.state.settings.depth
+        # A fresh simulated link per session: a DelayedEndpoint whose message was cancelled
+        # mid-flight (blocks still in flight when a session ends) would hold every later
+        # message of that direction behind it.
+        one_way, jitter = self.args.rtt_ms / 2e3, self.args.jitter_ms / 2e3
+        ep = DelayedEndpoint(self.endpoints[i], one_way_s=one_way, jitter_s=jitter, seed=cfg.seed)
+        on_event = self._on_event(i)
+        # --gamma auto: each block's length from what this session measures.
+        policy = AdaptiveGamma(cfg.draft.gamma, cfg.mode, depth) if cfg.draft.adaptive else None
+        await run_session(ep, self.drafter, cfg, depth=depth, on_event=on_event, block_len=policy)
+
+    def _on_event(self, i: int) -> Callable[[str, tuple[int, ...]], None]:
+        """Tenant i's session events into its view; `on_phase` hears its first tokens."""
+        view = self.state.tenants[i]
+
+        def on_event(kind: str, toks: tuple[int, ...]) -> None:
+            with self.state.lock:
+                first = view.tokens == 0
+                view.on_event(kind, toks)
+                first = first and view.tokens > 0
+            if first and self.on_phase is not None:
+                t = self.state.elapsed_s()
+                self.on_phase(f"edge {i + 1}: first tokens {t:.1f} s after start")
+
+        return on_event
+
+    async def poll_stats(self) -> None:
+        """The verifier's Stats every `STATS_EVERY_S`, and this demo's throughput sample."""
+        while True:
+            try:
+                self.state.set_stats(await self.monitor.stats())
+            except Exception as e:
+                self.state.set_stats(None, f"stats unavailable: {e}")
+            self.state.sample_throughput()
+            await asyncio.sleep(STATS_EVERY_S)

@@ -21,6 +21,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from jaxspec.figures import AcceptanceFigures
+
 # Piece kinds, in the vocabulary of vLLM's rejection sampler (accepted / recovered / bonus).
 PROMPT, ACCEPT, CORRECT, BONUS, REJECT = "prompt", "accept", "correct", "bonus", "reject"
 SEPARATOR = "separator"  # between samples in --seconds mode
@@ -61,9 +63,7 @@ class TenantView:
     _round_t: float | None = None  # when the current round's verdict arrived
     # Counters over every sample.
     tokens: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    rounds: int = 0
+    figures: AcceptanceFigures = dataclasses.field(default_factory=AcceptanceFigures)
     rejections: int = 0
     stale: int = 0
     resumes: int = 0
@@ -118,15 +118,14 @@ class TenantView:
             self.inflight.append((tuple(toks), decode_delta(self.decode, ctx, toks)))
         elif kind == "accept":  # the head block's verdict: its first len(toks) drafts hold
             block = self.inflight.pop(0)[0] if self.inflight else tuple(toks)
-            self.drafted += len(block)
-            self.accepted += len(toks)
-            self.rounds += 1
+            self.figures += AcceptanceFigures.of_round(len(block), len(toks), len(toks))
             self._round_t = now
             self._commit(ACCEPT, toks, now)
         elif kind == "reject":
             self.rejections += 1
             self.pieces.append((REJECT, decode_delta(self.decode, self.ids, toks)))
         elif kind in (CORRECT, BONUS):  # the same round as the accept before it
+            self.figures += AcceptanceFigures(emitted=len(toks))
             self._commit(kind, toks, self._round_t if self._round_t is not None else now)
         elif kind == "stale":
             if self.inflight:
@@ -161,11 +160,6 @@ class TenantView:
     def new_tokens(self) -> int:
         """Tokens committed in the current sample."""
         return len(self.ids) - self.prompt_len
-
-    @property
-    def acceptance_rate(self) -> float:
-        """α: accepted drafts / verified drafts (stale blocks were never verified)."""
-        return self.accepted / self.drafted if self.drafted else 0.0
 
     def _steady(self) -> tuple[int, float]:
         s = self.steady_s
@@ -239,7 +233,7 @@ class DemoState:
 
     def total_rounds(self) -> int:
         """Blocks this demo's tenants had verified."""
-        return sum(t.rounds for t in self.tenants)
+        return sum(t.figures.rounds for t in self.tenants)
 
     def set_baseline(self, stats: dict) -> None:
         """The verifier's figures just before the tenants start: its lifetime counters (steps,
@@ -261,7 +255,7 @@ class DemoState:
         verifier other clients' steps count too)."""
         now = time.perf_counter() if now is None else now
         with self.lock:
-            point = (now, self.total_tokens(), sum(t.rounds for t in self.tenants))
+            point = (now, self.total_tokens(), sum(t.figures.rounds for t in self.tenants))
             point += (int(self.stats.get("steps", 0)),)
             if self._history:
                 t0, n0, _, _ = self._history[-1]

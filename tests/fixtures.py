@@ -1,0 +1,173 @@
+"""Model fixtures only the tests use (plain functions; tests/conftest.py wraps some in pytest
+fixtures): transformers/torch oracle checkpoints, GGUF files written the way llama.cpp's
+converter writes them, the architectures the parity tests cover, and the float64 target/draft
+pair of the edge and verifier tests.
+
+They lived in `jaxspec.testing`, but nothing outside tests/ used them and `write_hf_checkpoint`
+needs torch, which no module of the package may need. What the CLI's `init-random` and the
+tools use stays there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Any
+
+import jax.numpy as jnp
+
+from jaxspec.config import LlamaConfig, RopeScaling
+from jaxspec.model import Model, init_params
+from jaxspec.testing import tiny_config, to_dtype
+
+
+def write_hf_checkpoint(
+    path: str | os.PathLike[str],
+    config: LlamaConfig,
+    seed: int = 0,
+    std: float = 0.3,
+    max_shard_size: str | None = None,
+) -> Any:
+    """Create a random transformers model for `config` (torch, float32), `save_pretrained`
+    it to `path` and return it (eval mode) as the oracle. A large `std` keeps logits spread,
+    so greedy decisions are far from ties."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_cfg = config.to_hf()
+    hf_cfg.update(pad_token_id=None, dtype="float32")
+    cfg = AutoConfig.for_model(**hf_cfg)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, std)
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(str(path), **kwargs)
+    return model
+
+
+def config_variants() -> dict[str, LlamaConfig]:
+    """Architectures the parity tests cover: MHA/GQA/MQA, tied, rope scaling, Qwen2 biases."""
+    t = tiny_config
+    return {
+        "gqa": t(),
+        "mha": t(num_key_value_heads=4),
+        "mqa_tied": t(num_key_value_heads=1, tie_word_embeddings=True),
+        "llama3_rope": t(
+            rope_theta=500000.0,
+            rope_scaling=RopeScaling(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            ),
+        ),
+        "linear_rope_attn_bias": t(
+            rope_scaling=RopeScaling(rope_type="linear", factor=2.0),
+            qkv_bias=True,
+            o_bias=True,
+            mlp_bias=True,
+        ),
+        "qwen2": dataclasses.replace(t(), model_type="qwen2", qkv_bias=True),
+        "wide_head": t(head_dim=16, num_attention_heads=2, num_key_value_heads=1),
+    }
+
+
+def permute_for_gguf(w: Any, n_head: int) -> Any:
+    """llama.cpp's converter `permute` of Q/K rows `[n_head * d, in]` (halves -> pairs): what
+    a GGUF stores, and what `jaxspec.gguf_import` must undo."""
+    import numpy as np
+
+    w = np.asarray(w)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def write_gguf(path: str | os.PathLike[str], model: Model, qtype: str = "F32") -> pathlib.Path:
+    """Write `model` as a llama.cpp GGUF file the way llama.cpp's converter does (names, Q/K
+    row permutation, metadata), 2-D weights stored as `qtype` (norms stay F32). No tokenizer.
+    The independent check is transformers, which reads the file with its own code."""
+    import gguf
+    import jax
+    import numpy as np
+
+    from jaxspec.checkpoint import hf_name
+
+    c = model.config
+    kind = gguf.GGMLQuantizationType[qtype]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    w.add_rope_dimension_count(c.head_dim)
+    if c.head_dim != c.hidden_size // c.num_attention_heads:
+        w.add_key_length(c.head_dim)
+        w.add_value_length(c.head_dim)
+    hf_to_gguf = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "lm_head.weight": "output.weight",
+        "model.norm.weight": "output_norm.weight",
+    }
+    layer = {
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+    }
+    for path_, leaf in jax.tree_util.tree_leaves_with_path(model.params):
+        name, transpose = hf_name(tuple(p.key for p in path_))
+        arr = np.asarray(leaf, np.float32)
+        arr = arr.T if transpose else arr
+        if name in hf_to_gguf:
+            gname = hf_to_gguf[name]
+        else:
+            _, _, idx, *mod, _ = name.split(".")
+            gname = f"blk.{idx}.{layer['.'.join(mod)]}.weight"
+        if gname.endswith("attn_q.weight"):
+            arr = permute_for_gguf(arr, c.num_attention_heads)
+        elif gname.endswith("attn_k.weight"):
+            arr = permute_for_gguf(arr, c.num_key_value_heads)
+        if arr.ndim == 2 and kind != gguf.GGMLQuantizationType.F32:
+            if kind == gguf.GGMLQuantizationType.F16:
+                w.add_tensor(gname, arr.astype(np.float16))
+            else:
+                w.add_tensor(gname, gguf.quants.quantize(arr, kind), raw_dtype=kind)
+        else:
+            w.add_tensor(gname, np.ascontiguousarray(arr))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return pathlib.Path(path)
+
+
+def peaked_pair(seeds: tuple[int, int] = (0, 7), scale: float = 3.0) -> tuple[Model, Model]:
+    """A float64 target and draft of `tiny_config()`: random weights scaled up so that their
+    distributions are peaked and differ, and drafts are both accepted and rejected (the
+    edge/verifier tests' pair: exact decisions in float64). Call under `jax.enable_x64`."""
+    import jax
+
+    cfg = tiny_config()
+    out = []
+    for seed in seeds:
+        m = Model(config=cfg, params=init_params(cfg, seed))
+        spread = m.with_params(jax.tree.map(lambda a: a * scale, m.params))
+        out.append(to_dtype(spread, jnp.float64))
+    return out[0], out[1]
