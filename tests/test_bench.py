@@ -461,8 +461,8 @@ def test_the_adaptive_section_checks_tokens_and_writes_its_block(checkpoints, tm
     real = adaptive._session
 
     async def wrong(*a, **kw):
-        toks, s, used = await real(*a, **kw)
-        return ([*toks[:-1], toks[-1] + 1] if a[3] == "auto" else toks), s, used
+        toks, s, used, figures = await real(*a, **kw)
+        return ([*toks[:-1], toks[-1] + 1] if a[3] == "auto" else toks), s, used, figures
 
     adaptive._session = wrong
     try:

@@ -12,8 +12,8 @@ a difference is recorded as a failure.
 The section (`SECTION`, run only when named: `jaxspec bench --pairs tiny --sections
 adaptive`) sweeps two drafts of the tiny pair's target: `self` drafts with the target itself
 at W4A16 (each draft as costly as a target step, high acceptance), `draft` with the shipped
-draft at W4A16 (a fraction of the cost); the table's alpha is each point's measured
-acceptance (accepted / drafted).
+draft at W4A16 (a fraction of the cost); the table's alpha is each point's acceptance rate
+over its timed sessions (their `AcceptanceFigures` summed; the untimed warm-ups excluded).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from edge.adaptive import AdaptiveGamma
 from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
 from edge.session import run_session
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec_apps.bench.common import make_scheduler, prompts_from
 from jaxspec_apps.bench.section import Context, Page, Section
@@ -46,8 +47,9 @@ async def _session(
     depth: int,
     rtt_s: float,
     new_tokens: int,
-) -> tuple[list[int], float, list[int]]:
-    """(tokens, seconds per token, block lengths used) of one greedy pipelined session."""
+) -> tuple[list[int], float, list[int], AcceptanceFigures]:
+    """(tokens, seconds per token, block lengths used, the verifier's acceptance figures) of
+    one greedy pipelined session."""
     auto = gamma == "auto"
     spec = DraftSpec(gamma=max_gamma if auto else int(gamma), encoding="onehot", adaptive=auto)
     cfg = SessionConfig(
@@ -67,11 +69,38 @@ async def _session(
     finally:
         await v.aclose()
     used = policy.chosen if policy is not None else [int(gamma)] * tr.blocks_sent
-    _alphas.append(tr.figures.acceptance_rate)
-    return tr.tokens, (tr.end_time - tr.start_time) / max(1, len(tr.tokens)), used
+    return tr.tokens, (tr.end_time - tr.start_time) / max(1, len(tr.tokens)), used, tr.figures
 
 
-_alphas: list[float] = []  # acceptance (accepted / drafted) of every session, in order
+def _point(
+    sched: Any, draft: Any, prompts: Sequence[Sequence[int]], rtt_s: float, depth: int,
+    max_gamma: int, new_tokens: int,
+) -> tuple[dict[str, float], list[int], AcceptanceFigures, list[str]]:  # fmt: skip
+    """One (pair, RTT) point: the mean seconds per token of each fixed gamma and of auto,
+    the block lengths auto chose, the timed sessions' acceptance figures summed, and which
+    (prompt, gamma) gave other tokens than the first gamma did."""
+    per: dict[str, float] = {}
+    chosen: list[int] = []
+    figures = AcceptanceFigures()
+    differs: list[str] = []
+    reference: dict[int, list[int]] = {}  # prompt -> tokens of the first gamma run
+    for g in [*range(1, max_gamma + 1), "auto"]:
+        # One untimed session first: a block length's first session after other lengths
+        # compiled again (measured: ~3 s here), which is not its speed; nor its figures.
+        asyncio.run(_session(sched, draft, prompts[0], g, max_gamma, depth, rtt_s, new_tokens))
+        times = []
+        for i, prompt in enumerate(prompts):
+            toks, s, used, fig = asyncio.run(
+                _session(sched, draft, prompt, g, max_gamma, depth, rtt_s, new_tokens)
+            )
+            times.append(s)
+            figures += fig
+            if g == "auto":
+                chosen += used
+            if reference.setdefault(i, toks) != toks:
+                differs.append(f"prompt {i}: gamma {g} differs")
+        per[str(g)] = sum(times) / len(times)
+    return per, chosen, figures, differs
 
 
 def sweep(
@@ -85,34 +114,17 @@ def sweep(
     depth_for: Any = None,
 ) -> dict[str, Any]:
     """`{"rows": [...], "failures": [...]}`: one row per (pair, RTT) with the mean time per
-    token of each fixed gamma and of auto, the best fixed gamma, and auto's ratio to it."""
+    token of each fixed gamma and of auto, the best fixed gamma, auto's ratio to it, and
+    alpha over the point's timed sessions."""
     depth_for = depth_for or (lambda rtt_s: max(2, min(4, math.ceil(rtt_s / 0.05) + 1)))
     rows, failures = [], []
-    gammas: list[int | str] = [*range(1, max_gamma + 1), "auto"]
     for pair, draft in pairs.items():
         for rtt_ms in rtts_ms:
-            rtt = rtt_ms / 1e3
-            depth = depth_for(rtt)
-            per: dict[str, float] = {}
-            chosen: list[int] = []
-            _alphas.clear()
-            reference: dict[int, list[int]] = {}  # prompt -> tokens of the first gamma run
-            for g in gammas:
-                # One untimed session first: a block length's first session after other
-                # lengths compiled again (measured: ~3 s here), which is not its speed.
-                warm = (sched, draft, prompts[0], g, max_gamma, depth, rtt, new_tokens)
-                asyncio.run(_session(*warm))
-                times = []
-                for i, prompt in enumerate(prompts):
-                    toks, s, used = asyncio.run(
-                        _session(sched, draft, prompt, g, max_gamma, depth, rtt, new_tokens)
-                    )
-                    times.append(s)
-                    if g == "auto":
-                        chosen += used
-                    if reference.setdefault(i, toks) != toks:
-                        failures.append(f"{pair} rtt={rtt_ms} ms prompt {i}: gamma {g} differs")
-                per[str(g)] = sum(times) / len(times)
+            depth = depth_for(rtt_ms / 1e3)
+            per, chosen, figures, differs = _point(
+                sched, draft, prompts, rtt_ms / 1e3, depth, max_gamma, new_tokens
+            )
+            failures += [f"{pair} rtt={rtt_ms} ms {d}" for d in differs]
             fixed = {g: t for g, t in per.items() if g != "auto"}
             best = min(fixed, key=fixed.__getitem__)
             rows.append(
@@ -124,7 +136,7 @@ def sweep(
                     "best_fixed_gamma": int(best),
                     "auto_over_best": per["auto"] / fixed[best],
                     "auto_gammas": {str(k): chosen.count(k) for k in sorted(set(chosen))},
-                    "alpha": sum(_alphas) / len(_alphas),  # mean over this point's sessions
+                    "alpha": figures.acceptance_rate,
                 }
             )
             print(
