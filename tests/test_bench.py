@@ -202,7 +202,7 @@ def test_the_real_pass_adds_its_object_and_keeps_the_tiny_keys(checkpoints, tmp_
     assert "--pairs real" in real["command"] and res["failures"] == {}
     for key in REAL_REQUIRED:
         assert _number(real[key]) and real[key] > 0, key
-    assert 0 <= real["alpha_t0"] <= 1 and real["mean_accepted_tokens_t0"] >= 1
+    assert 0 <= real["alpha_t0"] <= 1 and real["tokens_per_round_t0"] >= 1
     assert set(real["verify_roofline_fraction"]) == {"1", "32"}
     assert "wire_bytes_per_token" not in real and "quality" not in real["sections"]
     s = real["sections"]

@@ -102,7 +102,7 @@ def headline(res: dict[str, Any]) -> dict[str, Any]:
         o = s["specbench"]["overall"]
         out["colocated_speedup"] = o["speedup"]
         out["alpha_t0"] = o["alpha"]
-        out["mean_accepted_tokens_t0"] = o["mean_accepted_tokens"]
+        out["tokens_per_round_t0"] = o["tokens_per_round"]
         if "cost" in s:
             a = analytic_speedup(o["tokens_per_round"], s["specbench"]["gamma"],
                                  s["cost"]["draft_cost_ratio"])  # fmt: skip
@@ -148,7 +148,7 @@ HEADLINE = [
     ("colocated_analytic_speedup", "what the measured E[A] and cost ratio allow: E[A]/(γc + 1)"),
     ("colocated_vs_analytic", "measured ÷ that analytic speedup"),
     ("alpha_t0", "accepted ÷ drafted, T = 0"),
-    ("mean_accepted_tokens_t0", "tokens committed per verification, T = 0 (Spec-Bench's τ)"),
+    ("tokens_per_round_t0", "tokens committed per verification, T = 0 (Spec-Bench's τ)"),
     ("alpha_t07", "accepted ÷ drafted, T = 0.7"),
     ("draft_cost_ratio", "draft token time ÷ target token time (plain decode loops)"),
     ("plain_roofline_fraction", "target's plain decode: roofline time ÷ measured time"),

@@ -128,7 +128,7 @@ def _row(category: str, t: dict[str, Any]) -> dict[str, Any]:
         "plain_tok_s": t["tokens"] / t["plain_s"],
         "spec_tok_s": t["tokens"] / t["spec_s"],
         "speedup": t["plain_s"] / t["spec_s"],
-        "mean_accepted_tokens": figures["tokens_per_round"],
+        "tokens_per_round": figures["tokens_per_round"],
         **figures,
     }
 
@@ -146,7 +146,7 @@ def table_md(sb: dict[str, Any]) -> list[str]:
     """One row per category and one over all, with the acceptance at each position."""
     g = sb["gamma"]
     lines = [
-        "| category | prompts | plain tok/s | SD tok/s | speedup | mean accepted tokens τ | α | "
+        "| category | prompts | plain tok/s | SD tok/s | speedup | tokens per round | α | "
         + " | ".join(f"pos {i + 1}" for i in range(g))
         + " |",
         "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * g,
@@ -156,7 +156,7 @@ def table_md(sb: dict[str, Any]) -> list[str]:
         pos = " | ".join(f"{a:.2f}" for a in row["per_position_acceptance"])
         lines.append(
             f"| {name} | {row['prompts']} | {row['plain_tok_s']:.1f} | {row['spec_tok_s']:.1f} | "
-            f"{ratio(row['speedup'])} | {row['mean_accepted_tokens']:.2f} | {row['alpha']:.3f} | "
+            f"{ratio(row['speedup'])} | {row['tokens_per_round']:.2f} | {row['alpha']:.3f} | "
             f"{pos} |"
         )
     return lines
@@ -171,9 +171,9 @@ def markdown(sb: dict[str, Any], page: Page) -> list[str]:
         f"γ = {sb['gamma']}, sync, {sb['new_tokens']} new tokens per prompt (stop tokens "
         f"ignored so every answer has that length), plain and speculative timed in turns "
         f"(the best of {page.settings['repeats']} after a warm-up). Greedy speculative "
-        "tokens are asserted equal to plain greedy tokens. τ = tokens committed per "
-        "verification (bonus included); pos i = the share of rounds whose draft i was "
-        "accepted.",
+        "tokens are asserted equal to plain greedy tokens. Tokens per round = tokens "
+        "committed per verification (bonus included; Spec-Bench's τ); pos i = the share "
+        "of rounds whose draft i was accepted.",
         "",
         *table_md(sb),
     ]
