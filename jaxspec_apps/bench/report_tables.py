@@ -37,21 +37,6 @@ def machine_line(r: dict[str, Any]) -> str:
     )
 
 
-def peer_md(pr: dict[str, Any]) -> list[str]:
-    names = {
-        "hf_plain": "transformers `generate` (plain greedy)",
-        "hf_assisted": "transformers assisted generation (default dynamic draft length)",
-        "hf_assisted_const": f"transformers assisted generation (constant {pr['gamma']} drafts)",
-        "ours_plain": "jaxspec `generate` (plain greedy)",
-        "ours_spec": f"jaxspec `generate(draft=…, gamma={pr['gamma']})` (sync)",
-    }
-    t = pr["tok_s"]
-    lines = ["| decoder | tokens/s | vs transformers plain |", "|---|---:|---:|"]
-    for k, label in names.items():
-        lines.append(f"| {label} | {t[k]:.0f} | {ratio(t[k] / t['hf_plain'])} |")
-    return lines
-
-
 def save(fig: Any, bench: Any, key: str) -> dict[str, str]:
     """Write `fig` as bench/<key>.png (and close it); {key: its path from the report}."""
     import matplotlib.pyplot as plt
