@@ -442,7 +442,7 @@ def test_the_target_section_compares_with_transformers_and_splices_its_block(tmp
 def test_the_adaptive_section_checks_tokens_and_writes_its_block(checkpoints, tmp_path):
     (tmp_path / "BENCHMARKS.md").write_text("# Benchmarks\n\n## Reproduce\n")
     argv = ["--profile", "tiny", "--sections", "adaptive", *_pair(checkpoints)]
-    sizes = ["--set", "adaptive_rtts_ms=0,20", "--set", "adaptive_max_gamma=2"]
+    sizes = ["--set", "adaptive_rtts_ms=0,20", "--set", "adaptive_longest=2"]
     sizes += ["--set", "adaptive_new_tokens=8", "--set", "adaptive_prompts=1"]
     assert _bench([*argv, *sizes, "--out", str(tmp_path)]) == 0
     r = json.loads((tmp_path / "bench" / "adaptive.json").read_text())
@@ -466,7 +466,7 @@ def test_the_adaptive_section_checks_tokens_and_writes_its_block(checkpoints, tm
 
     adaptive._session = wrong
     try:
-        sizes = ["--set", "adaptive_rtts_ms=0", "--set", "adaptive_max_gamma=2"]
+        sizes = ["--set", "adaptive_rtts_ms=0", "--set", "adaptive_longest=2"]
         sizes += ["--set", "adaptive_new_tokens=4"]
         assert _bench([*argv, *sizes, "--out", str(tmp_path / "mutant")]) == 1
     finally:

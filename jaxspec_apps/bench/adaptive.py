@@ -3,8 +3,8 @@
 Every point is pipelined edge-cloud decoding, batch 1, through an in-process verifier
 (`verify.LocalVerifier` over one warmed-up scheduler) behind a simulated link
 (`edge.DelayedEndpoint`, RTT/2 each way): the same prompts with each fixed gamma in
-1..max_gamma and with `gamma="auto"` (`edge.adaptive.AdaptiveGamma`), at the same pipeline
-depth. Time per token is the session's wall time over its tokens (the first round trip
+1..longest (the longest block) and with `gamma="auto"` (`edge.adaptive.AdaptiveGamma`), at the
+same pipeline depth. Time per token is the session's wall time over its tokens (the first round trip
 included: the adaptive controller starts knowing nothing). The auto run's tokens must equal
 every fixed run's token for token (position-keyed draws; pipelined mode has no bonus):
 a difference is recorded as a failure.
@@ -43,7 +43,7 @@ async def _session(
     draft: Any,
     prompt: Sequence[int],
     gamma: int | str,
-    max_gamma: int,
+    longest: int,
     depth: int,
     rtt_s: float,
     new_tokens: int,
@@ -51,12 +51,12 @@ async def _session(
     """(tokens, seconds per token, block lengths used, the verifier's acceptance figures) of
     one greedy pipelined session."""
     auto = gamma == "auto"
-    spec = DraftSpec(gamma=max_gamma if auto else int(gamma), encoding="onehot", adaptive=auto)
+    spec = DraftSpec(gamma=longest if auto else int(gamma), encoding="onehot", adaptive=auto)
     cfg = SessionConfig(
         prompt=tuple(prompt), max_new_tokens=new_tokens, temperature=0.0, mode="pipelined",
         draft=spec,
     )  # fmt: skip
-    policy = AdaptiveGamma(max_gamma, "pipelined", depth) if auto else None
+    policy = AdaptiveGamma(longest, "pipelined", depth) if auto else None
     v = LocalVerifier(scheduler=sched)
     try:
         tr = await run_session(
@@ -74,7 +74,7 @@ async def _session(
 
 def _point(
     sched: Any, draft: Any, prompts: Sequence[Sequence[int]], rtt_s: float, depth: int,
-    max_gamma: int, new_tokens: int,
+    longest: int, new_tokens: int,
 ) -> tuple[dict[str, float], list[int], AcceptanceFigures, list[str]]:  # fmt: skip
     """One (pair, RTT) point: the mean seconds per token of each fixed gamma and of auto,
     the block lengths auto chose, the timed sessions' acceptance figures summed, and which
@@ -84,14 +84,14 @@ def _point(
     figures = AcceptanceFigures()
     differs: list[str] = []
     reference: dict[int, list[int]] = {}  # prompt -> tokens of the first gamma run
-    for g in [*range(1, max_gamma + 1), "auto"]:
+    for g in [*range(1, longest + 1), "auto"]:
         # One untimed session first: a block length's first session after other lengths
         # compiled again (measured: ~3 s here), which is not its speed; nor its figures.
-        asyncio.run(_session(sched, draft, prompts[0], g, max_gamma, depth, rtt_s, new_tokens))
+        asyncio.run(_session(sched, draft, prompts[0], g, longest, depth, rtt_s, new_tokens))
         times = []
         for i, prompt in enumerate(prompts):
             toks, s, used, fig = asyncio.run(
-                _session(sched, draft, prompt, g, max_gamma, depth, rtt_s, new_tokens)
+                _session(sched, draft, prompt, g, longest, depth, rtt_s, new_tokens)
             )
             times.append(s)
             figures += fig
@@ -109,7 +109,7 @@ def sweep(
     prompts: Sequence[Sequence[int]],
     *,
     rtts_ms: Sequence[float],
-    max_gamma: int,
+    longest: int,
     new_tokens: int,
     depth_for: Any = None,
 ) -> dict[str, Any]:
@@ -122,7 +122,7 @@ def sweep(
         for rtt_ms in rtts_ms:
             depth = depth_for(rtt_ms / 1e3)
             per, chosen, figures, differs = _point(
-                sched, draft, prompts, rtt_ms / 1e3, depth, max_gamma, new_tokens
+                sched, draft, prompts, rtt_ms / 1e3, depth, longest, new_tokens
             )
             failures += [f"{pair} rtt={rtt_ms} ms {d}" for d in differs]
             fixed = {g: t for g, t in per.items() if g != "auto"}
@@ -145,13 +145,13 @@ def sweep(
                 f"({per['auto'] / fixed[best]:.3f}x), auto chose {rows[-1]['auto_gammas']}",
                 flush=True,
             )
-    return {"rows": rows, "failures": failures, "summary": summary(rows, max_gamma)}
+    return {"rows": rows, "failures": failures, "summary": summary(rows, longest)}
 
 
-def summary(rows: list[dict[str, Any]], max_gamma: int) -> dict[str, Any]:
+def summary(rows: list[dict[str, Any]], longest: int) -> dict[str, Any]:
     """Over the whole sweep: total time per token (sum over points) of auto and of each
     fixed gamma, and auto's worst ratio to the best fixed gamma at any one point."""
-    total = {str(g): sum(r["token_s"][str(g)] for r in rows) for g in [*range(1, max_gamma + 1)]}
+    total = {str(g): sum(r["token_s"][str(g)] for r in rows) for g in [*range(1, longest + 1)]}
     auto = sum(r["token_s"]["auto"] for r in rows)
     best_single = min(total, key=total.__getitem__)
     return {
@@ -163,16 +163,16 @@ def summary(rows: list[dict[str, Any]], max_gamma: int) -> dict[str, Any]:
     }
 
 
-def table_md(result: dict[str, Any], max_gamma: int) -> list[str]:
+def table_md(result: dict[str, Any], longest: int) -> list[str]:
     """One row per (pair, RTT), then the whole sweep's totals."""
-    head = " | ".join(f"γ={g}" for g in range(1, max_gamma + 1))
+    head = " | ".join(f"γ={g}" for g in range(1, longest + 1))
     lines = [
         f"| pair | α | RTT ms | depth | {head} | auto | best fixed | auto ÷ best | auto chose |",
-        "|---|---|---|---|" + "---|" * max_gamma + "---|---|---|---|",
+        "|---|---|---|---|" + "---|" * longest + "---|---|---|---|",
     ]
     for r in result["rows"]:
         t = r["token_s"]
-        cells = " | ".join(f"{t[str(g)] * 1e3:.2f}" for g in range(1, max_gamma + 1))
+        cells = " | ".join(f"{t[str(g)] * 1e3:.2f}" for g in range(1, longest + 1))
         chose = ", ".join(f"{k}×{v}" for k, v in r["auto_gammas"].items())
         lines.append(
             f"| {r['pair']} | {r.get('alpha', float('nan')):.2f} | {r['rtt_ms']:.0f} | "
@@ -193,7 +193,7 @@ def table_md(result: dict[str, Any], max_gamma: int) -> list[str]:
     return lines
 
 
-def plot(result: dict[str, Any], max_gamma: int, path: Any) -> None:
+def plot(result: dict[str, Any], longest: int, path: Any) -> None:
     """ms per token against the round trip, per pair: every fixed gamma, the best of them
     at each RTT, and auto."""
     import matplotlib
@@ -206,9 +206,9 @@ def plot(result: dict[str, Any], max_gamma: int, path: Any) -> None:
     for ax, pair in zip(axes[0], pairs, strict=True):
         rs = [r for r in result["rows"] if r["pair"] == pair]
         x = [r["rtt_ms"] for r in rs]
-        for g in range(1, max_gamma + 1):
+        for g in range(1, longest + 1):
             ax.plot(x, [r["token_s"][str(g)] * 1e3 for r in rs], color="0.7", lw=1)
-        ax.plot(x, [min(r["token_s"][str(g)] for g in range(1, max_gamma + 1)) * 1e3 for r in rs],
+        ax.plot(x, [min(r["token_s"][str(g)] for g in range(1, longest + 1)) * 1e3 for r in rs],
                 "k--", lw=1, label="best fixed γ at each RTT")  # fmt: skip
         ax.plot(x, [r["token_s"]["auto"] * 1e3 for r in rs], "C3o-", lw=2, label="γ = auto")
         ax.set_title(pair)
@@ -230,16 +230,16 @@ def run_section(ctx: Context) -> dict[str, Any]:
         for name in p.adaptive_drafts
     }
     prompts = prompts_from(ctx.stream, p.adaptive_prompts, p.prompt_len, seed=3)
-    max_gamma, new_tokens = p.adaptive_max_gamma, p.adaptive_new_tokens
-    max_len = max(map(len, prompts)) + new_tokens + 6 * max_gamma + 16
-    sched = make_scheduler(target, rows=(1,), gamma=max_gamma, max_len=max_len)
+    longest, new_tokens = p.adaptive_longest, p.adaptive_new_tokens
+    max_len = max(map(len, prompts)) + new_tokens + 6 * longest + 16
+    sched = make_scheduler(target, rows=(1,), gamma=longest, max_len=max_len)
     result = sweep(
-        sched, pairs, prompts, rtts_ms=p.adaptive_rtts_ms, max_gamma=max_gamma,
+        sched, pairs, prompts, rtts_ms=p.adaptive_rtts_ms, longest=longest,
         new_tokens=new_tokens,
     )  # fmt: skip
     return result | {
         "command": ctx.command,
-        "max_gamma": max_gamma,
+        "longest": longest,
         "new_tokens": new_tokens,
         "prompts": len(prompts),
         "cpus": os.cpu_count(),
@@ -262,7 +262,7 @@ def markdown(r: dict[str, Any], page: Page) -> list[str]:
         "fixed runs' token for token"
         + (" (checked)." if not r["failures"] else f" — **NOT: {r['failures']}**."),
         "",
-        *table_md(r, int(r["max_gamma"])),
+        *table_md(r, int(r["longest"])),
         "",
         "![ms per token vs round trip: every fixed gamma, the best of them, and auto]"
         "(bench/adaptive.png)",
@@ -271,7 +271,7 @@ def markdown(r: dict[str, Any], page: Page) -> list[str]:
 
 def plot_section(r: dict[str, Any], bench: Any) -> dict[str, str]:
     """`plot` as bench/adaptive.png."""
-    plot(r, int(r["max_gamma"]), bench / "adaptive.png")
+    plot(r, int(r["longest"]), bench / "adaptive.png")
     return {"adaptive": "bench/adaptive.png"}
 
 
