@@ -450,7 +450,48 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@dataclasses.dataclass
+class Run:
+    """What the steps of `main` share: the command line, the plan, the log and the clock,
+    the phase times, and the target."""
+
+    argv: Sequence[str] | None
+    args: argparse.Namespace
+    plan: Plan
+    log: Any
+    t_start: float
+    times: dict[str, float]
+    target: Any
+
+
+@dataclasses.dataclass
+class Chat:
+    """The training and held-out prompts, and their chat-formatted token ids."""
+
+    train_p: list[Prompt]
+    held_p: list[Prompt]
+    train_ids: list[Any]
+    held_ids: list[Any]
+
+
+@dataclasses.dataclass
+class Teacher:
+    """The training sequences, the teacher's top-k of them per length bucket T (inputs
+    [n, T], valid [n, T], ids, log-probs), and the held-out sequences with theirs."""
+
+    seqs: list[list[int]]
+    data: dict[int, tuple[np.ndarray, ...]]
+    positions: dict[int, int]
+    n_positions: int
+    htoks: np.ndarray
+    hvalid: np.ndarray
+    hmask: np.ndarray
+    hids: np.ndarray
+    hlogp: np.ndarray
+
+
+def start_run(argv: Sequence[str] | None) -> Run:
+    """Parse the command line, make the plan, load the target."""
     args = parse_args(argv)
     plan = TINY if args.tiny else Plan()
     changes = {"steps": args.steps, "prompts_per_category": args.prompts_per_category,
@@ -460,46 +501,69 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.time()
     times: dict[str, float] = {}
 
-    import jax
-    import jax.numpy as jnp
-
     import jaxspec
 
     target = jaxspec.load(args.target)
-    tok = target.tokenizer
     log.log(f"target {args.target}: {target.num_params() / 1e6:.1f}M params")
+    return Run(argv, args, plan, log, t_start, times, target)
 
-    # 1. prompts
-    train_p, held_p = split_prompts(build_prompts(args.seed), plan)
+
+def make_prompts(run: Run) -> Chat:
+    """1. prompts"""
+    import jaxspec
+
+    target = run.target
+    train_p, held_p = split_prompts(build_prompts(run.args.seed), run.plan)
     train_ids = [jaxspec.chat_prompt(target, p.text) for p in train_p]
     held_ids = [jaxspec.chat_prompt(target, p.text) for p in held_p]
-    log.log(f"{len(train_p)} training prompts, {len(held_p)} held out ({len(CATEGORIES)} kinds)")
+    run.log.log(
+        f"{len(train_p)} training prompts, {len(held_p)} held out ({len(CATEGORIES)} kinds)"
+    )
+    return Chat(train_p, held_p, train_ids, held_ids)
 
-    # 2. answers (held-out: greedy, for the teacher-forced figures)
+
+def answer_prompts(run: Run, chat: Chat) -> tuple[Any, Any, int]:
+    """2. answers (held-out: greedy, for the teacher-forced figures): (training answers,
+    held-out answers, training answer tokens)."""
+    import jaxspec
+
+    target, plan, log = run.target, run.plan, run.log
+    train_ids, held_ids = chat.train_ids, chat.held_ids
     t0 = time.time()
     with log.progress() as prog:
         task = prog.add_task("target answers", total=len(train_ids) + len(held_ids), info="")
         bar = lambda n: prog.advance(task, n)  # noqa: E731
-        train_ans = answer(target, train_ids, plan, args.seed, bar)
+        train_ans = answer(target, train_ids, plan, run.args.seed, bar)
         held_plan = dataclasses.replace(plan, answer_batch=len(held_ids))
         held_ans = jaxspec.generate(
             target, [list(p) for p in held_ids], held_plan.answer_tokens, temperature=0.0
         ).tokens
         bar(len(held_ids))
-    times["answers_s"] = time.time() - t0
+    run.times["answers_s"] = time.time() - t0
     n_ans = sum(map(len, train_ans))
-    log.log(f"answers: {n_ans} tokens in {times['answers_s']:.0f} s")
+    log.log(f"answers: {n_ans} tokens in {run.times['answers_s']:.0f} s")
+    return train_ans, held_ans, n_ans
 
-    # 3. teacher top-k
-    t0 = time.time()
-    chat = [list(p) + list(a) for p, a in zip(train_ids, train_ans, strict=True)]
-    seqs = chat + plain_windows(tok, plan, args.seed, held_p)
-    held_seqs = [list(p) + list(a) for p, a in zip(held_ids, held_ans, strict=True)]
-    htoks, hvalid = pad(held_seqs, plan.seq_len + 1)
-    hmask = np.zeros_like(hvalid)  # the answer positions (predicting answer tokens)
+
+def _answer_mask(held_ids: list[Any], held_seqs: list[list[int]], hvalid: np.ndarray) -> Any:
+    """The answer positions (predicting answer tokens) of the held-out sequences."""
+    hmask = np.zeros_like(hvalid)
     for i, p in enumerate(held_ids):
         hmask[i, len(p) - 1 : len(held_seqs[i]) - 1] = True
     hmask &= hvalid
+    return hmask
+
+
+def teach(run: Run, chat: Chat, train_ans: Any, held_ans: Any) -> Teacher:
+    """3. teacher top-k"""
+    target, plan, log = run.target, run.plan, run.log
+    train_ids, held_ids = chat.train_ids, chat.held_ids
+    t0 = time.time()
+    chat_seqs = [list(p) + list(a) for p, a in zip(train_ids, train_ans, strict=True)]
+    seqs = chat_seqs + plain_windows(target.tokenizer, plan, run.args.seed, chat.held_p)
+    held_seqs = [list(p) + list(a) for p, a in zip(held_ids, held_ans, strict=True)]
+    htoks, hvalid = pad(held_seqs, plan.seq_len + 1)
+    hmask = _answer_mask(held_ids, held_seqs, hvalid)
     # per bucket T: inputs [n, T], valid [n, T] (position t counts when t+1 exists), top-k
     data: dict[int, tuple[np.ndarray, ...]] = {}
     with log.progress() as prog:
@@ -511,22 +575,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             ids, logp = teacher_topk(target, toks[:, :-1], valid[:, :-1], plan.top_k, bar, batch)
             data[T] = (toks[:, :-1], valid[:, :-1] & valid[:, 1:], ids, logp)
         hids, hlogp = teacher_topk(target, htoks[:, :-1], hvalid[:, :-1], plan.top_k, bar)
-    times["teacher_s"] = time.time() - t0
+    run.times["teacher_s"] = time.time() - t0
     hmask = hmask[:, :-1]
     positions = {T: int(d[1].sum()) for T, d in data.items()}
     n_positions = sum(positions.values())
-    log.log(f"teacher: {n_positions} positions in {times['teacher_s']:.0f} s ({positions})")
+    log.log(f"teacher: {n_positions} positions in {run.times['teacher_s']:.0f} s ({positions})")
+    return Teacher(seqs, data, positions, n_positions, htoks, hvalid, hmask, hids, hlogp)
 
-    # 4. train
+
+def distill(run: Run, teacher: Teacher) -> tuple[Any, Any, list[tuple[int, float]]]:
+    """4. train: (draft config, params, losses)."""
+    args, plan, log = run.args, run.plan, run.log
+    data, positions = teacher.data, teacher.positions
     t0 = time.time()
-    config = draft_config(target.config, plan)
-    params = init_draft(target, config, args.seed)
+    config = draft_config(run.target.config, plan)
+    params = init_draft(run.target, config, args.seed)
     step_fn, opt = train_step_fn(config, plan)
     opt_state = opt.init(params)
     rng = np.random.default_rng([args.seed, 4])
     losses = []
     sizes = list(data)
-    weights = np.array([positions[T] for T in sizes], float) / n_positions
+    weights = np.array([positions[T] for T in sizes], float) / teacher.n_positions
     with log.progress() as prog:
         task = prog.add_task("distill", total=plan.steps, info="")
         for step in range(plan.steps):
@@ -542,31 +611,36 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if not log.progress_enabled and step % 50 == 0:
                     log.log(f"step {step}/{plan.steps}: loss {float(loss):.3f}")
             prog.advance(task)
-    times["train_s"] = time.time() - t0
-    log.log(f"trained {plan.steps} steps in {times['train_s']:.0f} s, loss {losses[-1][1]:.3f}")
+    run.times["train_s"] = time.time() - t0
+    log.log(f"trained {plan.steps} steps in {run.times['train_s']:.0f} s, loss {losses[-1][1]:.3f}")
+    return config, params, losses
 
-    # 5. quantize, save, evaluate what ships
-    t0 = time.time()
-    draft = jaxspec.Model(config=config, params=params, tokenizer=tok, name="smollm2-draft")
-    if args.keep_float is not None:
-        jaxspec.save(draft, args.keep_float)
-    shipped = jaxspec.quantize(draft, "w4a16", 64, method="rtn", embeddings=plan.table == "int4")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    staging = pathlib.Path(tempfile.mkdtemp(prefix="distill-", dir=args.out.parent))
-    jaxspec.save(shipped, staging)
-    loaded = jaxspec.load(staging)
-    report: dict[str, Any] = {"plan": dataclasses.asdict(plan), "seed": args.seed}
+
+def _teacher_forced_figures(
+    report: dict[str, Any], draft: Any, loaded: Any, teacher: Teacher, log: Any
+) -> None:
+    """Train/held-out KL and greedy agreement of the float32 and the shipped draft."""
+    data = teacher.data
     for name, m in (("float32", draft), ("w4a16", loaded)):
         tr = [kl_and_agreement(m, *(a[:16] for a in d), d[1][:16]) for d in data.values()]
         w = [d[1][:16].sum() for d in data.values()]
         tr_kl, tr_agree = (float(np.average([r[j] for r in tr], weights=w)) for j in (0, 1))
-        ho_kl, ho_agree = kl_and_agreement(m, htoks[:, :-1], hvalid[:, :-1], hids, hlogp, hmask)
+        ho_kl, ho_agree = kl_and_agreement(
+            m, teacher.htoks[:, :-1], teacher.hvalid[:, :-1], teacher.hids, teacher.hlogp,
+            teacher.hmask,
+        )  # fmt: skip
         report[name] = {
             "train_kl": tr_kl, "heldout_kl": ho_kl,
             "train_greedy_agreement": tr_agree, "heldout_greedy_agreement": ho_agree,
         }  # fmt: skip
         log.log(f"{name}: held-out KL {ho_kl:.3f}, greedy agreement {ho_agree:.3f}")
-    prompts = [list(p) for p in held_ids]
+
+
+def _acceptance_figures(
+    report: dict[str, Any], run: Run, loaded: Any, chat: Chat, prompts: list[list[int]]
+) -> None:
+    """Alpha of the shipped draft at T=0 and T=0.7, and at T=0 per category."""
+    target, plan, log = run.target, run.plan, run.log
     for t in (0.0, 0.7):
         a, acc, per = alpha(target, loaded, prompts, plan.eval_tokens, t)
         report[f"alpha_t{str(t).replace('.', '')}"] = a
@@ -575,25 +649,67 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.log(f"alpha at T={t}: {a:.3f} (mean acceptance length {acc:.2f}, gamma 4)")
     per_cat = {}
     for c in CATEGORIES:
-        sel = [i for i, p in enumerate(held_p) if p.category == c]
+        sel = [i for i, p in enumerate(chat.held_p) if p.category == c]
         a, acc, _ = alpha(target, loaded, [prompts[i] for i in sel], plan.eval_tokens, 0.0)
         per_cat[c] = {"alpha_t0": a, "mean_acceptance_length_t0": acc}
     report["by_category"] = per_cat
-    probe = list(held_ids[0])
+
+
+def ship_and_evaluate(
+    run: Run, chat: Chat, teacher: Teacher, config: Any, params: Any
+) -> tuple[pathlib.Path, dict[str, Any]]:
+    """5. quantize, save, evaluate what ships: (staging dir, report so far)."""
+    import jaxspec
+
+    args, plan, log, target = run.args, run.plan, run.log, run.target
+    t0 = time.time()
+    draft = jaxspec.Model(
+        config=config, params=params, tokenizer=target.tokenizer, name="smollm2-draft"
+    )
+    if args.keep_float is not None:
+        jaxspec.save(draft, args.keep_float)
+    shipped = jaxspec.quantize(draft, "w4a16", 64, method="rtn", embeddings=plan.table == "int4")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix="distill-", dir=args.out.parent))
+    jaxspec.save(shipped, staging)
+    loaded = jaxspec.load(staging)
+    report: dict[str, Any] = {"plan": dataclasses.asdict(plan), "seed": args.seed}
+    _teacher_forced_figures(report, draft, loaded, teacher, log)
+    prompts = [list(p) for p in chat.held_ids]
+    _acceptance_figures(report, run, loaded, chat, prompts)
+    probe = list(chat.held_ids[0])
     t_target = seconds_per_token(target, probe, 32)
     t_draft = seconds_per_token(loaded, probe, 32)
     report["draft_cost_ratio"] = t_draft / t_target
     report["target_ms_per_token"] = t_target * 1e3
     report["draft_ms_per_token"] = t_draft * 1e3
-    times["evaluate_s"] = time.time() - t0
+    run.times["evaluate_s"] = time.time() - t0
     log.log(f"draft cost: {t_draft / t_target:.3f} of a target token")
+    return staging, report
+
+
+def finish(
+    run: Run,
+    staging: pathlib.Path,
+    report: dict[str, Any],
+    chat: Chat,
+    teacher: Teacher,
+    params: Any,
+    losses: list[tuple[int, float]],
+    n_ans: int,
+) -> None:
+    """The rest of the report; write it and move the staging dir into place."""
+    import jax
+    import jax.numpy as jnp
+
+    args, argv = run.args, run.argv
     report.update(
         draft_params=int(sum(v.size for v in jax.tree.leaves(params))),
         shipped_bytes=sum(f.stat().st_size for f in staging.iterdir()),
         weights_bytes=(staging / "model.safetensors").stat().st_size,
-        train_sequences=len(seqs), train_positions=n_positions,
-        answer_tokens=n_ans, heldout_prompts=[dataclasses.asdict(p) for p in held_p],
-        losses=losses, times=times, total_s=time.time() - t_start,
+        train_sequences=len(teacher.seqs), train_positions=teacher.n_positions,
+        answer_tokens=n_ans, heldout_prompts=[dataclasses.asdict(p) for p in chat.held_p],
+        losses=losses, times=run.times, total_s=time.time() - run.t_start,
         reproduce_command="python tools/distill_smollm2.py " + shlex.join(
             [str(a) for a in (argv if argv is not None else sys.argv[1:])]
         ),
@@ -605,8 +721,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out.exists():
         shutil.rmtree(args.out)
     staging.rename(args.out)
-    log.log(f"wrote {args.out} ({report['shipped_bytes'] / 2**20:.1f} MB) in "
-            f"{report['total_s'] / 60:.1f} min")  # fmt: skip
+    run.log.log(f"wrote {args.out} ({report['shipped_bytes'] / 2**20:.1f} MB) in "
+                f"{report['total_s'] / 60:.1f} min")  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    run = start_run(argv)
+    chat = make_prompts(run)
+    train_ans, held_ans, n_ans = answer_prompts(run, chat)
+    teacher = teach(run, chat, train_ans, held_ans)
+    config, params, losses = distill(run, teacher)
+    staging, report = ship_and_evaluate(run, chat, teacher, config, params)
+    finish(run, staging, report, chat, teacher, params, losses, n_ans)
     return 0
 
 

@@ -207,7 +207,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclasses.dataclass
+class Run:
+    """What the steps of `main` share: the command line, the settings, the variants, the
+    clock of the log lines."""
+
+    argv: list[str] | None
+    args: argparse.Namespace
+    s: Settings
+    variants: list[Variant]
+    t_start: float
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.time() - self.t_start:6.1f}s] {msg}", flush=True)
+
+
+@dataclasses.dataclass
+class Heldout:
+    """The held-out token streams per kind, their evaluation windows, the prompts."""
+
+    streams: dict[str, np.ndarray]
+    windows: dict[str, np.ndarray]
+    prompts: list[list[int]]
+
+
+def start_run(argv: list[str] | None) -> Run:
+    """Parse the command line into the settings and variants; start the clock."""
     args = parse_args(argv)
     t_start = time.time()
     s = TINY if args.tiny else FULL
@@ -218,16 +243,14 @@ def main(argv: list[str] | None = None) -> int:
         new_tokens=args.new_tokens or s.new_tokens,
     )
     variants = TINY_VARIANTS if args.tiny else FULL_VARIANTS
+    return Run(argv, args, s, variants, t_start)
 
-    def log(msg: str) -> None:
-        print(f"[{time.time() - t_start:6.1f}s] {msg}", flush=True)
 
-    if args.tiny:
-        target, draft = tiny_pair()
-    else:
-        target, draft = jaxspec.load(args.target), jaxspec.load(args.draft)
+def load_heldout(run: Run, target: jaxspec.Model) -> Heldout:
+    """The held-out streams (tokenized by the target), windows of them, and prompts."""
+    s = run.s
     trainer = load_trainer()
-    streams = heldout_streams(trainer, target.tokenizer, args.tiny)
+    streams = heldout_streams(trainer, target.tokenizer, run.args.tiny)
     windows = {k: trainer.windows(v, s.seq_len + 1, s.windows) for k, v in streams.items()}
     rng = np.random.RandomState(0)
     prompts = []
@@ -235,51 +258,81 @@ def main(argv: list[str] | None = None) -> int:
         stream = list(streams.values())[i % len(streams)]
         start = rng.randint(0, len(stream) - s.prompt_len)
         prompts.append(stream[start : start + s.prompt_len].tolist())
-    log(
+    run.log(
         f"held out: {', '.join(f'{k} {len(v):,} tokens' for k, v in streams.items())}; "
         f"{sum(len(w) for w in windows.values())} windows of {s.seq_len}, {len(prompts)} prompts"
     )
+    return Heldout(streams, windows, prompts)
 
-    families = [("draft", draft)] + ([] if args.no_self else [("self", target)])
+
+def _family_rows(
+    run: Run,
+    target: jaxspec.Model,
+    family: str,
+    base: jaxspec.Model,
+    evals: list[Any],
+    prompts: list[list[int]],
+) -> list[dict[str, Any]]:
+    """One row per variant of `base` quantized: bytes, held-out figures, acceptance."""
+    s = run.s
+    rows = []
+    bf16_bytes = 2 * base.num_params()
+    base_ppl = None
+    for v in run.variants:
+        t0 = time.time()
+        model = jaxspec.quantize(base, v.scheme, v.group, method="rtn", embeddings=v.embeddings)
+        held = heldout_metrics(model, evals)
+        base_ppl = held["ppl"] if v.scheme == "none" else base_ppl
+        row = {
+            "family": family,
+            "variant": v.label,
+            "scheme": v.scheme,
+            "group_size": v.group,
+            "embeddings_quantized": v.embeddings and v.scheme != "none",
+            "num_params": base.num_params(),
+            "resident_bytes": model.nbytes(),
+            "bytes_vs_bf16": model.nbytes() / bf16_bytes,
+            **held,
+            "ppl_change": held["ppl"] / base_ppl - 1,
+        }
+        if not (family == "self" and v.scheme == "none"):  # the target drafting itself
+            row |= acceptance(target, model, prompts, s.new_tokens, s.gamma)
+        rows.append(row)
+        run.log(
+            f"{family:5s} {v.label:32s} {row['bytes_vs_bf16']:.3f}x bf16  ppl "
+            f"{held['ppl']:8.2f} ({100 * row['ppl_change']:+.1f}%)  agree "
+            f"{held['greedy_agreement']:.3f} E[a] {held['expected_alpha_t1']:.3f}  alpha "
+            f"{row.get('alpha_t0', float('nan')):.3f}/{row.get('alpha_t1', float('nan')):.3f}"
+            f"  ({time.time() - t0:.0f} s)"
+        )
+    return rows
+
+
+def quantized_rows(
+    run: Run,
+    target: jaxspec.Model,
+    families: list[tuple[str, jaxspec.Model]],
+    heldout: Heldout,
+) -> list[dict[str, Any]]:
+    """The rows of every family and variant, against the float target's log-probs."""
     evals = [  # the float target's log-probs, once: the reference of every variant
         (kind, b, rows, target_logp(target.module, target.params, b))
-        for kind, b, rows in batches(windows, s.eval_batch)
+        for kind, b, rows in batches(heldout.windows, run.s.eval_batch)
     ]
     rows = []
     for family, base in families:
-        bf16_bytes = 2 * base.num_params()
-        base_ppl = None
-        for v in variants:
-            t0 = time.time()
-            model = jaxspec.quantize(base, v.scheme, v.group, method="rtn", embeddings=v.embeddings)
-            held = heldout_metrics(model, evals)
-            base_ppl = held["ppl"] if v.scheme == "none" else base_ppl
-            row = {
-                "family": family,
-                "variant": v.label,
-                "scheme": v.scheme,
-                "group_size": v.group,
-                "embeddings_quantized": v.embeddings and v.scheme != "none",
-                "num_params": base.num_params(),
-                "resident_bytes": model.nbytes(),
-                "bytes_vs_bf16": model.nbytes() / bf16_bytes,
-                **held,
-                "ppl_change": held["ppl"] / base_ppl - 1,
-            }
-            if not (family == "self" and v.scheme == "none"):  # the target drafting itself
-                row |= acceptance(target, model, prompts, s.new_tokens, s.gamma)
-            rows.append(row)
-            log(
-                f"{family:5s} {v.label:32s} {row['bytes_vs_bf16']:.3f}x bf16  ppl "
-                f"{held['ppl']:8.2f} ({100 * row['ppl_change']:+.1f}%)  agree "
-                f"{held['greedy_agreement']:.3f} E[a] {held['expected_alpha_t1']:.3f}  alpha "
-                f"{row.get('alpha_t0', float('nan')):.3f}/{row.get('alpha_t1', float('nan')):.3f}"
-                f"  ({time.time() - t0:.0f} s)"
-            )
+        rows += _family_rows(run, target, family, base, evals, heldout.prompts)
+    return rows
 
+
+def drafter_speeds(
+    run: Run, families: list[tuple[str, jaxspec.Model]], prompts: list[list[int]]
+) -> dict[str, Any]:
+    """The edge drafter's tokens/s, bf16 and w4a16 g128, per family."""
+    s = run.s
     speed_prompt = prompts[0][: s.speed_prompt_len]
     speed = {}
-    for family, base in families[:1] if args.tiny else families:  # tiny: compile less
+    for family, base in families[:1] if run.args.tiny else families:  # tiny: compile less
         bf16 = to_dtype(base, jnp.bfloat16)
         models = {"bf16": bf16, "w4a16 g128": jaxspec.quantize(bf16, "w4a16", 128, method="rtn")}
         rates = drafter_speed(models, speed_prompt, s)
@@ -287,10 +340,22 @@ def main(argv: list[str] | None = None) -> int:
             "tokens_per_s": rates,
             "ratio_w4a16_over_bf16": rates["w4a16 g128"] / rates["bf16"],
         }
-        log(f"drafter {family}: {rates} -> ratio {speed[family]['ratio_w4a16_over_bf16']:.2f}")
+        run.log(f"drafter {family}: {rates} -> ratio {speed[family]['ratio_w4a16_over_bf16']:.2f}")
+    return speed
 
+
+def build_report(
+    run: Run,
+    target: jaxspec.Model,
+    draft: jaxspec.Model,
+    heldout: Heldout,
+    rows: list[dict[str, Any]],
+    speed: dict[str, Any],
+) -> dict[str, Any]:
+    """`<out>.json`: everything, with the command."""
+    args, argv = run.args, run.argv
     cmd = ["python", "tools/quality_w4a16.py", *(sys.argv[1:] if argv is None else argv)]
-    report = {
+    return {
         "command": shlex.join(cmd),
         "target": args.target if not args.tiny else "tiny random",
         "draft": args.draft if not args.tiny else "tiny random",
@@ -299,26 +364,42 @@ def main(argv: list[str] | None = None) -> int:
         else {"target": weights_digest(args.target), "draft": weights_digest(args.draft)},
         "target_params": target.num_params(),
         "draft_params": draft.num_params(),
-        "settings": dataclasses.asdict(s),
+        "settings": dataclasses.asdict(run.s),
         "heldout": {
             "source": "tools/train_default_models.py build_corpus(): held-out documents",
-            "tokens": {k: len(v) for k, v in streams.items()},
-            "windows": {k: len(v) for k, v in windows.items()},
+            "tokens": {k: len(v) for k, v in heldout.streams.items()},
+            "windows": {k: len(v) for k, v in heldout.windows.items()},
         },
         "rows": rows,
         "drafter_speed": speed,
-        "wall_time_s": time.time() - t_start,
+        "wall_time_s": time.time() - run.t_start,
         "versions": {
             "python": platform.python_version(),
             "jax": jax.__version__,
             "machine": f"{platform.machine()}",
         },
     }
-    out = pathlib.Path(args.out)
+
+
+def write_outputs(run: Run, report: dict[str, Any]) -> None:
+    out = pathlib.Path(run.args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(report))
-    log(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
+    run.log(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    run = start_run(argv)
+    if run.args.tiny:
+        target, draft = tiny_pair()
+    else:
+        target, draft = jaxspec.load(run.args.target), jaxspec.load(run.args.draft)
+    heldout = load_heldout(run, target)
+    families = [("draft", draft)] + ([] if run.args.no_self else [("self", target)])
+    rows = quantized_rows(run, target, families, heldout)
+    speed = drafter_speeds(run, families, heldout.prompts)
+    write_outputs(run, build_report(run, target, draft, heldout, rows, speed))
     return 0
 
 

@@ -473,6 +473,90 @@ class PhaseSpec:
     budget_s: float | None
 
 
+def _start_phase(
+    spec: PhaseSpec, state_path: pathlib.Path, init: dict[str, Any], logger: Logger
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(arrays, meta) to start the phase from: fresh, or the saved state (`meta["done"]`
+    when a previous run finished the phase)."""
+    meta: dict[str, Any] = {
+        "version": STATE_VERSION,
+        "step": 0,
+        "total": spec.fixed_steps,
+        "elapsed_s": 0.0,
+        "step_times": [],
+        "done": False,
+        "stopped_early": False,
+        "history": {m: [] for m in spec.members},
+    }
+    arrays = dict(init)
+    if state_path.exists():
+        arrays, meta = load_state(state_path, init)
+        if meta["done"]:
+            logger.log(f"{spec.name}: done in a previous run ({meta['step']} steps), reusing it")
+        else:
+            logger.log(f"{spec.name}: resuming at step {meta['step']}/{meta['total'] or '?'}")
+    return arrays, meta
+
+
+def _phase_step(
+    spec: PhaseSpec,
+    arrays: dict[str, Any],
+    meta: dict[str, Any],
+    step_call: Any,
+    stream: np.ndarray,
+    seed: int,
+    preset: Preset,
+) -> tuple[dict[str, Any], float]:
+    """One optimizer step of every member on the batch of (seed, phase, step): (metrics per
+    member, seconds)."""
+    step = meta["step"]
+    batch = get_batch(stream, seed, spec.phase_id, step, preset)
+    t0 = time.time()
+    metrics = {}
+    for member, peak in spec.members.items():
+        lr = lr_at(step, meta["total"] or 0, peak, preset)
+        metrics[member] = step_call(arrays, member, batch, lr)
+    dt = time.time() - t0
+    return metrics, dt
+
+
+def _record_step(
+    meta: dict[str, Any], step: int, metrics: dict[str, Any], dt: float, t_phase: float
+) -> None:
+    meta["step"] = step + 1
+    meta["step_times"].append(dt)
+    meta["elapsed_s"] = time.time() - t_phase
+    for member, m in metrics.items():
+        meta["history"][member].append(m)
+
+
+def _plan_total(
+    spec: PhaseSpec, meta: dict[str, Any], prog: Any, task: Any, logger: Logger
+) -> None:
+    """Plan the total at the end of warmup, from the warm steps' mean time."""
+    warm = meta["step_times"][1:] or meta["step_times"]
+    per_step = float(np.mean(warm))
+    remaining = max(0.0, spec.budget_s - meta["elapsed_s"])
+    meta["total"] = max(meta["step"] + 1, meta["step"] + int(remaining / per_step))
+    meta["planned_step_s"] = per_step
+    prog.update(task, total=meta["total"])
+    logger.log(
+        f"{spec.name}: {per_step:.2f} s/step measured, planned {meta['total']} steps "
+        f"for a budget of {spec.budget_s:.0f} s"
+    )
+
+
+def _stop_over_budget(spec: PhaseSpec, meta: dict[str, Any], logger: Logger) -> bool:
+    """Whether the phase ran over 1.3× its time budget before its planned total (then it is
+    marked as stopped early)."""
+    over = spec.budget_s is not None and meta["elapsed_s"] > 1.3 * spec.budget_s
+    if over and meta["step"] < (meta["total"] or 0):
+        logger.log(f"{spec.name}: over 1.3× its time budget, stopping at {meta['step']}")
+        meta["stopped_early"] = True
+        return True
+    return False
+
+
 def run_phase(
     spec: PhaseSpec,
     state_path: pathlib.Path,
@@ -489,23 +573,9 @@ def run_phase(
     `init` maps "<member>/params" and "<member>/opt" to initial pytrees; `step_call(arrays,
     member, batch, lr)` runs one optimizer step of a member in place and returns its metrics.
     """
-    meta: dict[str, Any] = {
-        "version": STATE_VERSION,
-        "step": 0,
-        "total": spec.fixed_steps,
-        "elapsed_s": 0.0,
-        "step_times": [],
-        "done": False,
-        "stopped_early": False,
-        "history": {m: [] for m in spec.members},
-    }
-    arrays = dict(init)
-    if state_path.exists():
-        arrays, meta = load_state(state_path, init)
-        if meta["done"]:
-            logger.log(f"{spec.name}: done in a previous run ({meta['step']} steps), reusing it")
-            return arrays, meta
-        logger.log(f"{spec.name}: resuming at step {meta['step']}/{meta['total'] or '?'}")
+    arrays, meta = _start_phase(spec, state_path, init, logger)
+    if meta["done"]:
+        return arrays, meta
 
     def checkpoint() -> None:
         save_state(state_path, arrays, meta)
@@ -516,31 +586,11 @@ def run_phase(
         t_phase = time.time() - meta["elapsed_s"]
         while meta["total"] is None or meta["step"] < meta["total"]:
             step = meta["step"]
-            batch = get_batch(stream, args.seed, spec.phase_id, step, preset)
-            t0 = time.time()
-            metrics = {}
-            for member, peak in spec.members.items():
-                lr = lr_at(step, meta["total"] or 0, peak, preset)
-                metrics[member] = step_call(arrays, member, batch, lr)
-            dt = time.time() - t0
-            meta["step"] = step + 1
-            meta["step_times"].append(dt)
-            meta["elapsed_s"] = time.time() - t_phase
-            for member, m in metrics.items():
-                meta["history"][member].append(m)
+            metrics, dt = _phase_step(spec, arrays, meta, step_call, stream, args.seed, preset)
+            _record_step(meta, step, metrics, dt, t_phase)
             counter["steps"] += 1
-            # Plan the total at the end of warmup, from the warm steps' mean time.
             if meta["total"] is None and meta["step"] >= preset.warmup_steps:
-                warm = meta["step_times"][1:] or meta["step_times"]
-                per_step = float(np.mean(warm))
-                remaining = max(0.0, spec.budget_s - meta["elapsed_s"])
-                meta["total"] = max(meta["step"] + 1, meta["step"] + int(remaining / per_step))
-                meta["planned_step_s"] = per_step
-                prog.update(task, total=meta["total"])
-                logger.log(
-                    f"{spec.name}: {per_step:.2f} s/step measured, planned {meta['total']} steps "
-                    f"for a budget of {spec.budget_s:.0f} s"
-                )
+                _plan_total(spec, meta, prog, task, logger)
             info = "  ".join(f"{m}: {v['loss']:.3f}" for m, v in metrics.items())
             prog.update(task, completed=meta["step"], info=info)
             if meta["step"] % preset.log_every == 0 or meta["step"] == meta["total"]:
@@ -548,10 +598,7 @@ def run_phase(
                     f"{spec.name} step {meta['step']}/{meta['total'] or '?'}  {info}  "
                     f"({dt:.2f} s/step, lr {lr_at(step, meta['total'] or 0, 1.0, preset):.3f}×peak)"
                 )
-            over = spec.budget_s is not None and meta["elapsed_s"] > 1.3 * spec.budget_s
-            if over and meta["step"] < (meta["total"] or 0):
-                logger.log(f"{spec.name}: over 1.3× its time budget, stopping at {meta['step']}")
-                meta["stopped_early"] = True
+            if _stop_over_budget(spec, meta, logger):
                 break
             if time.time() - last_ckpt > preset.checkpoint_every_s:
                 checkpoint()
@@ -777,7 +824,54 @@ def _summary(meta: dict[str, Any], member: str, peak: float, preset: Preset) -> 
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@dataclasses.dataclass
+class Run:
+    """What the steps of `main` share: the command line, the preset and the planned step
+    counts, the clock and its deadline, where the state and the output go, and the phase
+    times and step count accumulated on the way."""
+
+    argv: Sequence[str] | None
+    args: argparse.Namespace
+    preset: Preset
+    target_steps: int | None
+    draft_steps: int | None
+    logger: Logger
+    t_start: float
+    deadline: float
+    out_dir: pathlib.Path
+    state_dir: pathlib.Path
+    resumed: bool
+    phase_times: dict[str, float] = dataclasses.field(default_factory=dict)
+    counter: dict[str, int] = dataclasses.field(default_factory=lambda: {"steps": 0})
+
+
+@dataclasses.dataclass
+class Data:
+    """The corpus split, the tokenizer and the token streams."""
+
+    train_docs: list[Doc]
+    held_docs: list[Doc]
+    tokenizer: Any
+    train_stream: np.ndarray
+    held_streams: dict[str, np.ndarray]
+    train_bytes: int
+    held_bytes: int
+
+
+@dataclasses.dataclass
+class Trained:
+    """The configs and what the training phases returned."""
+
+    tcfg: Any
+    dcfg: Any
+    target_params: Any
+    t_meta: dict[str, Any]
+    d_arrays: dict[str, Any]
+    d_meta: dict[str, Any]
+
+
+def start_run(argv: Sequence[str] | None) -> Run:
+    """Parse the command line, plan the step counts and open the state dir."""
     args = parse_args(argv)
     preset = TINY if args.tiny else FULL
     if args.steps is not None:
@@ -790,11 +884,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.time()
     deadline = t_start + args.minutes * 60
 
-    import jax
-    import jax.numpy as jnp
-
-    import jaxspec
-
     out_dir = pathlib.Path(args.out).resolve()
     cache = pathlib.Path.home() / ".cache" / "jaxspec" / "train_default_models"
     state_dir = pathlib.Path(args.state_dir or cache / run_id(args, preset))
@@ -806,65 +895,110 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"preset {preset.name}, seed {args.seed}, state {state_dir}"
         f"{' (resuming)' if resumed else ''}"
     )
-    phase_times: dict[str, float] = {}
+    return Run(
+        argv,
+        args,
+        preset,
+        target_steps,
+        draft_steps,
+        logger,
+        t_start,
+        deadline,
+        out_dir,
+        state_dir,
+        resumed,
+    )
 
-    # 1-2. corpus, split, tokenizer, token streams (cached in the state dir)
+
+def load_corpus(run: Run) -> tuple[list[Doc], list[Doc]]:
+    """1. The corpus and its split: (train, held-out) documents."""
     t0 = time.time()
-    train_docs, held_docs = build_corpus(preset)
-    phase_times["corpus_s"] = time.time() - t0
-    logger.log(
+    train_docs, held_docs = build_corpus(run.preset)
+    run.phase_times["corpus_s"] = time.time() - t0
+    run.logger.log(
         f"corpus: {len(train_docs)} train docs ({sum(len(d.text) for d in train_docs) / 1e6:.2f} "
         f"M chars), {len(held_docs)} held out"
     )
+    return train_docs, held_docs
+
+
+def _reuse_tokens(
+    tok_dir: pathlib.Path, data_file: pathlib.Path, logger: Logger
+) -> tuple[Any, np.ndarray, dict[str, np.ndarray]]:
+    """The tokenizer and token streams a previous run saved in the state dir."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
+    data = np.load(data_file)
+    train_stream = data["train"]
+    held_streams = {k: data[f"held_{k}"] for k in ("source", "docs") if f"held_{k}" in data}
+    logger.log("tokenizer and token streams: reused from the state dir")
+    return tokenizer, train_stream, held_streams
+
+
+def _make_tokens(
+    train_docs: list[Doc],
+    held_docs: list[Doc],
+    preset: Preset,
+    state_dir: pathlib.Path,
+    tok_dir: pathlib.Path,
+    data_file: pathlib.Path,
+) -> tuple[Any, np.ndarray, dict[str, np.ndarray]]:
+    """Train the tokenizer, encode the streams, and save both in the state dir."""
+    tokenizer = train_tokenizer([d.text for d in train_docs], preset.vocab_size)
+    train_stream = encode_docs(tokenizer, train_docs)
+    held_streams = {
+        k: encode_docs(tokenizer, [d for d in held_docs if d.kind == k]) for k in ("source", "docs")
+    }
+    held_streams = {k: v for k, v in held_streams.items() if len(v)}
+    tmp = state_dir / "tokenizer.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer.save_pretrained(str(tmp))
+    shutil.rmtree(tok_dir, ignore_errors=True)
+    os.replace(tmp, tok_dir)
+    with open(state_dir / "tokens.tmp.npz", "wb") as f:
+        np.savez(f, train=train_stream, **{f"held_{k}": v for k, v in held_streams.items()})
+    os.replace(state_dir / "tokens.tmp.npz", data_file)
+    return tokenizer, train_stream, held_streams
+
+
+def prepare_data(run: Run) -> Data:
+    """1-2. corpus, split, tokenizer, token streams (cached in the state dir)."""
+    preset, state_dir = run.preset, run.state_dir
+    train_docs, held_docs = load_corpus(run)
     t0 = time.time()
     tok_dir = state_dir / "tokenizer"
     data_file = state_dir / "tokens.npz"
-    from transformers import PreTrainedTokenizerFast
-
     if (tok_dir / "tokenizer.json").is_file() and data_file.is_file():
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
-        data = np.load(data_file)
-        train_stream = data["train"]
-        held_streams = {k: data[f"held_{k}"] for k in ("source", "docs") if f"held_{k}" in data}
-        logger.log("tokenizer and token streams: reused from the state dir")
+        tokenizer, train_stream, held_streams = _reuse_tokens(tok_dir, data_file, run.logger)
     else:
-        tokenizer = train_tokenizer([d.text for d in train_docs], preset.vocab_size)
-        train_stream = encode_docs(tokenizer, train_docs)
-        held_streams = {
-            k: encode_docs(tokenizer, [d for d in held_docs if d.kind == k])
-            for k in ("source", "docs")
-        }
-        held_streams = {k: v for k, v in held_streams.items() if len(v)}
-        tmp = state_dir / "tokenizer.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tokenizer.save_pretrained(str(tmp))
-        shutil.rmtree(tok_dir, ignore_errors=True)
-        os.replace(tmp, tok_dir)
-        with open(state_dir / "tokens.tmp.npz", "wb") as f:
-            np.savez(f, train=train_stream, **{f"held_{k}": v for k, v in held_streams.items()})
-        os.replace(state_dir / "tokens.tmp.npz", data_file)
-    phase_times["tokenizer_s"] = time.time() - t0
+        tokenizer, train_stream, held_streams = _make_tokens(
+            train_docs, held_docs, preset, state_dir, tok_dir, data_file
+        )
+    run.phase_times["tokenizer_s"] = time.time() - t0
     assert len(tokenizer) == preset.vocab_size, (len(tokenizer), preset.vocab_size)
     train_bytes = sum(len(d.text.encode()) for d in train_docs)
     held_bytes = sum(len(d.text.encode()) for d in held_docs)
-    logger.log(
+    run.logger.log(
         f"tokens: train {len(train_stream):,} ({train_bytes / len(train_stream):.2f} bytes/token), "
         f"held out {sum(len(v) for v in held_streams.values()):,} "
         f"({time.time() - t0:.1f} s)"
     )
+    return Data(
+        train_docs, held_docs, tokenizer, train_stream, held_streams, train_bytes, held_bytes
+    )
 
-    tcfg = make_config(preset.target, preset, tokenizer)
-    dcfg = make_config(preset.draft, preset, tokenizer)
-    logger.log(f"target {tcfg.num_params:,} params, draft {dcfg.num_params:,} params")
-    opt = make_optimizer(preset)
 
-    # Time budgets: what is left after corpus/tokenizer, less an eval reserve.
-    train_budget = max(0.0, deadline - time.time() - preset.eval_reserve_s)
-    target_budget = train_budget * preset.target_share
-    counter = {"steps": 0}
+def train_target(
+    run: Run, data: Data, tcfg: Any, opt: Any, target_budget: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """3. The target, by cross-entropy: (arrays, meta) of its phase."""
+    import jax.numpy as jnp
 
-    # 3. target
-    t_params0 = jaxspec.init_params(tcfg, args.seed)
+    import jaxspec
+
+    preset, target_steps = run.preset, run.target_steps
+    t_params0 = jaxspec.init_params(tcfg, run.args.seed)
     t_step = ce_step_fn(tcfg, preset)
 
     def target_call(arrays, member, batch, lr):
@@ -875,99 +1009,140 @@ def main(argv: Sequence[str] | None = None) -> int:
         return {"loss": float(loss)}
 
     t0 = time.time()
-    try:
-        t_arrays, t_meta = run_phase(
-            PhaseSpec(
-                "target",
-                1,
-                {"target": preset.lr_target},
-                target_steps,
-                None if target_steps else target_budget,
-            ),
-            state_dir / "target.msgpack",
-            {"target/params": t_params0, "target/opt": opt.init(t_params0)},
-            target_call,
-            train_stream,
-            args,
-            preset,
-            logger,
-            counter,
-        )
-        phase_times["target_s"] = time.time() - t0
-        target_params = t_arrays["target/params"]
+    t_arrays, t_meta = run_phase(
+        PhaseSpec(
+            "target",
+            1,
+            {"target": preset.lr_target},
+            target_steps,
+            None if target_steps else target_budget,
+        ),
+        run.state_dir / "target.msgpack",
+        {"target/params": t_params0, "target/opt": opt.init(t_params0)},
+        target_call,
+        data.train_stream,
+        run.args,
+        preset,
+        run.logger,
+        run.counter,
+    )
+    run.phase_times["target_s"] = time.time() - t0
+    return t_arrays, t_meta
 
-        # 4-5. distilled draft and data-only draft, in lockstep on the same batches
-        d_params0 = jaxspec.init_params(dcfg, args.seed + 1)
-        kd_step = distill_step_fn(tcfg, dcfg, preset)
-        ce_step = ce_step_fn(dcfg, preset)
 
-        def draft_call(arrays, member, batch, lr):
-            p, o = arrays[f"{member}/params"], arrays[f"{member}/opt"]
-            if member == "draft":
-                p, o, loss, kl, ce = kd_step(p, o, target_params, batch, jnp.float32(lr))
-                metrics = {"loss": float(loss), "kl": float(kl), "ce": float(ce)}
-            else:
-                p, o, loss = ce_step(p, o, batch, jnp.float32(lr))
-                metrics = {"loss": float(loss)}
-            arrays[f"{member}/params"], arrays[f"{member}/opt"] = p, o
-            return metrics
+def train_drafts(
+    run: Run, data: Data, tcfg: Any, dcfg: Any, opt: Any, target_params: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """4-5. distilled draft and data-only draft, in lockstep on the same batches: (arrays,
+    meta) of their phase."""
+    import jax.numpy as jnp
 
-        t0 = time.time()
-        draft_budget = max(0.0, deadline - time.time() - preset.eval_reserve_s)
-        d_arrays, d_meta = run_phase(
-            PhaseSpec(
-                "drafts",
-                2,
-                {"draft": preset.lr_draft, "draft_data_only": preset.lr_draft},
-                draft_steps,
-                None if draft_steps else draft_budget,
-            ),
-            state_dir / "drafts.msgpack",
-            {
-                "draft/params": d_params0,
-                "draft/opt": opt.init(d_params0),
-                "draft_data_only/params": d_params0,
-                "draft_data_only/opt": opt.init(d_params0),
-            },
-            draft_call,
-            train_stream,
-            args,
-            preset,
-            logger,
-            counter,
-        )
-        phase_times["drafts_s"] = time.time() - t0
-    except StopRequested as e:
-        logger.log(f"{e}; state saved in {state_dir}, rerun the same command to resume")
-        return 3
+    import jaxspec
 
-    # 6-7. write to a staging dir, evaluate the shipped (bf16) weights, move into place
+    preset, draft_steps = run.preset, run.draft_steps
+    d_params0 = jaxspec.init_params(dcfg, run.args.seed + 1)
+    kd_step = distill_step_fn(tcfg, dcfg, preset)
+    ce_step = ce_step_fn(dcfg, preset)
+
+    def draft_call(arrays, member, batch, lr):
+        p, o = arrays[f"{member}/params"], arrays[f"{member}/opt"]
+        if member == "draft":
+            p, o, loss, kl, ce = kd_step(p, o, target_params, batch, jnp.float32(lr))
+            metrics = {"loss": float(loss), "kl": float(kl), "ce": float(ce)}
+        else:
+            p, o, loss = ce_step(p, o, batch, jnp.float32(lr))
+            metrics = {"loss": float(loss)}
+        arrays[f"{member}/params"], arrays[f"{member}/opt"] = p, o
+        return metrics
+
     t0 = time.time()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staging = out_dir / f".staging-{os.getpid()}"
+    draft_budget = max(0.0, run.deadline - time.time() - preset.eval_reserve_s)
+    d_arrays, d_meta = run_phase(
+        PhaseSpec(
+            "drafts",
+            2,
+            {"draft": preset.lr_draft, "draft_data_only": preset.lr_draft},
+            draft_steps,
+            None if draft_steps else draft_budget,
+        ),
+        run.state_dir / "drafts.msgpack",
+        {
+            "draft/params": d_params0,
+            "draft/opt": opt.init(d_params0),
+            "draft_data_only/params": d_params0,
+            "draft_data_only/opt": opt.init(d_params0),
+        },
+        draft_call,
+        data.train_stream,
+        run.args,
+        preset,
+        run.logger,
+        run.counter,
+    )
+    run.phase_times["drafts_s"] = time.time() - t0
+    return d_arrays, d_meta
+
+
+def train_models(run: Run, data: Data) -> Trained:
+    """3-5. The target, then the drafts distilled from it (raises StopRequested on
+    `--stop-after-steps`)."""
+    preset = run.preset
+    tcfg = make_config(preset.target, preset, data.tokenizer)
+    dcfg = make_config(preset.draft, preset, data.tokenizer)
+    run.logger.log(f"target {tcfg.num_params:,} params, draft {dcfg.num_params:,} params")
+    opt = make_optimizer(preset)
+
+    # Time budgets: what is left after corpus/tokenizer, less an eval reserve.
+    train_budget = max(0.0, run.deadline - time.time() - preset.eval_reserve_s)
+    target_budget = train_budget * preset.target_share
+
+    t_arrays, t_meta = train_target(run, data, tcfg, opt, target_budget)
+    target_params = t_arrays["target/params"]
+    d_arrays, d_meta = train_drafts(run, data, tcfg, dcfg, opt, target_params)
+    return Trained(tcfg, dcfg, target_params, t_meta, d_arrays, d_meta)
+
+
+def stage_and_evaluate(
+    run: Run, data: Data, trained: Trained
+) -> tuple[pathlib.Path, Any, Any, dict[str, Any]]:
+    """6. Write to a staging dir and evaluate the shipped (bf16) weights: (staging dir,
+    target and draft as loaded from it, metrics)."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxspec
+
+    t0 = time.time()
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    staging = run.out_dir / f".staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     for name, cfg, params in (
-        ("target", tcfg, target_params),
-        ("draft", dcfg, d_arrays["draft/params"]),
+        ("target", trained.tcfg, trained.target_params),
+        ("draft", trained.dcfg, trained.d_arrays["draft/params"]),
     ):
-        model = jaxspec.Model(config=cfg, params=params, tokenizer=tokenizer, name=name)
+        model = jaxspec.Model(config=cfg, params=params, tokenizer=data.tokenizer, name=name)
         jaxspec.save(model, staging / name, dtype=jnp.bfloat16)
         for f in (staging / name).iterdir():
             f.chmod(0o644)  # safetensors writes 0600; package data must be world-readable
     target = jaxspec.load(staging / "target", tokenizer=False)
     draft = jaxspec.load(staging / "draft", tokenizer=False)
     data_only = jax.tree.map(
-        lambda a: a.astype(jnp.bfloat16).astype(jnp.float32), d_arrays["draft_data_only/params"]
+        lambda a: a.astype(jnp.bfloat16).astype(jnp.float32),
+        trained.d_arrays["draft_data_only/params"],
     )
-    metrics = evaluate(target, draft, data_only, held_streams, preset)
-    phase_times["eval_s"] = time.time() - t0
-    logger.log(
+    metrics = evaluate(target, draft, data_only, data.held_streams, run.preset)
+    run.phase_times["eval_s"] = time.time() - t0
+    run.logger.log(
         "eval: ppl target {target_ppl:.2f}, draft {draft_ppl:.2f}, data-only draft "
         "{draft_data_only_ppl:.2f}; greedy agreement draft {greedy_agreement_draft:.3f}, "
         "data-only {greedy_agreement_draft_data_only:.3f}".format(**metrics)
     )
+    return staging, target, draft, metrics
 
-    sizes = {n: _dir_bytes(staging / n) for n in ("target", "draft")}
+
+def _commands(run: Run, trained: Trained) -> tuple[list[str], list[str]]:
+    """(the command as run, the command that reproduces it with pinned step counts)."""
+    args, argv = run.args, run.argv
     cmd = (
         [pathlib.Path(sys.executable).name, *sys.argv]
         if argv is None
@@ -982,61 +1157,65 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out,
         *(["--tiny"] if args.tiny else []),
         "--target-steps",
-        str(t_meta["step"]),
+        str(trained.t_meta["step"]),
         "--draft-steps",
-        str(d_meta["step"]),
+        str(trained.d_meta["step"]),
     ]
-    report = {
-        "command": shlex.join(cmd),
-        "reproduce_command": shlex.join(repro),
-        "seed": args.seed,
-        "preset": preset.name,
-        "minutes_budget": None if (target_steps and draft_steps) else args.minutes,
-        "resumed": resumed,
-        "wall_time_s": time.time() - t_start,
-        "phase_time_s": phase_times,
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "versions": {
-            "python": platform.python_version(),
-            "jax": jax.__version__,
-            "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
-        },
-        "corpus": {
-            "stdlib_dir": sysconfig.get_paths()["stdlib"],
-            "rule": (
-                "non-test .py files of the stdlib (skipping dirs "
-                f"{sorted(SKIP_DIRS)}, test_*.py, gencodec charmap tables, "
-                "pydoc_data/topics.py) + pydoc_data.topics.topics; a whole document is "
-                f"held out iff int(sha256(name)[:8], 16) % 10000 < {HELDOUT_PER_10000}"
-            ),
-            "train_documents": len(train_docs),
-            "heldout_documents": len(held_docs),
-            "train_bytes": train_bytes,
-            "heldout_bytes": held_bytes,
-            "train_tokens": len(train_stream),
-            "heldout_tokens": {k: len(v) for k, v in held_streams.items()},
-            "heldout_names": [d.name for d in held_docs],
-        },
-        "tokenizer": {
-            "type": "byte-level BPE (tokenizers), PreTrainedTokenizerFast",
-            "vocab_size": len(tokenizer),
-            "bos_token": BOS,
-            "eos_token": EOS,
-            "train_bytes_per_token": train_bytes / max(1, len(train_stream)),
-        },
-        "training": {
-            "batch": preset.batch,
-            "seq_len": preset.seq_len,
-            "optimizer": (
-                f"AdamW(b1=0.9, b2=0.95, wd={preset.weight_decay} on matrices), clip "
-                f"{preset.clip_norm}, linear warmup {preset.warmup_steps} steps, cosine to "
-                f"{preset.min_lr_ratio}×peak, float32"
-            ),
-            "distill_loss": (
-                f"{1 - preset.distill_alpha_ce:g}*KL(target||draft) + "
-                f"{preset.distill_alpha_ce:g}*CE, teacher logits on the fly"
-            ),
-        },
+    return cmd, repro
+
+
+def _corpus_report(data: Data) -> dict[str, Any]:
+    return {
+        "stdlib_dir": sysconfig.get_paths()["stdlib"],
+        "rule": (
+            "non-test .py files of the stdlib (skipping dirs "
+            f"{sorted(SKIP_DIRS)}, test_*.py, gencodec charmap tables, "
+            "pydoc_data/topics.py) + pydoc_data.topics.topics; a whole document is "
+            f"held out iff int(sha256(name)[:8], 16) % 10000 < {HELDOUT_PER_10000}"
+        ),
+        "train_documents": len(data.train_docs),
+        "heldout_documents": len(data.held_docs),
+        "train_bytes": data.train_bytes,
+        "heldout_bytes": data.held_bytes,
+        "train_tokens": len(data.train_stream),
+        "heldout_tokens": {k: len(v) for k, v in data.held_streams.items()},
+        "heldout_names": [d.name for d in data.held_docs],
+    }
+
+
+def _tokenizer_report(data: Data) -> dict[str, Any]:
+    return {
+        "type": "byte-level BPE (tokenizers), PreTrainedTokenizerFast",
+        "vocab_size": len(data.tokenizer),
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "train_bytes_per_token": data.train_bytes / max(1, len(data.train_stream)),
+    }
+
+
+def _training_report(preset: Preset) -> dict[str, Any]:
+    return {
+        "batch": preset.batch,
+        "seq_len": preset.seq_len,
+        "optimizer": (
+            f"AdamW(b1=0.9, b2=0.95, wd={preset.weight_decay} on matrices), clip "
+            f"{preset.clip_norm}, linear warmup {preset.warmup_steps} steps, cosine to "
+            f"{preset.min_lr_ratio}×peak, float32"
+        ),
+        "distill_loss": (
+            f"{1 - preset.distill_alpha_ce:g}*KL(target||draft) + "
+            f"{preset.distill_alpha_ce:g}*CE, teacher logits on the fly"
+        ),
+    }
+
+
+def _models_report(
+    run: Run, trained: Trained, sizes: dict[str, int], target: Any, draft: Any
+) -> dict[str, Any]:
+    """The report's "target", "draft" and "draft_data_only" entries."""
+    preset, tcfg, dcfg = run.preset, trained.tcfg, trained.dcfg
+    t_meta, d_meta = trained.t_meta, trained.d_meta
+    return {
         "target": {
             "config": tcfg.to_hf(),
             "num_params": tcfg.num_params,
@@ -1058,6 +1237,42 @@ def main(argv: Sequence[str] | None = None) -> int:
             "shipped": False,
             **_summary(d_meta, "draft_data_only", preset.lr_draft, preset),
         },
+    }
+
+
+def build_report(
+    run: Run,
+    data: Data,
+    trained: Trained,
+    sizes: dict[str, int],
+    target: Any,
+    draft: Any,
+    metrics: dict[str, Any],
+) -> dict[str, Any]:
+    """7. `train_report.json`."""
+    import jax
+
+    args, tcfg, dcfg = run.args, trained.tcfg, trained.dcfg
+    cmd, repro = _commands(run, trained)
+    return {
+        "command": shlex.join(cmd),
+        "reproduce_command": shlex.join(repro),
+        "seed": args.seed,
+        "preset": run.preset.name,
+        "minutes_budget": None if (run.target_steps and run.draft_steps) else args.minutes,
+        "resumed": run.resumed,
+        "wall_time_s": time.time() - run.t_start,
+        "phase_time_s": run.phase_times,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "versions": {
+            "python": platform.python_version(),
+            "jax": jax.__version__,
+            "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        },
+        "corpus": _corpus_report(data),
+        "tokenizer": _tokenizer_report(data),
+        "training": _training_report(run.preset),
+        **_models_report(run, trained, sizes, target, draft),
         "size_ratio_target_over_draft": tcfg.num_params / dcfg.num_params,
         "package_bytes": sizes["target"] + sizes["draft"],
         "eval": metrics,
@@ -1068,9 +1283,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "size_met": sizes["target"] + sizes["draft"] < 20_000_000,
         },
     }
-    (staging / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
 
-    # Move into place: each rename is atomic; an old checkpoint is removed only afterwards.
+
+def install(run: Run, staging: pathlib.Path, sizes: dict[str, int]) -> None:
+    """Move into place: each rename is atomic; an old checkpoint is removed only afterwards.
+    The state dir goes too unless `--keep-state`."""
+    out_dir = run.out_dir
     old = out_dir / f".old-{os.getpid()}"
     old.mkdir(exist_ok=True)
     for name in ("target", "draft"):
@@ -1080,12 +1298,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.replace(staging / "train_report.json", out_dir / "train_report.json")
     shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(staging, ignore_errors=True)
-    if not args.keep_state:
-        shutil.rmtree(state_dir, ignore_errors=True)
-    logger.log(
+    if not run.args.keep_state:
+        shutil.rmtree(run.state_dir, ignore_errors=True)
+    run.logger.log(
         f"wrote {out_dir}/target ({sizes['target'] / 1e6:.2f} MB), {out_dir}/draft "
-        f"({sizes['draft'] / 1e6:.2f} MB), train_report.json in {time.time() - t_start:.0f} s"
+        f"({sizes['draft'] / 1e6:.2f} MB), train_report.json in {time.time() - run.t_start:.0f} s"
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    run = start_run(argv)
+    data = prepare_data(run)
+    try:
+        trained = train_models(run, data)
+    except StopRequested as e:
+        run.logger.log(f"{e}; state saved in {run.state_dir}, rerun the same command to resume")
+        return 3
+    # 6-7. write to a staging dir, evaluate the shipped (bf16) weights, move into place
+    staging, target, draft, metrics = stage_and_evaluate(run, data, trained)
+    sizes = {n: _dir_bytes(staging / n) for n in ("target", "draft")}
+    report = build_report(run, data, trained, sizes, target, draft, metrics)
+    (staging / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    install(run, staging, sizes)
     return 0
 
 
