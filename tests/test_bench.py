@@ -7,7 +7,6 @@ run."""
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import itertools
 import json
@@ -494,24 +493,3 @@ def test_sections_and_settings_are_checked_before_anything_runs(tmp_path):
     )  # fmt: skip
     assert (p.gammas, p.rtts_ms, p.fleet_seconds) == ((2, 4), (0, 20), 20.0)
     assert (p.int4_offset, p.real_prompt_tokens, p.modes) == (True, None, ("sync",))
-
-
-def test_bench_functions_are_short_and_use_no_private_names_of_other_modules():
-    """Every function of jaxspec_apps/bench fits in 80 lines, and no module there imports
-    another module's private names or reaches into another object's private attributes
-    (`x._name` for any x but self and cls)."""
-    long, private = [], []
-    for path in sorted((REPO / "jaxspec_apps" / "bench").glob("*.py")):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            where = f"{path.name}:{getattr(node, 'lineno', 0)}"
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                if node.end_lineno - node.lineno + 1 > 80:
-                    long.append(f"{where} {node.name}")
-            elif isinstance(node, ast.ImportFrom):
-                private += [f"{where} imports {a.name}" for a in node.names if a.name[0] == "_"]
-            elif isinstance(node, ast.Attribute) and node.attr.startswith("_"):
-                owner = node.value.id if isinstance(node.value, ast.Name) else None
-                if not node.attr.startswith("__") and owner not in ("self", "cls"):
-                    private.append(f"{where} uses .{node.attr}")
-    assert not long and not private, (long, private)

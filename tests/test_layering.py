@@ -258,3 +258,33 @@ def test_the_checker_lets_own_and_public_uses_pass(module, source):
     """Controls: a package's face importing its private parts, self/cls/super(), dunders,
     namedtuple's API and the allowed uses are not reach-through."""
     assert reach_through(module, source) == []
+
+
+# -- function length -------------------------------------------------------------------
+MAX_FUNCTION_LINES = 80  # a function longer than this is split into named steps
+
+
+def long_functions(source: str) -> list[str]:
+    """The functions (def / async def, nested ones too) of `source` over the limit."""
+    return [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+
+
+@pytest.mark.parametrize("package", [*PROJECT, "tools"])
+def test_no_function_is_over_80_lines(package):
+    found = {}
+    for path in _modules(package):
+        if not path.match(GENERATED) and (bad := long_functions(path.read_text())):
+            found[str(path.relative_to(ROOT))] = bad
+    assert not found, found
+
+
+def test_the_length_check_catches_a_long_function():
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(f"def f():\n{body}") == [f"f ({MAX_FUNCTION_LINES + 1} lines)"]
+    assert long_functions(f"class C:\n    async def g(self):\n{body.replace('    ', '        ')}")
+    assert long_functions(f"def f():\n{body[: -len(body.splitlines()[-1]) - 1]}") == []
