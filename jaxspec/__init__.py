@@ -20,7 +20,7 @@ _EXPORTS = {
     "GenerateOutput": "generate", "GenerateStats": "generate", "generate": "generate",
     "KVCache": "model", "Llama": "model", "Model": "model", "forward": "model",
     "init_cache": "model", "init_params": "model",
-    "DraftSpec": "protocol",
+    "DraftSpec": "protocol", "SamplingSettings": "protocol",
     "quantize": "quantize",
     "Purpose": "sampling", "SamplingParams": "sampling", "position_key": "sampling",
     "session_key": "sampling", "warp": "sampling",
@@ -40,6 +40,7 @@ __all__ = [
     "Purpose",
     "RopeScaling",
     "SamplingParams",
+    "SamplingSettings",
     "chat_prompt",
     "decode_text",
     "encode_prompt",
@@ -96,7 +97,7 @@ if TYPE_CHECKING:
     from jaxspec.figures import AcceptanceFigures
     from jaxspec.generate import GenerateOutput, GenerateStats, generate
     from jaxspec.model import KVCache, Llama, Model, forward, init_cache, init_params
-    from jaxspec.protocol import DraftSpec
+    from jaxspec.protocol import DraftSpec, SamplingSettings
     from jaxspec.quantize import quantize
     from jaxspec.sampling import Purpose, SamplingParams, position_key, session_key, warp
     from jaxspec.text import chat_prompt, decode_text, encode_prompt

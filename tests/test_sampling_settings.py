@@ -1,0 +1,73 @@
+"""`SamplingSettings`: the one sampling-settings type (issue 38), checked once when made, the
+arrays built from it in one place (`SamplingParams.of`), and made again where settings cross a
+trust boundary (the wire, an HTTP request)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from jaxspec.protocol import InvalidArgument, SamplingSettings
+
+BAD = [
+    ("temperature", -0.1),
+    ("temperature", float("nan")),
+    ("temperature", float("inf")),
+    ("temperature", 1e40),  # inf in float32, as the rule reads it
+    ("temperature", "warm"),
+    ("top_k", -1),
+    ("top_k", 2**31),  # past int32
+    ("top_k", 2.5),
+    ("top_p", 0.0),
+    ("top_p", 1e-50),  # 0 in float32
+    ("top_p", 1.5),
+    ("top_p", float("nan")),
+    ("min_p", -0.1),
+    ("min_p", 1.5),
+    ("min_p", float("nan")),
+    ("repetition_penalty", 0.0),
+    ("repetition_penalty", -1.0),
+    ("repetition_penalty", 1e-50),  # 0 in float32
+    ("repetition_penalty", float("inf")),
+    ("presence_penalty", 2.5),
+    ("presence_penalty", float("nan")),
+    ("frequency_penalty", -3.0),
+    ("frequency_penalty", float("-inf")),
+    ("logit_bias", {-1: 1.0}),
+    ("logit_bias", {"3": 1.0}),
+    ("logit_bias", {1 << 40: 1.0}),
+    ("logit_bias", {3: 100.5}),
+    ("logit_bias", {3: float("nan")}),
+    ("logit_bias", {3: "x"}),
+    ("logit_bias", dict.fromkeys(range(33), 1.0)),
+    ("logit_bias", 7),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD, ids=[f"{f}={v!r}" for f, v in BAD])
+def test_each_bad_value_is_invalid_argument_naming_its_field(field, value):
+    with pytest.raises(InvalidArgument, match=field):
+        SamplingSettings(**{field: value})
+    assert issubclass(InvalidArgument, ValueError)  # `pytest.raises(ValueError)` still holds
+
+
+def test_values_are_kept_as_plain_numbers_and_the_bias_as_sorted_pairs():
+    s = SamplingSettings(
+        temperature=np.float32(0.5), top_k=np.int64(3), logit_bias={9: 1, 2: np.float32(-0.25)}
+    )
+    assert (type(s.temperature), type(s.top_k)) == (float, int)
+    assert s.logit_bias == ((2, -0.25), (9, 1.0))
+    assert s == SamplingSettings(temperature=0.5, top_k=3, logit_bias=((9, 1.0), (2, -0.25)))
+    assert hash(s) == hash(SamplingSettings(temperature=0.5, top_k=3, logit_bias=s.logit_bias))
+    assert not s.penalized and SamplingSettings(presence_penalty=0.5).penalized
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.temperature = 1.0
+
+
+def test_check_vocab_is_the_one_model_dependent_rule():
+    s = SamplingSettings(logit_bias={63: -100.0})
+    s.check_vocab(64)
+    with pytest.raises(InvalidArgument, match=r"logit_bias token id 63 is outside \[0, 63\)"):
+        s.check_vocab(63)
