@@ -20,6 +20,9 @@ target's p and the draft's q alike: logit bias, penalties, temperature, min-p, t
 Sampling is by inverse CDF with one uniform, the first index whose cumulative probability
 exceeds u, so a zero-probability token is never drawn and the exact implementation in
 `proofs/` can replay a draw from the same uniform.
+
+A row's settings are one `jaxspec.protocol.SamplingSettings` (checked when made, not here);
+`SamplingParams.of` builds the `[B]` arrays the rule reads from them, in one place.
 """
 
 from __future__ import annotations
@@ -27,12 +30,21 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, UInt32
+
+from jaxspec.protocol import (
+    LOGIT_BIAS_LIMIT,
+    MAX_LOGIT_BIAS,
+    PENALTY_LIMIT,
+    InvalidArgument,
+    SamplingSettings,
+)
 
 
 class Purpose(enum.IntEnum):
@@ -94,11 +106,50 @@ def uniforms(
     return jax.vmap(jax.vmap(one, in_axes=(None, 0)))(keys_B2, positions_BT)
 
 
-# Most logit-bias entries a request may carry (a bound on every list a request carries), and
-# the range of a bias (OpenAI's: -100 bans a token, +100 all but forces it).
-MAX_LOGIT_BIAS = 32
-LOGIT_BIAS_LIMIT = 100.0
 LogitBias = Mapping[int, float]
+# The scalar fields of `SamplingSettings`, each a `[B]` column of `SamplingParams` of this
+# dtype (the bias is two `[B, MAX_LOGIT_BIAS]` arrays).
+_COLUMNS = (("temperature", np.float32), ("top_k", np.int32), ("top_p", np.float32),
+            ("min_p", np.float32), ("repetition_penalty", np.float32),
+            ("presence_penalty", np.float32), ("frequency_penalty", np.float32))  # fmt: skip
+_SCALARS = tuple(name for name, _ in _COLUMNS)
+# A filler row's settings (padded batch rows): every setting off, greedy.
+_FILLER = SamplingSettings(temperature=0.0)
+
+
+def settings_per_row(rows: int, **values: Any) -> list[SamplingSettings]:
+    """`rows` `SamplingSettings` from keyword values (`SamplingSettings`' fields), each a
+    scalar for every row or one per row (`logit_bias`: one map for every row, or a sequence
+    of one per row); a field not given takes its default. The one place per-row keywords
+    (`SamplingParams.make`, `jaxspec.generate`'s) become settings, each row checked as it is
+    made (`InvalidArgument`, a `ValueError`, naming the value)."""
+    unknown = set(values) - {*_SCALARS, "logit_bias"}
+    if unknown:
+        raise TypeError(f"not sampling settings: {sorted(unknown)}")
+    columns = {}
+    for name, x in values.items():
+        if name == "logit_bias":
+            continue
+        a = np.asarray(x, dtype=object if isinstance(x, Sequence) else None)
+        if a.shape not in ((), (1,), (rows,)):
+            raise InvalidArgument(f"{name} has {a.shape} values for {rows} rows")
+        columns[name] = np.broadcast_to(a, (rows,)).tolist()
+    bias = values.get("logit_bias")
+    if isinstance(bias, Sequence):
+        if len(bias) != rows:
+            raise InvalidArgument(f"logit_bias has {len(bias)} maps for {rows} rows")
+        columns["logit_bias"] = [b or () for b in bias]
+    elif bias is not None:
+        columns["logit_bias"] = [bias] * rows
+    made: dict[tuple, SamplingSettings] = {}  # rows alike share one (checked once)
+    out = []
+    for i in range(rows):
+        row = {name: col[i] for name, col in columns.items()}
+        key = tuple((n, id(v) if n == "logit_bias" else v) for n, v in row.items())
+        if key not in made:
+            made[key] = SamplingSettings(**row)
+        out.append(made[key])
+    return out
 
 
 def check_logit_bias(
@@ -132,10 +183,6 @@ def check_logit_bias(
             )
         ids[i], vals[i] = tok, b
     return ids, vals
-
-
-# Presence and frequency penalties are bounded as OpenAI and vLLM bound them.
-PENALTY_LIMIT = 2.0
 
 
 def check_penalties(
@@ -234,6 +281,27 @@ class SamplingParams:
     frequency_penalty: jax.Array | None = None
 
     @classmethod
+    def of(cls, settings: Sequence[SamplingSettings], rows: int | None = None) -> SamplingParams:
+        """The `[rows]` arrays of per-row `SamplingSettings` (rows past them, up to `rows`
+        (default: as many as there are settings), are greedy filler rows with every setting
+        off): the one place the arrays are built. No checks: settings are checked when made
+        (`check_vocab` aside, which the caller runs where the vocabulary is known)."""
+        n = len(settings)
+        R = n if rows is None else rows
+        col = {}
+        for name, dtype in _COLUMNS:
+            a = np.full(R, getattr(_FILLER, name), dtype)
+            a[:n] = [getattr(s, name) for s in settings]
+            col[name] = jnp.asarray(a)
+        ids = np.full((R, MAX_LOGIT_BIAS), -1, np.int32)
+        vals = np.zeros((R, MAX_LOGIT_BIAS), np.float32)
+        for i, s in enumerate(settings):
+            if s.logit_bias:
+                ids[i, : len(s.logit_bias)] = [t for t, _ in s.logit_bias]
+                vals[i, : len(s.logit_bias)] = [b for _, b in s.logit_bias]
+        return cls(**col, bias_ids=jnp.asarray(ids), bias_values=jnp.asarray(vals))
+
+    @classmethod
     def make(
         cls,
         rows: int,
@@ -247,28 +315,18 @@ class SamplingParams:
         presence_penalty: float | Sequence[float] = 0.0,
         frequency_penalty: float | Sequence[float] = 0.0,
     ) -> SamplingParams:
-        """Broadcast scalars or per-row lists to `[rows]` arrays, validating every value
-        (`check_sampling`, `check_logit_bias`, `check_penalties`); `logit_bias` is one map for
-        every row or one per row."""
-        t, k, p, m = check_sampling(rows, temperature, top_k, top_p, min_p)
-        rp, pp, fp = check_penalties(rows, repetition_penalty, presence_penalty, frequency_penalty)
-        per_row = logit_bias if isinstance(logit_bias, Sequence) else [logit_bias] * rows
-        if len(per_row) != rows:
-            raise ValueError(f"logit_bias has {len(per_row)} maps for {rows} rows")
-        biases = [check_logit_bias(b, vocab_size) for b in per_row]
-        ids = np.stack([i for i, _ in biases]) if rows else np.zeros((0, MAX_LOGIT_BIAS))
-        vals = np.stack([v for _, v in biases]) if rows else np.zeros((0, MAX_LOGIT_BIAS))
-        return cls(
-            temperature=jnp.asarray(t),
-            top_k=jnp.asarray(k),
-            top_p=jnp.asarray(p),
-            min_p=jnp.asarray(m),
-            bias_ids=jnp.asarray(ids, jnp.int32),
-            bias_values=jnp.asarray(vals, jnp.float32),
-            repetition_penalty=jnp.asarray(rp),
-            presence_penalty=jnp.asarray(pp),
-            frequency_penalty=jnp.asarray(fp),
-        )
+        """`of` the settings of scalars or per-row lists (`settings_per_row`, which checks
+        them; `logit_bias` is one map for every row or one per row), the biased ids also
+        checked against `vocab_size` when given: a shorthand for tests and tools."""
+        settings = settings_per_row(
+            rows, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            logit_bias=logit_bias, repetition_penalty=repetition_penalty,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+        )  # fmt: skip
+        if vocab_size is not None:
+            for s in dict.fromkeys(settings):
+                s.check_vocab(vocab_size)
+        return cls.of(settings)
 
     def with_penalties(self) -> SamplingParams:
         """The same params with the penalty fields filled (off) where they are None."""

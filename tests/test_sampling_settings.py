@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from jaxspec.protocol import InvalidArgument, SamplingSettings
+from jaxspec.sampling import SamplingParams, settings_per_row
 
 BAD = [
     ("temperature", -0.1),
@@ -71,3 +72,27 @@ def test_check_vocab_is_the_one_model_dependent_rule():
     s.check_vocab(64)
     with pytest.raises(InvalidArgument, match=r"logit_bias token id 63 is outside \[0, 63\)"):
         s.check_vocab(63)
+
+
+def test_the_arrays_are_built_in_one_place():
+    """`make` is `of` over `settings_per_row`; `of` pads with greedy filler rows exactly as
+    `pad` does; the values reach the arrays as float32 / int32 of the same numbers."""
+    rows = [
+        SamplingSettings(temperature=0.7, top_k=5, top_p=0.9, logit_bias={3: 2.5}),
+        SamplingSettings(min_p=0.1, repetition_penalty=1.3, presence_penalty=-0.5),
+    ]
+    params = SamplingParams.of(rows, rows=4)
+    same = SamplingParams.make(
+        2, temperature=[0.7, 1.0], top_k=[5, 0], top_p=[0.9, 1.0], min_p=[0.0, 0.1],
+        logit_bias=[{3: 2.5}, None], repetition_penalty=[1.0, 1.3],
+        presence_penalty=[0.0, -0.5],
+    ).pad(4)  # fmt: skip
+    for f in dataclasses.fields(SamplingParams):
+        a, b = np.asarray(getattr(params, f.name)), np.asarray(getattr(same, f.name))
+        assert a.dtype == b.dtype and np.array_equal(a, b), f.name
+    assert params.temperature.dtype == np.float32 and params.top_k.dtype == np.int32
+    assert float(params.temperature[0]) == float(np.float32(0.7))
+    assert params.bias_ids[0, 0] == 3 and params.bias_values[0, 0] == 2.5
+    assert settings_per_row(3, temperature=0.5) == [SamplingSettings(temperature=0.5)] * 3
+    with pytest.raises(InvalidArgument, match=r"temperature has \(2,\) values for 3 rows"):
+        settings_per_row(3, temperature=[0.5, 1.0])
