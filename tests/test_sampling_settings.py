@@ -9,8 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+import jaxspec
 from jaxspec.protocol import InvalidArgument, SamplingSettings
 from jaxspec.sampling import SamplingParams, settings_per_row
+from jaxspec.testing import tiny_config
 
 BAD = [
     ("temperature", -0.1),
@@ -96,3 +98,29 @@ def test_the_arrays_are_built_in_one_place():
     assert settings_per_row(3, temperature=0.5) == [SamplingSettings(temperature=0.5)] * 3
     with pytest.raises(InvalidArgument, match=r"temperature has \(2,\) values for 3 rows"):
         settings_per_row(3, temperature=[0.5, 1.0])
+
+
+def test_generate_takes_settings_or_the_keyword_shorthand_not_both():
+    cfg = tiny_config()
+    model = jaxspec.Model(config=cfg, params=jaxspec.init_params(cfg, 0))
+    prompts = [[1, 2, 3], [4, 5]]
+    kw = dict(temperature=[0.0, 0.8], top_k=[0, 5], logit_bias={7: 3.0})
+    short = jaxspec.generate(model, prompts, 6, **kw, seed=2).tokens
+    rows = [
+        SamplingSettings(temperature=0.0, logit_bias={7: 3.0}),
+        SamplingSettings(temperature=0.8, top_k=5, logit_bias={7: 3.0}),
+    ]
+    assert jaxspec.generate(model, prompts, 6, sampling=rows, seed=2).tokens == short
+    one = SamplingSettings(temperature=0.0)
+    assert (
+        jaxspec.generate(model, prompts, 6, sampling=one).tokens
+        == jaxspec.generate(model, prompts, 6, temperature=0.0).tokens
+    )
+    with pytest.raises(ValueError, match="not both"):
+        jaxspec.generate(model, prompts, 6, sampling=one, temperature=1.0)
+    with pytest.raises(ValueError, match="one per prompt"):
+        jaxspec.generate(model, prompts, 6, sampling=[one])
+    with pytest.raises(InvalidArgument, match=r"outside \[0, 64\)"):
+        jaxspec.generate(model, prompts, 6, sampling=SamplingSettings(logit_bias={64: 1.0}))
+    with pytest.raises(InvalidArgument, match="top_p"):
+        jaxspec.generate(model, prompts, 6, top_p=[1.0, 0.0])
