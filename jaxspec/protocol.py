@@ -312,21 +312,11 @@ class SamplingSettings:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SessionConfig:
-    """What `OpenSession` carries. Sampling params apply to the target and the draft alike."""
+    """What `OpenSession` carries. `sampling` applies to the target and the draft alike."""
 
     prompt: tuple[int, ...]
     max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0  # 0 = off
-    # (token id, bias) pairs added to the logits first, as `jaxspec.sampling` orders the warp
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    # Penalties (vLLM's semantics, `jaxspec.sampling`): repetition > 0 (1 = off) over prompt
-    # and output tokens; presence and frequency within +-2 (0 = off) over output tokens.
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    sampling: SamplingSettings = dataclasses.field(default_factory=SamplingSettings)
     seed: int = 0
     mode: str = "sync"  # "sync" | "pipelined"
     draft: DraftSpec = DraftSpec()

@@ -28,7 +28,6 @@ A row's settings are one `jaxspec.protocol.SamplingSettings` (checked when made,
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,13 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, UInt32
 
-from jaxspec.protocol import (
-    LOGIT_BIAS_LIMIT,
-    MAX_LOGIT_BIAS,
-    PENALTY_LIMIT,
-    InvalidArgument,
-    SamplingSettings,
-)
+from jaxspec.protocol import MAX_LOGIT_BIAS, InvalidArgument, SamplingSettings
 
 
 class Purpose(enum.IntEnum):
@@ -150,107 +143,6 @@ def settings_per_row(rows: int, **values: Any) -> list[SamplingSettings]:
             made[key] = SamplingSettings(**row)
         out.append(made[key])
     return out
-
-
-def check_logit_bias(
-    logit_bias: LogitBias | None, vocab_size: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """A `{token id: bias}` map as `(ids [MAX_LOGIT_BIAS] int32, -1 padded, values float32)`.
-    Raises `ValueError` naming the bad entry (too many, an id outside the vocabulary, a bias
-    not finite or outside +-LOGIT_BIAS_LIMIT)."""
-    ids = np.full(MAX_LOGIT_BIAS, -1, np.int32)
-    vals = np.zeros(MAX_LOGIT_BIAS, np.float32)
-    if not logit_bias:
-        return ids, vals
-    if not isinstance(logit_bias, Mapping):
-        raise ValueError(
-            f"logit_bias must map token ids to biases, got {type(logit_bias).__name__}"
-        )
-    if len(logit_bias) > MAX_LOGIT_BIAS:
-        raise ValueError(f"logit_bias has {len(logit_bias)} entries; at most {MAX_LOGIT_BIAS}")
-    for i, (tok, bias) in enumerate(sorted(logit_bias.items())):
-        if isinstance(tok, bool) or not isinstance(tok, int | np.integer) or tok < 0:
-            raise ValueError(f"logit_bias token ids must be ints >= 0, got {tok!r}")
-        if vocab_size is not None and tok >= vocab_size:
-            raise ValueError(f"logit_bias token id {tok} is outside [0, {vocab_size})")
-        try:
-            b = float(bias)
-        except (TypeError, ValueError):
-            raise ValueError(f"logit_bias[{tok}] must be a number, got {bias!r}") from None
-        if not math.isfinite(b) or abs(b) > LOGIT_BIAS_LIMIT:
-            raise ValueError(
-                f"logit_bias[{tok}] must be finite and within +-{LOGIT_BIAS_LIMIT:g}, got {bias}"
-            )
-        ids[i], vals[i] = tok, b
-    return ids, vals
-
-
-def check_penalties(
-    rows: int,
-    repetition_penalty: float | Sequence[float] = 1.0,
-    presence_penalty: float | Sequence[float] = 0.0,
-    frequency_penalty: float | Sequence[float] = 0.0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The validator of the penalties: `[rows]` float32 arrays (repetition, presence,
-    frequency). Raises `ValueError` naming the bad value: repetition_penalty must be finite
-    and > 0 (1 = off); presence and frequency penalties finite within +-PENALTY_LIMIT (0 =
-    off). NumPy only."""
-
-    def col(x, name):
-        try:
-            a = np.asarray(x, np.float64)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name} must be a number, got {x!r}") from None
-        if a.shape not in ((), (1,), (rows,)):
-            raise ValueError(f"{name} has {a.shape} values for {rows} rows")
-        return np.broadcast_to(a, (rows,)).copy()
-
-    r = col(repetition_penalty, "repetition_penalty")
-    e = col(presence_penalty, "presence_penalty")
-    f = col(frequency_penalty, "frequency_penalty")
-    if not np.all(np.isfinite(r)) or np.any(r <= 0) or np.any(r.astype(np.float32) <= 0):
-        raise ValueError(f"repetition_penalty must be finite and > 0 (1 = off), got {r}")
-    for a, name in ((e, "presence_penalty"), (f, "frequency_penalty")):
-        if not np.all(np.isfinite(a)) or np.any(np.abs(a) > PENALTY_LIMIT):
-            raise ValueError(
-                f"{name} must be finite and within +-{PENALTY_LIMIT:g} (0 = off), got {a}"
-            )
-    return r.astype(np.float32), e.astype(np.float32), f.astype(np.float32)
-
-
-def check_sampling(
-    rows: int,
-    temperature: float | Sequence[float] = 1.0,
-    top_k: int | Sequence[int] = 0,
-    top_p: float | Sequence[float] = 1.0,
-    min_p: float | Sequence[float] = 0.0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The one validator of sampling values: scalars or per-row lists as `[rows]` numpy
-    arrays (float32, int32, float32, float32). Raises `ValueError` naming the bad value. NumPy
-    only, so a command checks its flags before it loads (or compiles) anything."""
-
-    def col(x, dtype, name):
-        try:
-            a = np.asarray(x, dtype)
-        except OverflowError:  # e.g. a top_k of 2**31 or more: not an int32
-            raise ValueError(f"{name} is out of range, got {x}") from None
-        if a.shape not in ((), (1,), (rows,)):
-            raise ValueError(f"{name} has {a.shape} values for {rows} rows")
-        return np.broadcast_to(a, (rows,)).copy()
-
-    t = col(temperature, np.float32, "temperature")
-    k = col(top_k, np.int32, "top_k")
-    p = col(top_p, np.float32, "top_p")
-    if not np.all(np.isfinite(t)) or np.any(t < 0):
-        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-    if np.any(k < 0):
-        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
-    if not np.all(np.isfinite(p)) or np.any(p <= 0) or np.any(p > 1):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    m = col(min_p, np.float32, "min_p")
-    if not np.all(np.isfinite(m)) or np.any(m < 0) or np.any(m > 1):
-        raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
-    return t, k, p, m
 
 
 @flax.struct.dataclass(kw_only=True)

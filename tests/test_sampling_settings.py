@@ -4,15 +4,25 @@ trust boundary (the wire, an HTTP request)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.protocol import InvalidArgument, SamplingSettings
+from edge.openai_api import ApiError, parse_request, session_fields
+from jaxspec import wire
+from jaxspec.proto import verifier_pb2 as pb
+from jaxspec.protocol import InvalidArgument, SamplingSettings, SessionConfig
 from jaxspec.sampling import SamplingParams, settings_per_row
 from jaxspec.testing import tiny_config
+from jaxspec_host.flags import (
+    add_penalty_flags,
+    add_sampling_flags,
+    check_args,
+    sampling_from_args,
+)
 
 BAD = [
     ("temperature", -0.1),
@@ -100,6 +110,48 @@ def test_the_arrays_are_built_in_one_place():
         settings_per_row(3, temperature=[0.5, 1.0])
 
 
+WIRE = SamplingSettings(
+    temperature=0.5, top_k=7, top_p=0.75, min_p=0.125, logit_bias={3: -100.0, 0: 2.5},
+    repetition_penalty=1.25, presence_penalty=-0.5, frequency_penalty=2.0,
+)  # fmt: skip
+
+
+def test_settings_survive_the_wire_unchanged():
+    cfg = SessionConfig(prompt=(1, 2), sampling=WIRE, seed=4)
+    raw = wire.config_to_proto(cfg).SerializeToString()
+    back = wire.config_from_proto(pb.OpenSessionRequest.FromString(raw))
+    assert back.sampling == WIRE and back == cfg
+    plain = wire.config_from_proto(wire.config_to_proto(SessionConfig(prompt=(1,))))
+    assert plain.sampling == SamplingSettings()
+
+
+FROM_THE_WIRE = [
+    ("temperature", -1.0),
+    ("top_p", 1.5),
+    ("min_p", float("nan")),
+    ("top_k", 2**31),
+    ("repetition_penalty", 0.0),
+    ("presence_penalty", 3.0),
+    ("frequency_penalty", float("inf")),
+    ("logit_bias", {3: 101.0}),
+    ("logit_bias", {-2: 1.0}),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), FROM_THE_WIRE)
+def test_a_config_off_the_wire_with_a_bad_value_is_refused_there(field, value):
+    """The trust boundary: `config_from_proto` makes the settings, so a bad value never
+    reaches the verifier's scheduler (which does not check the values again)."""
+    m = wire.config_to_proto(SessionConfig(prompt=(1, 2)))
+    if isinstance(value, dict):
+        m.logit_bias.clear()
+        m.logit_bias.update(value)
+    else:
+        setattr(m, field, value)
+    with pytest.raises(InvalidArgument, match=field):
+        wire.config_from_proto(pb.OpenSessionRequest.FromString(m.SerializeToString()))
+
+
 def test_generate_takes_settings_or_the_keyword_shorthand_not_both():
     cfg = tiny_config()
     model = jaxspec.Model(config=cfg, params=jaxspec.init_params(cfg, 0))
@@ -124,3 +176,43 @@ def test_generate_takes_settings_or_the_keyword_shorthand_not_both():
         jaxspec.generate(model, prompts, 6, sampling=SamplingSettings(logit_bias={64: 1.0}))
     with pytest.raises(InvalidArgument, match="top_p"):
         jaxspec.generate(model, prompts, 6, top_p=[1.0, 0.0])
+
+
+def test_the_flags_become_one_settings():
+    p = argparse.ArgumentParser()
+    add_sampling_flags(p)
+    add_penalty_flags(p)
+    argv = ["--temperature", "0.5", "--top-k", "4", "--min-p", "0.25", "--logit-bias", "9:1,2:-3",
+            "--repetition-penalty", "1.5"]  # fmt: skip
+    assert sampling_from_args(p.parse_args(argv)) == SamplingSettings(
+        temperature=0.5, top_k=4, min_p=0.25, logit_bias={2: -3.0, 9: 1.0},
+        repetition_penalty=1.5,
+    )  # fmt: skip
+    assert sampling_from_args(argparse.Namespace()) == SamplingSettings()  # no flags: defaults
+    with pytest.raises(InvalidArgument, match="min_p"):
+        check_args(p.parse_args(["--min-p", "2"]))
+
+
+def test_an_http_request_is_checked_by_making_settings():
+    """The OpenAI request is a trust boundary too: each sampling field is checked by making
+    `SamplingSettings` of it (400 naming the field); the session gets the settings, the
+    model's chat defaults where the request gave none."""
+    for body, field in (
+        ({"top_p": 0}, "top_p"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"-3": 1}}, "logit_bias"),
+    ):
+        with pytest.raises(ApiError) as e:
+            parse_request("completion", {"prompt": "x", **body})
+        assert e.value.status == 400 and e.value.param == field and field in str(e.value)
+    chat = parse_request(
+        "chat", {"messages": [{"role": "user", "content": "x"}], "top_p": 0.5, "seed": 3}
+    )
+    defaults = {"temperature": 0.25, "top_k": 8.0}  # a GGUF's top_k is a float
+    fields = session_fields(chat, defaults=defaults, max_tokens=9, seed=0)
+    assert fields == {
+        "sampling": SamplingSettings(temperature=0.25, top_k=8, top_p=0.5),
+        "max_new_tokens": 9,
+        "seed": 3,
+    }

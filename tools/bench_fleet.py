@@ -30,7 +30,7 @@ import time
 import jaxspec
 from edge.drafter import load_drafter
 from edge.session import run_session
-from jaxspec.protocol import DraftSpec, SessionConfig
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import heldout_stream, prompts_from
 from jaxspec_apps.bench.fleet import Fault, connected
 from jaxspec_apps.bench.report import write_tool_section
@@ -41,7 +41,8 @@ def configs(target: str, n: int, new_tokens: int) -> list[SessionConfig]:
     prompts = prompts_from(heldout_stream(jaxspec.load(target)), n, 16, seed=5)
     spec = DraftSpec(gamma=4, encoding="sparse", sparse_k=8)
     return [
-        SessionConfig(prompt=tuple(p), max_new_tokens=new_tokens, temperature=1.0, seed=i,
+        SessionConfig(prompt=tuple(p), max_new_tokens=new_tokens,
+                      sampling=SamplingSettings(temperature=1.0), seed=i,
                       mode="pipelined", draft=spec)
         for i, p in enumerate(prompts)
     ]  # fmt: skip

@@ -21,7 +21,7 @@ from edge.adaptive import AdaptiveGamma
 from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec.protocol import DraftSpec, SessionConfig
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from verify import LocalVerifier
 
 
@@ -39,8 +39,8 @@ async def _session(
     auto = gamma == "auto"
     spec = DraftSpec(gamma=max_gamma if auto else int(gamma), encoding="onehot", adaptive=auto)
     cfg = SessionConfig(
-        prompt=tuple(prompt), max_new_tokens=new_tokens, temperature=0.0, mode="pipelined",
-        draft=spec,
+        prompt=tuple(prompt), max_new_tokens=new_tokens, mode="pipelined", draft=spec,
+        sampling=SamplingSettings(temperature=0.0),
     )  # fmt: skip
     policy = AdaptiveGamma(max_gamma, "pipelined", depth) if auto else None
     v = LocalVerifier(scheduler=sched)

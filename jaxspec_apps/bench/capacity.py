@@ -30,7 +30,7 @@ import numpy as np
 import jaxspec
 from edge.drafter import Drafter
 from jaxspec import analytic
-from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
+from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
 from jaxspec.sampling import SamplingParams, session_keys
 from jaxspec.shapes import bucket
 from jaxspec_apps.bench.common import best_time
@@ -52,7 +52,7 @@ def lockstep(
     for i, p in enumerate(prompts):
         cfg = SessionConfig(
             prompt=tuple(int(t) for t in p), max_new_tokens=new_tokens,
-            temperature=0.0, stop_tokens=(), seed=i,
+            sampling=SamplingSettings(temperature=0.0), stop_tokens=(), seed=i,
             draft=drafter.spec,
         )  # fmt: skip
         sids.append(sched.open(cfg).session_id)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
+from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench import stepprofile
 from verify import Scheduler, SchedulerConfig
 
@@ -129,7 +129,7 @@ def batch_sweep(
         cfg = SessionConfig(
             prompt=tuple(rng.randint(0, model.config.vocab_size, prompt_len)),
             max_new_tokens=(steps + 2 + PROFILE_STEPS + 1) * (gamma + 1) + 8,
-            temperature=0.0,
+            sampling=SamplingSettings(temperature=0.0),
             draft=DraftSpec(gamma=gamma, encoding="onehot"),
         )
         sids = [sched.open(cfg).session_id for _ in range(b)]
