@@ -53,11 +53,10 @@ from jaxspec_host.flags import (
     add_prompt_flags,
     add_sampling_flags,
     check_args,
-    logit_bias_from_args,
-    penalties_from_args,
     prompt_from_args,
     refuse_shadowed_package,
-    sampling_from_model,
+    said_from_model,
+    sampling_from_args,
     use_compilation_cache,
 )
 
@@ -203,22 +202,16 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
         await check_verifier(ep, retry_s=args.resume_timeout_s, on_retry=_say)
         drafter, text_model = _load_models(args, spec)
         prompt, echo = prompt_from_args(text_model, args)
+        model_settings = {}
         if args.chat is not None:  # the target's recommended sampling, where no flag says
-            said = sampling_from_model(args, generation_defaults(args.checkpoint or args.draft))
+            model_settings = generation_defaults(args.checkpoint or args.draft)
+            said = said_from_model(args, model_settings)
             if said:
                 _say(f"{said}; --temperature/--top-p/--top-k override")
-        else:
-            sampling_from_model(args, {})
-        check_args(args)
         config = SessionConfig(
             prompt=prompt,
             max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            min_p=args.min_p,
-            logit_bias=tuple(sorted(logit_bias_from_args(args).items())),
-            **penalties_from_args(args),
+            sampling=sampling_from_args(args, model_settings),  # the model's values checked too
             seed=args.seed,
             mode=args.mode,
             draft=spec,

@@ -3,10 +3,12 @@
 `parse_request` checks a `/v1/chat/completions` or `/v1/completions` body field by field and
 returns an `ApiRequest`, or raises `ApiError` (HTTP 400) naming the field: an unknown or
 unsupported field is refused, never ignored, so a client never believes a setting took effect
-when it did not. `session_fields` turns it into the `SessionConfig` keywords the edge session
-runs with; `TextStream` turns committed tokens into text, holding back what may still become a
-stop string; the `*_body` / `*_chunk` functions shape the JSON answers (docs/service.md).
-`status_of` maps the verifier's gRPC statuses to HTTP statuses and OpenAI error types.
+when it did not (the sampling fields by making the library's `SamplingSettings` of them: a
+request is a trust boundary). `session_fields` turns it into the `SessionConfig` keywords the
+edge session runs with; `TextStream` turns committed tokens into text, holding back what may
+still become a stop string; the `*_body` / `*_chunk` functions shape the JSON answers
+(docs/service.md). `status_of` maps the verifier's gRPC statuses to HTTP statuses and OpenAI
+error types.
 """
 
 from __future__ import annotations
@@ -17,13 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jaxspec.figures import AcceptanceFigures
-from jaxspec.protocol import VerifierError
-from jaxspec.sampling import (
-    SEED_LIMIT,
-    check_logit_bias,
-    check_penalties,
-    check_sampling,
-)
+from jaxspec.protocol import InvalidArgument, SamplingSettings, VerifierError
+from jaxspec.sampling import SEED_LIMIT
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 MAX_TOKENS = (1 << 31) - 1  # what the wire carries; a verifier's --max-len refuses far less
@@ -227,7 +224,9 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
 
 
 def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The sampling fields given, checked by the library's own validators."""
+    """The sampling fields given (`SamplingSettings` names), each checked by making the
+    library's `SamplingSettings` of it: the check every value of a session passes, here with
+    a 400 naming the field. Fields not given stay out (a chat takes the model's there)."""
     out: dict[str, Any] = {}
     for field in ("temperature", "top_p", "min_p"):
         if (v := _number(body, field)) is not None:
@@ -237,28 +236,18 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     for field in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
         if (v := _number(body, field)) is not None:
             out[field] = v
-    for field, check in CHECKS.items():
-        if field in out:
-            try:
-                check(1, **{field: out[field]})
-            except ValueError as e:
-                raise _bad(field, str(e)) from None
     if (bias := body.get("logit_bias")) is not None:
         out["logit_bias"] = _logit_bias(bias)
+    for field, value in out.items():
+        try:
+            out[field] = getattr(SamplingSettings(**{field: value}), field)
+        except InvalidArgument as e:
+            raise _bad(field, str(e)) from None
     return out
 
 
-PENALTIES = ("repetition_penalty", "presence_penalty", "frequency_penalty")
-CHECKS: dict[str, Callable[..., Any]] = {
-    **dict.fromkeys(("temperature", "top_k", "top_p", "min_p"), check_sampling),
-    **dict.fromkeys(
-        ("repetition_penalty", "presence_penalty", "frequency_penalty"), check_penalties
-    ),
-}
-
-
-def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
-    """OpenAI's `{"token id": bias}` as sorted `(id, bias)` pairs (bias within +-100)."""
+def _logit_bias(value: Any) -> dict[int, float]:
+    """OpenAI's `{"token id": bias}` with the ids as ints (`_sampling` checks the entries)."""
     if not isinstance(value, Mapping):
         raise _bad("logit_bias", "must map token ids (as strings) to biases")
     out: dict[int, float] = {}
@@ -270,11 +259,7 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
         if isinstance(bias, bool) or not isinstance(bias, int | float):
             raise _bad("logit_bias", f"[{key}] must be a number, got {bias!r}")
         out[tok] = float(bias)
-    try:
-        check_logit_bias(out)
-    except (ValueError, OverflowError) as e:  # OverflowError: an id past int32
-        raise _bad("logit_bias", str(e)) from None
-    return tuple(sorted(out.items()))
+    return out
 
 
 def _stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
@@ -335,18 +320,20 @@ def parse_request(kind: str, body: Any) -> ApiRequest:
 def session_fields(
     req: ApiRequest, *, defaults: Mapping[str, float], max_tokens: int, seed: int
 ) -> dict[str, Any]:
-    """The `SessionConfig` keywords of `req` (all but prompt, mode and draft): the fields it
-    gave; for chat, the model's own generation settings (`defaults`, as `edge generate
+    """The `SessionConfig` keywords of `req` (all but prompt, mode and draft): its sampling
+    fields; for chat, the model's own generation settings (`defaults`, as `edge generate
     --chat` takes them) where it gave none; `max_tokens` and `seed` where it gave none."""
-    out: dict[str, Any] = {}
+    values: dict[str, Any] = {}
     if req.kind == "chat":
-        out.update({k: v for k, v in defaults.items() if k in ("temperature", "top_k", "top_p")})
-    out.update(req.sampling)
-    if "top_k" in out:
-        out["top_k"] = int(out["top_k"])
-    out["max_new_tokens"] = req.max_tokens if req.max_tokens is not None else max_tokens
-    out["seed"] = req.seed if req.seed is not None else seed
-    return out
+        values.update({k: v for k, v in defaults.items() if k in ("temperature", "top_k", "top_p")})
+        if "top_k" in values:
+            values["top_k"] = int(values["top_k"])
+    values.update(req.sampling)
+    return {
+        "sampling": SamplingSettings(**values),
+        "max_new_tokens": req.max_tokens if req.max_tokens is not None else max_tokens,
+        "seed": req.seed if req.seed is not None else seed,
+    }
 
 
 class TextStream:

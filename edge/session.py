@@ -190,10 +190,7 @@ class EdgeSession:
         self.max_len = bucket(need, 64)  # sessions share compilations
         if self.speculative:
             self.state = self.drafter.prefill(self.drafter.init(1, self.max_len), [self.prompt])
-        self.sampling = SamplingParams.make(
-            1, c.temperature, c.top_k, c.top_p, c.min_p, dict(c.logit_bias), None,
-            c.repetition_penalty, c.presence_penalty, c.frequency_penalty,
-        )  # fmt: skip
+        self.sampling = SamplingParams.of([c.sampling])
         self.keys = session_key(c.seed, 0)[None]
 
     async def _open(self, cfg: SessionConfig) -> str:

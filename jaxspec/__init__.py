@@ -7,9 +7,25 @@ figures, the wire's types) does not load JAX and the model with it.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+
+class _NoTorchNotice(logging.Filter):
+    """Drops the one notice `import transformers` prints without torch ("PyTorch was not
+    found. Models won't be available…"): jaxspec uses transformers for tokenizers only, which
+    need no torch, so every command printed a warning about nothing. Every other message of
+    transformers' logger passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("PyTorch was not found")
+
+
+# Installed when jaxspec is imported, before any of its modules imports transformers.
+logging.getLogger("transformers").addFilter(_NoTorchNotice())
+
 
 # public name -> the submodule that defines it
 _EXPORTS = {
@@ -20,7 +36,7 @@ _EXPORTS = {
     "GenerateOutput": "generate", "GenerateStats": "generate", "generate": "generate",
     "KVCache": "model", "Llama": "model", "Model": "model", "forward": "model",
     "init_cache": "model", "init_params": "model",
-    "DraftSpec": "protocol",
+    "DraftSpec": "protocol", "SamplingSettings": "protocol",
     "quantize": "quantize",
     "Purpose": "sampling", "SamplingParams": "sampling", "position_key": "sampling",
     "session_key": "sampling", "warp": "sampling",
@@ -40,6 +56,7 @@ __all__ = [
     "Purpose",
     "RopeScaling",
     "SamplingParams",
+    "SamplingSettings",
     "chat_prompt",
     "decode_text",
     "encode_prompt",
@@ -96,7 +113,7 @@ if TYPE_CHECKING:
     from jaxspec.figures import AcceptanceFigures
     from jaxspec.generate import GenerateOutput, GenerateStats, generate
     from jaxspec.model import KVCache, Llama, Model, forward, init_cache, init_params
-    from jaxspec.protocol import DraftSpec
+    from jaxspec.protocol import DraftSpec, SamplingSettings
     from jaxspec.quantize import quantize
     from jaxspec.sampling import Purpose, SamplingParams, position_key, session_key, warp
     from jaxspec.text import chat_prompt, decode_text, encode_prompt

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import json
-import logging
 import os
 import pathlib
 from typing import Any
@@ -40,20 +39,6 @@ BUILTIN_NAMES = {"default": "target", "default-draft": "draft", "smollm2-draft":
 _TRAINED_BY = {"smollm2-draft": "tools/distill_smollm2.py"}  # else tools/train_default_models.py
 
 _IGNORED_HF_KEYS = ("rotary_emb.inv_freq",)
-
-
-class _NoTorchNotice(logging.Filter):
-    """Drops the one notice `import transformers` prints without torch ("PyTorch was not
-    found. Models won't be available…"): jaxspec uses transformers for tokenizers only, which
-    need no torch, so every command printed a warning about nothing. Every other message of
-    transformers' logger passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("PyTorch was not found")
-
-
-# Installed when jaxspec is imported, i.e. before any of its code imports transformers.
-logging.getLogger("transformers").addFilter(_NoTorchNotice())
 
 
 def hf_name(flax_path: tuple[str, ...]) -> tuple[str, bool]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,8 +23,15 @@ from jaxtyping import Array, UInt32
 
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.model import KVCache, Llama, Model, init_cache
-from jaxspec.protocol import MODES, DraftSpec
-from jaxspec.sampling import Purpose, SamplingParams, TokenCounts, sample_at, session_keys
+from jaxspec.protocol import MODES, DraftSpec, SamplingSettings
+from jaxspec.sampling import (
+    Purpose,
+    SamplingParams,
+    TokenCounts,
+    sample_at,
+    session_keys,
+    settings_per_row,
+)
 from jaxspec.shapes import bucket
 from jaxspec.speculative import DecodeBatch, SpecCounters, speculative_decode
 from jaxspec.traces import traces
@@ -95,15 +101,15 @@ def generate(
     prompt_ids: PromptIds,
     max_new_tokens: int = 64,
     *,
-    temperature: float | Sequence[float] = 1.0,
-    top_k: int | Sequence[int] = 0,
-    top_p: float | Sequence[float] = 1.0,
-    min_p: float | Sequence[float] = 0.0,
+    temperature: float | Sequence[float] | None = None,
+    top_k: int | Sequence[int] | None = None,
+    top_p: float | Sequence[float] | None = None,
+    min_p: float | Sequence[float] | None = None,
     logit_bias: Mapping[int, float] | Sequence[Mapping[int, float] | None] | None = None,
-    repetition_penalty: float | Sequence[float] = 1.0,
-    presence_penalty: float | Sequence[float] = 0.0,
-    frequency_penalty: float | Sequence[float] = 0.0,
-    sampling: SamplingParams | None = None,
+    repetition_penalty: float | Sequence[float] | None = None,
+    presence_penalty: float | Sequence[float] | None = None,
+    frequency_penalty: float | Sequence[float] | None = None,
+    sampling: SamplingSettings | Sequence[SamplingSettings] | None = None,
     seed: int = 0,
     seeds: Sequence[int] | None = None,
     stop_tokens: Sequence[int] | None = None,
@@ -123,7 +129,8 @@ def generate(
       prompt_ids: one sequence of token ids, a list of sequences of different lengths, or
         a 2-D array (every row taken whole).
       temperature, top_k, top_p, min_p: scalars or one value per row; temperature 0 is
-        greedy, min_p 0 is off.
+        greedy, min_p 0 is off. The sampling keywords are `sampling`'s shorthand: one left
+        out (None) takes `SamplingSettings`' default (temperature 1, every filter off).
       logit_bias: `{token id: bias}` added to the logits before everything (greedy too), one
         map for every row or one per row (at most 32 entries, each within +-100).
       repetition_penalty, presence_penalty, frequency_penalty: scalars or one value per row
@@ -133,8 +140,7 @@ def generate(
         tokens subtract `presence * (count > 0) + frequency * count`. Lossless under
         speculation: draft and target both read the counts of the committed tokens plus
         the block's earlier drafts.
-      sampling: a `SamplingParams` built already (`SamplingParams.make`), of one row (every
-        prompt) or one per prompt, in place of the sampling keywords above (not both).
+      sampling: `SamplingSettings` for every prompt, or one per prompt (not with the keywords).
       seed: row i's session key is `fold_in(PRNGKey(seed), i)`; `seeds` gives each row its own.
       stop_tokens: ids that end a row (kept in its output); default: the config's EOS ids.
       draft: a draft model sharing the target's vocabulary turns on co-located speculative
@@ -240,30 +246,32 @@ def _check_length(model: Model, rows: list[list[int]], max_new_tokens: int) -> N
         )
 
 
-# The sampling keywords' defaults, read from `generate`'s own signature (stated once there).
-_KNOBS = ("temperature", "top_k", "top_p", "min_p", "logit_bias", "repetition_penalty",
-          "presence_penalty", "frequency_penalty")  # fmt: skip
-_KNOB_DEFAULTS = {k: inspect.signature(generate).parameters[k].default for k in _KNOBS}
-
-
 def _sampling_rows(
-    sampling: SamplingParams | None, knobs: dict[str, Any], n: int, vocab: int
+    sampling: SamplingSettings | Sequence[SamplingSettings] | None,
+    knobs: dict[str, Any],
+    n: int,
+    vocab: int,
 ) -> SamplingParams:
-    """`n` rows of sampling params: `sampling` (one row repeated, or n rows) or the knobs'."""
+    """`n` rows of sampling arrays: of `sampling` (one for every row, or n), or of the
+    sampling keywords given (not None; `settings_per_row` makes and checks them: the one
+    place they become settings). Both is a `ValueError`; each distinct settings' bias ids
+    are checked against the vocabulary once."""
+    given = {k: v for k, v in knobs.items() if v is not None}
     if sampling is None:
-        return SamplingParams.make(n, **knobs, vocab_size=vocab)
-    changed = sorted(k for k, v in knobs.items() if not _is_default(v, _KNOB_DEFAULTS[k]))
-    if changed:
-        raise ValueError(f"give sampling= or the sampling keywords, not both (got {changed})")
-    rows = sampling.temperature.shape[0]
-    if rows not in (1, n):
-        raise ValueError(f"sampling has {rows} rows for {n} prompts (give 1 or {n})")
-    full = sampling.with_penalties()
-    return full if rows == n else jax.tree.map(lambda a: jnp.repeat(a, n, axis=0), full)
-
-
-def _is_default(value: Any, default: Any) -> bool:
-    return value is default or (isinstance(value, int | float) and value == default)
+        settings = settings_per_row(n, **given)
+    elif given:
+        raise ValueError(f"give sampling= or the sampling keywords, not both (got {sorted(given)})")
+    elif isinstance(sampling, SamplingSettings):
+        settings = [sampling] * n
+    else:
+        settings = list(sampling)
+        if len(settings) != n or not all(isinstance(s, SamplingSettings) for s in settings):
+            raise ValueError(
+                f"sampling must be one SamplingSettings or one per prompt ({n}), got {sampling!r}"
+            )
+    for s in dict.fromkeys(settings):
+        s.check_vocab(vocab)
+    return SamplingParams.of(settings)
 
 
 def _speculative_spec(model: Model, draft: Model, mode: str, spec: DraftSpec) -> DraftSpec:

@@ -8,7 +8,9 @@ status they map to, so every transport reports the same precise status.
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, runtime_checkable
+import math
+import operator
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -168,23 +170,153 @@ class DraftSpec:
             raise InvalidArgument(f"sparse_k must be in [1, {limit}], got {self.sparse_k}")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SessionConfig:
-    """What `OpenSession` carries. Sampling params apply to the target and the draft alike."""
+# Most logit-bias entries a session may carry (a bound on every list a request carries), and
+# the range of a bias (OpenAI's: -100 bans a token, +100 all but forces it). Presence and
+# frequency penalties are bounded as OpenAI and vLLM bound them.
+MAX_LOGIT_BIAS = 32
+LOGIT_BIAS_LIMIT = 100.0
+PENALTY_LIMIT = 2.0
+_INT32_LIMIT = 1 << 31  # top_k and the bias token ids become int32 arrays
 
-    prompt: tuple[int, ...]
-    max_new_tokens: int = 64
+
+def _number(value: Any, name: str) -> float:
+    """`value` as a Python float (exactly: float32 and float64 values convert without
+    rounding); `InvalidArgument` naming `name` when it is not a number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidArgument(f"{name} must be a number, got {value!r}") from None
+
+
+def _float32(x: float) -> float:
+    """`x` rounded to float32, as the sampling arrays hold it (the ranges are checked there:
+    a value that is in range only in float64, e.g. a top_p of 1e-50, is 0 in the rule)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(x))
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """A `{token id: bias}` map, or `(id, bias)` pairs (a later pair of the same id wins, as
+    `dict` reads them), as sorted `(int, float)` pairs; `InvalidArgument` naming the bad entry
+    (too many, an id that is not an int >= 0, a bias not finite or outside
+    +-LOGIT_BIAS_LIMIT). The vocabulary is `SamplingSettings.check_vocab`'s to check."""
+    if not value:
+        return ()
+    try:
+        pairs = dict(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(
+            f"logit_bias must map token ids to biases, got {type(value).__name__}"
+        ) from None
+    if len(pairs) > MAX_LOGIT_BIAS:
+        raise InvalidArgument(f"logit_bias has {len(pairs)} entries; at most {MAX_LOGIT_BIAS}")
+    out = []
+    for tok, bias in pairs.items():
+        if isinstance(tok, bool) or not isinstance(tok, int | np.integer) or tok < 0:
+            raise InvalidArgument(f"logit_bias token ids must be ints >= 0, got {tok!r}")
+        if tok >= _INT32_LIMIT:
+            raise InvalidArgument(f"logit_bias token id {tok} is outside [0, 2**31)")
+        b = _number(bias, f"logit_bias[{tok}]")
+        if not math.isfinite(b) or abs(b) > LOGIT_BIAS_LIMIT:
+            raise InvalidArgument(
+                f"logit_bias[{tok}] must be finite and within +-{LOGIT_BIAS_LIMIT:g}, got {bias}"
+            )
+        out.append((int(tok), b))
+    return tuple(sorted(out))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingSettings:
+    """How one session (or one row of `jaxspec.generate`) samples: the same settings warp
+    the target's p and the draft's q (`jaxspec.sampling`'s order: logit bias, penalties,
+    temperature, min-p, top-k, top-p).
+
+    temperature >= 0 (0 greedy); top_k >= 0 (0 off); top_p in (0, 1] (1 off); min_p in [0, 1]
+    (0 off); logit_bias: `(token id, bias)` pairs added to the logits first (a `{id: bias}`
+    map is taken too), at most MAX_LOGIT_BIAS, each within +-LOGIT_BIAS_LIMIT; penalties
+    (vLLM's semantics): repetition_penalty finite and > 0 (1 off) over prompt and output
+    tokens, presence and frequency finite within +-PENALTY_LIMIT (0 off) over output tokens.
+
+    Validated when made (`InvalidArgument`, a `ValueError`, naming the field), so settings
+    that exist are well formed: this is THE check of the values, made where they enter (the
+    flags, the API's keywords, a request off the wire or over HTTP); `check_vocab` adds the
+    one rule that needs the model. The values are kept as Python numbers (the bias as sorted
+    pairs); the rule reads them as float32 / int32 arrays (`SamplingParams.of`), and the
+    ranges are checked on those float32 values.
+    """
+
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
-    min_p: float = 0.0  # 0 = off
-    # (token id, bias) pairs added to the logits first, as `jaxspec.sampling` orders the warp
+    min_p: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
-    # Penalties (vLLM's semantics, `jaxspec.sampling`): repetition > 0 (1 = off) over prompt
-    # and output tokens; presence and frequency within +-2 (0 = off) over output tokens.
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        t = _number(self.temperature, "temperature")
+        if not math.isfinite(_float32(t)) or t < 0:
+            raise InvalidArgument(f"temperature must be finite and >= 0, got {self.temperature}")
+        k = self._top_k()
+        p = _number(self.top_p, "top_p")
+        if not math.isfinite(_float32(p)) or not 0 < _float32(p) <= 1:
+            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}")
+        m = _number(self.min_p, "min_p")
+        if not math.isfinite(m) or not 0 <= _float32(m) <= 1:
+            raise InvalidArgument(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+        r = _number(self.repetition_penalty, "repetition_penalty")
+        if not math.isfinite(r) or r <= 0 or _float32(r) <= 0:
+            raise InvalidArgument(f"repetition_penalty must be finite and > 0 (1 = off), got {r}")
+        e = _number(self.presence_penalty, "presence_penalty")
+        f = _number(self.frequency_penalty, "frequency_penalty")
+        for v, name in ((e, "presence_penalty"), (f, "frequency_penalty")):
+            if not math.isfinite(v) or abs(v) > PENALTY_LIMIT:
+                raise InvalidArgument(
+                    f"{name} must be finite and within +-{PENALTY_LIMIT:g} (0 = off), got {v}"
+                )
+        checked = dict(temperature=t, top_k=k, top_p=p, min_p=m, repetition_penalty=r,
+                       presence_penalty=e, frequency_penalty=f,
+                       logit_bias=_logit_bias(self.logit_bias))  # fmt: skip
+        for name, value in checked.items():  # as plain Python numbers (frozen: set once here)
+            object.__setattr__(self, name, value)
+
+    def _top_k(self) -> int:
+        """top_k as an int, checked: an integer in [0, 2**31)."""
+        try:
+            k = operator.index(self.top_k)
+        except TypeError:
+            raise InvalidArgument(f"top_k must be an integer, got {self.top_k!r}") from None
+        if k < 0:
+            raise InvalidArgument(f"top_k must be >= 0 (0 = off), got {k}")
+        if k >= _INT32_LIMIT:
+            raise InvalidArgument(f"top_k is out of range, got {k}")
+        return int(k)
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty is set (the verifier then keeps the session's token counts)."""
+        return (
+            self.repetition_penalty != 1
+            or self.presence_penalty != 0
+            or self.frequency_penalty != 0
+        )
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise `InvalidArgument` unless every biased token id is in the vocabulary (the one
+        rule a model's size decides; the verifier checks it when a session opens)."""
+        for tok, _ in self.logit_bias:
+            if tok >= vocab_size:
+                raise InvalidArgument(f"logit_bias token id {tok} is outside [0, {vocab_size})")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SessionConfig:
+    """What `OpenSession` carries. `sampling` applies to the target and the draft alike."""
+
+    prompt: tuple[int, ...]
+    max_new_tokens: int = 64
+    sampling: SamplingSettings = dataclasses.field(default_factory=SamplingSettings)
     seed: int = 0
     mode: str = "sync"  # "sync" | "pipelined"
     draft: DraftSpec = DraftSpec()

@@ -20,12 +20,14 @@ target's p and the draft's q alike: logit bias, penalties, temperature, min-p, t
 Sampling is by inverse CDF with one uniform, the first index whose cumulative probability
 exceeds u, so a zero-probability token is never drawn and the exact implementation in
 `proofs/` can replay a draw from the same uniform.
+
+A row's settings are one `jaxspec.protocol.SamplingSettings` (checked when made, not here);
+`SamplingParams.of` builds the `[B]` arrays the rule reads from them, in one place.
 """
 
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -34,6 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, UInt32
+
+from jaxspec.protocol import MAX_LOGIT_BIAS, InvalidArgument, SamplingSettings
 
 _T = TypeVar("_T")
 
@@ -97,116 +101,50 @@ def uniforms(
     return jax.vmap(jax.vmap(one, in_axes=(None, 0)))(keys_B2, positions_BT)
 
 
-# Most logit-bias entries a request may carry (a bound on every list a request carries), and
-# the range of a bias (OpenAI's: -100 bans a token, +100 all but forces it).
-MAX_LOGIT_BIAS = 32
-LOGIT_BIAS_LIMIT = 100.0
 LogitBias = Mapping[int, float]
+# The scalar fields of `SamplingSettings`, each a `[B]` column of `SamplingParams` of this
+# dtype (the bias is two `[B, MAX_LOGIT_BIAS]` arrays).
+_COLUMNS = (("temperature", np.float32), ("top_k", np.int32), ("top_p", np.float32),
+            ("min_p", np.float32), ("repetition_penalty", np.float32),
+            ("presence_penalty", np.float32), ("frequency_penalty", np.float32))  # fmt: skip
+_SCALARS = tuple(name for name, _ in _COLUMNS)
+# A filler row's settings (padded batch rows): every setting off, greedy.
+_FILLER = SamplingSettings(temperature=0.0)
 
 
-def check_logit_bias(
-    logit_bias: LogitBias | None, vocab_size: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """A `{token id: bias}` map as `(ids [MAX_LOGIT_BIAS] int32, -1 padded, values float32)`.
-    Raises `ValueError` naming the bad entry (too many, an id outside the vocabulary, a bias
-    not finite or outside +-LOGIT_BIAS_LIMIT)."""
-    ids = np.full(MAX_LOGIT_BIAS, -1, np.int32)
-    vals = np.zeros(MAX_LOGIT_BIAS, np.float32)
-    if not logit_bias:
-        return ids, vals
-    if not isinstance(logit_bias, Mapping):
-        raise ValueError(
-            f"logit_bias must map token ids to biases, got {type(logit_bias).__name__}"
-        )
-    if len(logit_bias) > MAX_LOGIT_BIAS:
-        raise ValueError(f"logit_bias has {len(logit_bias)} entries; at most {MAX_LOGIT_BIAS}")
-    for i, (tok, bias) in enumerate(sorted(logit_bias.items())):
-        if isinstance(tok, bool) or not isinstance(tok, int | np.integer) or tok < 0:
-            raise ValueError(f"logit_bias token ids must be ints >= 0, got {tok!r}")
-        if vocab_size is not None and tok >= vocab_size:
-            raise ValueError(f"logit_bias token id {tok} is outside [0, {vocab_size})")
-        try:
-            b = float(bias)
-        except (TypeError, ValueError):
-            raise ValueError(f"logit_bias[{tok}] must be a number, got {bias!r}") from None
-        if not math.isfinite(b) or abs(b) > LOGIT_BIAS_LIMIT:
-            raise ValueError(
-                f"logit_bias[{tok}] must be finite and within +-{LOGIT_BIAS_LIMIT:g}, got {bias}"
-            )
-        ids[i], vals[i] = tok, b
-    return ids, vals
-
-
-# Presence and frequency penalties are bounded as OpenAI and vLLM bound them.
-PENALTY_LIMIT = 2.0
-
-
-def check_penalties(
-    rows: int,
-    repetition_penalty: float | Sequence[float] = 1.0,
-    presence_penalty: float | Sequence[float] = 0.0,
-    frequency_penalty: float | Sequence[float] = 0.0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The validator of the penalties: `[rows]` float32 arrays (repetition, presence,
-    frequency). Raises `ValueError` naming the bad value: repetition_penalty must be finite
-    and > 0 (1 = off); presence and frequency penalties finite within +-PENALTY_LIMIT (0 =
-    off). NumPy only."""
-
-    def col(x, name):
-        try:
-            a = np.asarray(x, np.float64)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name} must be a number, got {x!r}") from None
+def settings_per_row(rows: int, **values: Any) -> list[SamplingSettings]:
+    """`rows` `SamplingSettings` from keyword values (`SamplingSettings`' fields), each a
+    scalar for every row or one per row (`logit_bias`: one map for every row, or a sequence
+    of one per row); a field not given takes its default. The one place per-row keywords
+    (`SamplingParams.make`, `jaxspec.generate`'s) become settings, each row checked as it is
+    made (`InvalidArgument`, a `ValueError`, naming the value)."""
+    unknown = set(values) - {*_SCALARS, "logit_bias"}
+    if unknown:
+        raise TypeError(f"not sampling settings: {sorted(unknown)}")
+    columns = {}
+    for name, x in values.items():
+        if name == "logit_bias":
+            continue
+        a = np.asarray(x, dtype=object if isinstance(x, Sequence) else None)
         if a.shape not in ((), (1,), (rows,)):
-            raise ValueError(f"{name} has {a.shape} values for {rows} rows")
-        return np.broadcast_to(a, (rows,)).copy()
-
-    r = col(repetition_penalty, "repetition_penalty")
-    e = col(presence_penalty, "presence_penalty")
-    f = col(frequency_penalty, "frequency_penalty")
-    if not np.all(np.isfinite(r)) or np.any(r <= 0) or np.any(r.astype(np.float32) <= 0):
-        raise ValueError(f"repetition_penalty must be finite and > 0 (1 = off), got {r}")
-    for a, name in ((e, "presence_penalty"), (f, "frequency_penalty")):
-        if not np.all(np.isfinite(a)) or np.any(np.abs(a) > PENALTY_LIMIT):
-            raise ValueError(
-                f"{name} must be finite and within +-{PENALTY_LIMIT:g} (0 = off), got {a}"
-            )
-    return r.astype(np.float32), e.astype(np.float32), f.astype(np.float32)
-
-
-def check_sampling(
-    rows: int,
-    temperature: float | Sequence[float] = 1.0,
-    top_k: int | Sequence[int] = 0,
-    top_p: float | Sequence[float] = 1.0,
-    min_p: float | Sequence[float] = 0.0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The one validator of sampling values: scalars or per-row lists as `[rows]` numpy
-    arrays (float32, int32, float32, float32). Raises `ValueError` naming the bad value. NumPy
-    only, so a command checks its flags before it loads (or compiles) anything."""
-
-    def col(x, dtype, name):
-        try:
-            a = np.asarray(x, dtype)
-        except OverflowError:  # e.g. a top_k of 2**31 or more: not an int32
-            raise ValueError(f"{name} is out of range, got {x}") from None
-        if a.shape not in ((), (1,), (rows,)):
-            raise ValueError(f"{name} has {a.shape} values for {rows} rows")
-        return np.broadcast_to(a, (rows,)).copy()
-
-    t = col(temperature, np.float32, "temperature")
-    k = col(top_k, np.int32, "top_k")
-    p = col(top_p, np.float32, "top_p")
-    if not np.all(np.isfinite(t)) or np.any(t < 0):
-        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-    if np.any(k < 0):
-        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
-    if not np.all(np.isfinite(p)) or np.any(p <= 0) or np.any(p > 1):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    m = col(min_p, np.float32, "min_p")
-    if not np.all(np.isfinite(m)) or np.any(m < 0) or np.any(m > 1):
-        raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
-    return t, k, p, m
+            raise InvalidArgument(f"{name} has {a.shape} values for {rows} rows")
+        columns[name] = np.broadcast_to(a, (rows,)).tolist()
+    bias = values.get("logit_bias")
+    if isinstance(bias, Sequence):
+        if len(bias) != rows:
+            raise InvalidArgument(f"logit_bias has {len(bias)} maps for {rows} rows")
+        columns["logit_bias"] = [b or () for b in bias]
+    elif bias is not None:
+        columns["logit_bias"] = [bias] * rows
+    made: dict[tuple, SamplingSettings] = {}  # rows alike share one (checked once)
+    out = []
+    for i in range(rows):
+        row = {name: col[i] for name, col in columns.items()}
+        key = tuple((n, id(v) if n == "logit_bias" else v) for n, v in row.items())
+        if key not in made:
+            made[key] = SamplingSettings(**row)
+        out.append(made[key])
+    return out
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -237,6 +175,27 @@ class SamplingParams:
     frequency_penalty: jax.Array | None = None
 
     @classmethod
+    def of(cls, settings: Sequence[SamplingSettings], rows: int | None = None) -> SamplingParams:
+        """The `[rows]` arrays of per-row `SamplingSettings` (rows past them, up to `rows`
+        (default: as many as there are settings), are greedy filler rows with every setting
+        off): the one place the arrays are built. No checks: settings are checked when made
+        (`check_vocab` aside, which the caller runs where the vocabulary is known)."""
+        n = len(settings)
+        R = n if rows is None else rows
+        col = {}
+        for name, dtype in _COLUMNS:
+            a = np.full(R, getattr(_FILLER, name), dtype)
+            a[:n] = [getattr(s, name) for s in settings]
+            col[name] = jnp.asarray(a)
+        ids = np.full((R, MAX_LOGIT_BIAS), -1, np.int32)
+        vals = np.zeros((R, MAX_LOGIT_BIAS), np.float32)
+        for i, s in enumerate(settings):
+            if s.logit_bias:
+                ids[i, : len(s.logit_bias)] = [t for t, _ in s.logit_bias]
+                vals[i, : len(s.logit_bias)] = [b for _, b in s.logit_bias]
+        return cls(**col, bias_ids=jnp.asarray(ids), bias_values=jnp.asarray(vals))
+
+    @classmethod
     def make(
         cls,
         rows: int,
@@ -250,28 +209,18 @@ class SamplingParams:
         presence_penalty: float | Sequence[float] = 0.0,
         frequency_penalty: float | Sequence[float] = 0.0,
     ) -> SamplingParams:
-        """Broadcast scalars or per-row lists to `[rows]` arrays, validating every value
-        (`check_sampling`, `check_logit_bias`, `check_penalties`); `logit_bias` is one map for
-        every row or one per row."""
-        t, k, p, m = check_sampling(rows, temperature, top_k, top_p, min_p)
-        rp, pp, fp = check_penalties(rows, repetition_penalty, presence_penalty, frequency_penalty)
-        per_row = logit_bias if isinstance(logit_bias, Sequence) else [logit_bias] * rows
-        if len(per_row) != rows:
-            raise ValueError(f"logit_bias has {len(per_row)} maps for {rows} rows")
-        biases = [check_logit_bias(b, vocab_size) for b in per_row]
-        ids = np.stack([i for i, _ in biases]) if rows else np.zeros((0, MAX_LOGIT_BIAS))
-        vals = np.stack([v for _, v in biases]) if rows else np.zeros((0, MAX_LOGIT_BIAS))
-        return cls(
-            temperature=jnp.asarray(t),
-            top_k=jnp.asarray(k),
-            top_p=jnp.asarray(p),
-            min_p=jnp.asarray(m),
-            bias_ids=jnp.asarray(ids, jnp.int32),
-            bias_values=jnp.asarray(vals, jnp.float32),
-            repetition_penalty=jnp.asarray(rp),
-            presence_penalty=jnp.asarray(pp),
-            frequency_penalty=jnp.asarray(fp),
-        )
+        """`of` the settings of scalars or per-row lists (`settings_per_row`, which checks
+        them; `logit_bias` is one map for every row or one per row), the biased ids also
+        checked against `vocab_size` when given: a shorthand for tests and tools."""
+        settings = settings_per_row(
+            rows, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            logit_bias=logit_bias, repetition_penalty=repetition_penalty,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+        )  # fmt: skip
+        if vocab_size is not None:
+            for s in dict.fromkeys(settings):
+                s.check_vocab(vocab_size)
+        return cls.of(settings)
 
     def with_penalties(self) -> SamplingParams:
         """The same params with the penalty fields filled (off) where they are None."""

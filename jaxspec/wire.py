@@ -1,10 +1,12 @@
 """The protocol's Python types <-> their `jaxspec.v1` protobuf messages (docs/design.md §4).
 
 Both transports' ends (the gRPC server in `verify`, the client in `edge`) and the wire-cost
-benchmark convert here, so a field means the same thing everywhere. Decoding checks only
-what the message layout itself can get wrong (unknown enum values, a q that is not
-`n x something`, a float16 q that is not whole float16 values with one finite positive
-scale per draft); everything that needs the session (vocabulary, gamma, epochs) is the
+benchmark convert here, so a field means the same thing everywhere. Decoding checks what the
+message layout itself can get wrong (unknown enum values, a q that is not `n x something`, a
+float16 q that is not whole float16 values with one finite positive scale per draft) and
+builds the protocol's validated types (`SamplingSettings`, `DraftSpec`): the wire is a trust
+boundary, and a config off it is checked as it is made, as one made in-process is.
+Everything that needs the session or the model (vocabulary, gamma limits, epochs) is the
 scheduler's to check, with the same errors as in-process.
 """
 
@@ -20,6 +22,7 @@ from jaxspec.protocol import (
     DraftBlock,
     DraftSpec,
     InvalidArgument,
+    SamplingSettings,
     SessionConfig,
     SessionInfo,
     VerifyResult,
@@ -58,14 +61,7 @@ def config_to_proto(c: SessionConfig) -> pb.OpenSessionRequest:
     return pb.OpenSessionRequest(
         prompt=c.prompt,
         max_new_tokens=c.max_new_tokens,
-        temperature=c.temperature,
-        top_k=c.top_k,
-        top_p=c.top_p,
-        min_p=c.min_p,
-        logit_bias=dict(c.logit_bias),
-        repetition_penalty=c.repetition_penalty,
-        presence_penalty=c.presence_penalty,
-        frequency_penalty=c.frequency_penalty,
+        **_sampling_fields(c.sampling),
         seed=c.seed,
         mode=_code(c.mode, _MODES),
         gamma=c.draft.gamma,
@@ -79,19 +75,35 @@ def config_to_proto(c: SessionConfig) -> pb.OpenSessionRequest:
     )
 
 
-def config_from_proto(m: pb.OpenSessionRequest) -> SessionConfig:
-    return SessionConfig(
-        prompt=tuple(m.prompt),
-        max_new_tokens=m.max_new_tokens,
+def _sampling_fields(s: SamplingSettings) -> dict:
+    """The request's sampling fields (the proto's flat names) of `s`."""
+    fields = dataclasses.asdict(s)  # the same names, the bias a map
+    return fields | {"logit_bias": dict(s.logit_bias)}
+
+
+def sampling_from_proto(m: pb.OpenSessionRequest) -> SamplingSettings:
+    """The request's `SamplingSettings`: made here, so a bad value is refused as the config
+    comes off the wire (`InvalidArgument`), before it reaches the verifier's scheduler."""
+    return SamplingSettings(
         temperature=m.temperature,
         top_k=m.top_k,
         top_p=1.0 if m.top_p == 0 else m.top_p,  # 0 is proto3's "unset": off, as 1 is
         min_p=m.min_p,
-        logit_bias=tuple(sorted(m.logit_bias.items())),
+        logit_bias=m.logit_bias.items(),
         # unset: off (1); a value that is set is checked as given (0 is INVALID_ARGUMENT)
         repetition_penalty=(m.repetition_penalty if m.HasField("repetition_penalty") else 1.0),
         presence_penalty=m.presence_penalty,
         frequency_penalty=m.frequency_penalty,
+    )
+
+
+def config_from_proto(m: pb.OpenSessionRequest) -> SessionConfig:
+    """The `SessionConfig` of a request; `InvalidArgument` for an unknown enum value or a
+    sampling or draft value out of range (the trust boundary's check)."""
+    return SessionConfig(
+        prompt=tuple(m.prompt),
+        max_new_tokens=m.max_new_tokens,
+        sampling=sampling_from_proto(m),
         seed=m.seed,
         mode=_enum(m.mode, _MODES, "mode"),
         draft=DraftSpec(

@@ -47,43 +47,36 @@ from jaxspec_host.flags import (
     add_prompt_flags,
     add_sampling_flags,
     check_args,
-    logit_bias_from_args,
-    penalties_from_args,
     prompt_from_args,
     refuse_shadowed_package,
-    sampling_from_model,
+    said_from_model,
+    sampling_from_args,
     use_compilation_cache,
 )
 
 
 def _generate(args: argparse.Namespace) -> int:
-    check_args(args)  # every flag, before the checkpoints load (tens of seconds)
+    spec = check_args(args)  # every flag, before the checkpoints load (tens of seconds)
     use_compilation_cache(args)
     model = jaxspec.load(args.checkpoint)
     settings = jaxspec.generation_defaults(args.checkpoint) if args.chat is not None else {}
-    said = sampling_from_model(args, settings)
+    said = said_from_model(args, settings)
     if said:
         print(f"[{said}; --temperature/--top-p/--top-k override]", file=sys.stderr)
-    spec = check_args(args)  # the values the model gave, too; the draft flags as a DraftSpec
+    sampling = sampling_from_args(args, settings)  # the values the model gave, checked too
     draft = jaxspec.load(args.draft) if args.draft else None
     ids, echo = prompt_from_args(model, args)
-    sampling = {
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "min_p": args.min_p,
-        "logit_bias": logit_bias_from_args(args),
-        "seed": args.seed,
-    }
     if spec.adaptive:  # co-located decoding drafts one fixed gamma: measure and pick it
         gamma = 0  # without a draft, plain decoding: nothing to choose
         if draft is not None:
-            gamma, why = choose_colocated_gamma(model, draft, ids, args.longest_block, sampling)
+            gamma, why = choose_colocated_gamma(
+                model, draft, ids, args.longest_block, sampling, args.seed
+            )
             print(f"[--gamma auto: picked gamma={gamma} ({why})]", file=sys.stderr)
         spec = dataclasses.replace(spec, gamma=gamma, adaptive=False)
         args.gamma = gamma
     out = jaxspec.generate(
-        model, ids, args.max_new_tokens, **sampling, **penalties_from_args(args), draft=draft,
+        model, ids, args.max_new_tokens, sampling=sampling, seed=args.seed, draft=draft,
         draft_spec=spec, mode=args.mode,
     )  # fmt: skip
     print(echo + decode_text(model, out.tokens))
@@ -123,7 +116,8 @@ def choose_colocated_gamma(
     draft: jaxspec.Model,
     ids: Sequence[int],
     longest: int,
-    sampling: dict,
+    sampling: jaxspec.SamplingSettings,
+    seed: int,
     probe_tokens: int = PROBE_TOKENS,
 ) -> tuple[int, str]:
     """`--gamma auto` for co-located decoding: the block length with the least expected time
@@ -133,7 +127,7 @@ def choose_colocated_gamma(
     positions costs about one decode step on a memory-bound model), and the acceptance per
     draft position from a short speculative run at `longest`. Returns the gamma and the
     figures in words. Each probe's compilation is excluded from its timing."""
-    plain = {k: v for k, v in sampling.items()}
+    plain = {"sampling": sampling, "seed": seed}
     t_d = 1.0 / jaxspec.generate(draft, ids, probe_tokens, **plain).stats.tokens_per_s
     t_v = 1.0 / jaxspec.generate(target, ids, probe_tokens, **plain).stats.tokens_per_s
     probe = jaxspec.generate(target, ids, probe_tokens, **plain, draft=draft, gamma=longest)

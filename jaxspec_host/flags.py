@@ -5,14 +5,17 @@
     add_draft_flags(p, mode="pipelined")
     args = p.parse_args()
     spec = check_args(args)          # every shared flag validated, a DraftSpec; nothing loaded
+    sampling = sampling_from_args(args, model_settings)  # the one SamplingSettings
 
 Each command keeps its own defaults (passed here) and leaves out the flags it has no use
 for; the names, types, choices and help texts are the same everywhere. The destinations are
 `temperature`, `top_k`, `top_p`, `seed`, `gamma`, `mode`, `encoding`, `sparse_k` (and
 `longest_block` where a command takes `--gamma auto`: `args.gamma` is then an int or "auto";
 `q_dtype` where a command sends q over the wire).
-`check_args` runs the same validators the library runs later (`check_sampling`, `DraftSpec`),
-so a bad flag fails in a fraction of a second instead of after a model has loaded.
+`sampling_from_args` turns the sampling and penalty flags into the library's one settings
+type (`SamplingSettings`, whose construction is the check); `check_args` makes it and the
+`DraftSpec` before anything loads, so a bad flag fails in a fraction of a second instead of
+after a model has loaded.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import sys
 from collections.abc import Mapping
 
 from jaxspec.model import Model
-from jaxspec.protocol import ENCODINGS, MODES, Q_DTYPES, DraftSpec
-from jaxspec.sampling import check_logit_bias, check_penalties, check_sampling, check_seed
+from jaxspec.protocol import ENCODINGS, MODES, Q_DTYPES, DraftSpec, SamplingSettings
+from jaxspec.sampling import check_seed
 from jaxspec.text import chat_prompt, encode_prompt
 from jaxspec_host.xla_cache import compilation_cache_dir, configure_compilation_cache
 
@@ -156,8 +159,8 @@ def add_sampling_flags(
 
     `from_model`: `--temperature --top-k --top-p` left unset default to the model's own
     generation settings with `--chat` (`jaxspec.generation_defaults`), else to the values
-    given here; the command calls `sampling_from_model(args, settings)` once it knows them
-    (until then the unset ones are None)."""
+    given here; the command passes those settings to `sampling_from_args` once it knows them
+    (the unset flags stay None in `args`)."""
     if from_model:
         fallback = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
         types = {"temperature": float, "top_k": int, "top_p": float}
@@ -203,37 +206,58 @@ def add_penalty_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def penalties_from_args(args: argparse.Namespace) -> dict[str, float]:
-    """The penalty flags as keyword arguments of `jaxspec.generate` / `SessionConfig` (the
-    defaults for flags a command left out); `ValueError` naming a bad value."""
-    got = {k: float(getattr(args, k, v)) for k, v in PENALTY_DEFAULTS.items()}
-    check_penalties(1, **got)
-    return got
+    """The penalty flags by `SamplingSettings` field name (the defaults for flags a command
+    left out); `sampling_from_args` checks them with the rest."""
+    return {k: float(getattr(args, k, v)) for k, v in PENALTY_DEFAULTS.items()}
 
 
 # -- end of the penalties block -------------------------------------------------------
 
 
-def sampling_from_model(args: argparse.Namespace, settings: Mapping[str, float]) -> str:
-    """Fill the `from_model` sampling flags left unset: the model's `settings` (from
-    `jaxspec.generation_defaults`) when the command runs a `--chat`, else the command's own
-    defaults. Returns what came from the model in words ("" when nothing did), e.g.
-    "temperature 0.2, top_p 0.9 from the model's generation settings"."""
+def _from_model(args: argparse.Namespace, settings: Mapping[str, float]) -> dict[str, float]:
+    """The `from_model` flags left unset whose value the model's `settings` give (with
+    `--chat` only: a plain continuation keeps the command's defaults)."""
+    if getattr(args, "chat", None) is None:
+        return {}
+    return {
+        dest: int(settings[dest]) if dest == "top_k" else float(settings[dest])
+        for dest in getattr(args, "sampling_fallback", {})
+        if getattr(args, dest, None) is None and dest in settings
+    }
+
+
+def sampling_from_args(
+    args: argparse.Namespace, model_settings: Mapping[str, float] | None = None
+) -> SamplingSettings:
+    """The one `SamplingSettings` of parsed flags (`add_sampling_flags`, `add_penalty_flags`):
+    a flag the command left out takes the settings' default; a `from_model` flag left unset
+    takes the model's `model_settings` (`jaxspec.generation_defaults`) with `--chat`, else the
+    command's own default (also before the model is known: `model_settings` None). Making
+    the settings is the check: `InvalidArgument` (a `ValueError`) naming the bad value."""
     fallback = getattr(args, "sampling_fallback", {})
-    chat = getattr(args, "chat", None) is not None
-    taken = []
-    for dest, value in fallback.items():
-        if getattr(args, dest, None) is not None:
-            continue
-        if chat and dest in settings:
-            value = int(settings[dest]) if dest == "top_k" else float(settings[dest])
-            taken.append(f"{dest} {value:g}")
-        setattr(args, dest, value)
+    values: dict = {}
+    for dest in ("temperature", "top_k", "top_p", "min_p"):
+        value = getattr(args, dest, None)
+        if value is None:
+            value = fallback.get(dest)
+        if value is not None:
+            values[dest] = value
+    values |= _from_model(args, model_settings or {})
+    return SamplingSettings(
+        **values, logit_bias=logit_bias_from_args(args), **penalties_from_args(args)
+    )
+
+
+def said_from_model(args: argparse.Namespace, model_settings: Mapping[str, float]) -> str:
+    """What `sampling_from_args(args, model_settings)` takes from the model, in words ("" when
+    nothing), e.g. "temperature 0.2, top_p 0.9 from the model's generation settings"."""
+    taken = [f"{dest} {value:g}" for dest, value in _from_model(args, model_settings).items()]
     return f"{', '.join(taken)} from the model's generation settings" if taken else ""
 
 
 def logit_bias_from_args(args: argparse.Namespace) -> dict[int, float]:
     """`--logit-bias "15:-100,42:2.5"` as `{15: -100.0, 42: 2.5}` ({} when absent); raises
-    `ValueError` naming the bad entry (values are checked by `check_logit_bias`)."""
+    `ValueError` for an entry that is not ID:BIAS (`SamplingSettings` checks the values)."""
     text = getattr(args, "logit_bias", "") or ""
     out: dict[int, float] = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
@@ -244,7 +268,6 @@ def logit_bias_from_args(args: argparse.Namespace) -> dict[int, float]:
             out[int(tok)] = float(bias)
         except ValueError:
             raise ValueError(f"--logit-bias entries are ID:BIAS, got {item!r}") from None
-    check_logit_bias(out)
     return out
 
 
@@ -335,17 +358,12 @@ def draft_spec_from_args(args: argparse.Namespace) -> DraftSpec:
 
 def check_args(args: argparse.Namespace) -> DraftSpec:
     """Validate every shared flag `args` has, before anything loads: the sampling values
-    (`check_sampling`, the library's own validator), the seed, the draft flags (`DraftSpec`)
-    and, where the command has them, `--max-new-tokens` and `--depth`. Returns the
-    `DraftSpec`; raises `ValueError` (`InvalidArgument` for the draft flags) naming the flag.
-    """
-    names = ("temperature", "top_k", "top_p", "min_p")
-    fallback = getattr(args, "sampling_fallback", {})  # unset `from_model` flags: checked later
-    sampling = {f: getattr(args, f) for f in names if hasattr(args, f)}
-    sampling = {f: fallback[f] if v is None and f in fallback else v for f, v in sampling.items()}
-    check_sampling(1, **sampling)
-    logit_bias_from_args(args)
-    penalties_from_args(args)
+    (`sampling_from_args`: making the library's `SamplingSettings`; `from_model` flags left
+    unset are the model's to give, checked when `sampling_from_args` gets them), the seed, the
+    draft flags (`DraftSpec`) and, where the command has them, `--max-new-tokens` and
+    `--depth`. Returns the `DraftSpec`; raises `ValueError` (`InvalidArgument` for the
+    sampling and draft flags) naming the flag."""
+    sampling_from_args(args)
     check_seed(getattr(args, "seed", 0), "--seed")
     mode = getattr(args, "mode", MODES[0])
     if mode not in MODES:  # argparse's choices already refuse it; kept for Namespaces built by hand

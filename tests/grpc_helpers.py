@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import functools
 import ipaddress
@@ -17,7 +18,7 @@ import jaxspec
 from edge.client import GrpcEndpoint
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec.protocol import DraftSpec, SessionConfig
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec.testing import write_random_checkpoint
 from verify import LocalVerifier, SchedulerConfig
 from verify.process import VerifierProcess
@@ -144,12 +145,20 @@ def drafter(draft_dir: str, gamma: int, encoding: str) -> Drafter:
     return Drafter(jaxspec.load(draft_dir), DraftSpec(gamma=gamma, encoding=encoding, sparse_k=4))
 
 
+SAMPLING = tuple(f.name for f in dataclasses.fields(SamplingSettings))
+
+
 def config(prompt=(1, 2, 3, 4), **kw) -> SessionConfig:
-    base = dict(prompt=tuple(prompt), max_new_tokens=24, temperature=1.0, mode="pipelined")
+    """A `SessionConfig` from flat keywords (gamma, encoding, sparse_k go to its DraftSpec,
+    the sampling fields to its SamplingSettings; temperature 1 unless given)."""
+    base = dict(prompt=tuple(prompt), max_new_tokens=24, mode="pipelined")
     spec = dict(gamma=4, sparse_k=4)
     spec.update({k: kw.pop(k) for k in ("gamma", "encoding", "sparse_k") if k in kw})
+    sampling = SamplingSettings(
+        **{"temperature": 1.0, **{k: kw.pop(k) for k in SAMPLING if k in kw}}
+    )
     base.update(kw)
-    return SessionConfig(**base, draft=DraftSpec(**spec))
+    return SessionConfig(**base, sampling=sampling, draft=DraftSpec(**spec))
 
 
 # The well-behaved tenant's session, whose tokens must not change whatever others do.

@@ -19,6 +19,7 @@ from jaxspec import wire
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import (
     DraftSpec,
+    SamplingSettings,
     SessionConfig,
     Unavailable,
     VerifyResult,
@@ -92,8 +93,8 @@ def expected(pairs, gamma: int) -> AcceptanceFigures:
 def config(mode, gamma, encoding="full", seed=3, temperature=1.0) -> SessionConfig:
     spec = DraftSpec(gamma=gamma, encoding=encoding, sparse_k=4)
     return SessionConfig(
-        prompt=PROMPT, max_new_tokens=NEW, mode=mode, temperature=temperature, seed=seed,
-        draft=spec,
+        prompt=PROMPT, max_new_tokens=NEW, mode=mode, seed=seed, draft=spec,
+        sampling=SamplingSettings(temperature=temperature),
     )  # fmt: skip
 
 

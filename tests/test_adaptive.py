@@ -18,7 +18,7 @@ from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
 from edge.session import run_session
 from jaxspec import analytic
-from jaxspec.protocol import DraftSpec, SessionConfig
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec.testing import tiny_config, to_dtype
 from proofs import latency as proofs_latency
 from verify import LocalVerifier, Scheduler, SchedulerConfig
@@ -143,7 +143,8 @@ def pair():
 def _run(pair, gamma: int, auto: bool, one_way_s: float, new: int = 24):
     draft, sched = pair
     spec = DraftSpec(gamma=gamma, encoding="full", adaptive=auto)
-    cfg = SessionConfig(prompt=(1, 2, 3, 4), max_new_tokens=new, temperature=1.0, seed=5,
+    cfg = SessionConfig(prompt=(1, 2, 3, 4), max_new_tokens=new,
+                        sampling=SamplingSettings(temperature=1.0), seed=5,
                         mode="pipelined", draft=spec)  # fmt: skip
     # Started short (the default start, the longest block, is the best here): it must adapt.
     policy = AdaptiveGamma(gamma, "pipelined", 2, prior_weight=1.0, start_gamma=2) if auto else None
@@ -196,7 +197,8 @@ class _Script:
 def _sync_session(pair, block_len, new: int = 12, on_rollback=None, drafter=Drafter):
     draft, sched = pair
     spec = DraftSpec(gamma=6, encoding="full", adaptive=True)
-    cfg = SessionConfig(prompt=(1, 2, 3, 4), max_new_tokens=new, temperature=1.0, seed=5,
+    cfg = SessionConfig(prompt=(1, 2, 3, 4), max_new_tokens=new,
+                        sampling=SamplingSettings(temperature=1.0), seed=5,
                         mode="sync", draft=spec)  # fmt: skip
 
     async def go():

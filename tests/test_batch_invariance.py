@@ -27,7 +27,7 @@ from edge.drafter import Drafter
 from edge.session import run_session
 from jaxspec import floatkernel
 from jaxspec.model import _attend_einsum, forward
-from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig, Unavailable
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 needs_kernel = pytest.mark.skipif(
@@ -244,7 +244,10 @@ def test_sampled_resume_at_every_point_equals_the_uninterrupted_run(gamma, encod
     draft = jaxspec.load("default-draft")
     verifier = LocalVerifier(scheduler=Scheduler(target(), CONFIG))
     spec = DraftSpec(gamma=gamma, encoding=encoding) if gamma else DraftSpec(gamma=0)
-    config = SessionConfig(prompt=PROMPT, max_new_tokens=40, temperature=0.9, seed=seed, draft=spec)
+    config = SessionConfig(
+        prompt=PROMPT, max_new_tokens=40, sampling=SamplingSettings(temperature=0.9), seed=seed,
+        draft=spec,
+    )  # fmt: skip
 
     async def run(fail_at=None):
         drafter = Drafter(draft, spec) if gamma else None

@@ -16,7 +16,7 @@ import jaxspec
 from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
 from edge.session import EdgeSession, run_session
-from jaxspec.protocol import DraftSpec, SessionConfig
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec.verification import Variant
 from tests.fixtures import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
@@ -52,10 +52,9 @@ def session(
         prompt=PROMPT,
         max_new_tokens=NEW,
         mode=mode,
-        temperature=temperature,
+        sampling=SamplingSettings(temperature=temperature, **(penalties or {})),
         seed=seed,
         draft=DraftSpec(gamma=gamma, encoding=encoding, sparse_k=4, adaptive=adaptive),
-        **(penalties or {}),
     )
     drafter = Drafter(models()[1], cfg.draft)
 
@@ -185,8 +184,9 @@ def test_an_edge_session_keeps_its_state_and_runs_once():
     `run()` is refused rather than continuing from a closed session."""
     spec = DraftSpec(gamma=3, encoding="full", sparse_k=4)
     cfg = SessionConfig(
-        prompt=PROMPT, max_new_tokens=NEW, mode="pipelined", temperature=1.0, seed=3, draft=spec
-    )
+        prompt=PROMPT, max_new_tokens=NEW, mode="pipelined", seed=3, draft=spec,
+        sampling=SamplingSettings(temperature=1.0),
+    )  # fmt: skip
 
     async def go():
         v = LocalVerifier(scheduler=scheduler())

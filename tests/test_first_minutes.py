@@ -261,21 +261,24 @@ def _generate_parser() -> argparse.ArgumentParser:
 
 
 def test_chat_takes_the_models_settings_unless_a_flag_says_otherwise():
-    from jaxspec_host.flags import check_args, sampling_from_model
+    from jaxspec_host.flags import check_args, said_from_model, sampling_from_args
 
     smollm2 = {"temperature": 0.2, "top_p": 0.9}
     p = _generate_parser()
     args = p.parse_args(["generate", "--checkpoint", "x", "--chat", "hi"])
     check_args(args)  # unset flags are checked with the command's own defaults
-    said = sampling_from_model(args, smollm2)
-    assert (args.temperature, args.top_p, args.top_k) == (0.2, 0.9, 0)
+    said = said_from_model(args, smollm2)
+    s = sampling_from_args(args, smollm2)
+    assert (s.temperature, s.top_p, s.top_k) == (0.2, 0.9, 0)
     assert said == "temperature 0.2, top_p 0.9 from the model's generation settings"
     args = p.parse_args(["generate", "--checkpoint", "x", "--chat", "hi", "--temperature", "0"])
-    assert sampling_from_model(args, smollm2) == "top_p 0.9 from the model's generation settings"
-    assert (args.temperature, args.top_p) == (0.0, 0.9)
+    assert said_from_model(args, smollm2) == "top_p 0.9 from the model's generation settings"
+    s = sampling_from_args(args, smollm2)
+    assert (s.temperature, s.top_p) == (0.0, 0.9)
     args = p.parse_args(["generate", "--checkpoint", "x", "--prompt", "def f():"])
-    assert sampling_from_model(args, smollm2) == ""  # a plain continuation: the flags' defaults
-    assert (args.temperature, args.top_p, args.top_k) == (1.0, 1.0, 0)
+    assert said_from_model(args, smollm2) == ""  # a plain continuation: the flags' defaults
+    s = sampling_from_args(args, smollm2)
+    assert (s.temperature, s.top_p, s.top_k) == (1.0, 1.0, 0)
     help_text = p._subparsers._group_actions[0].choices["generate"].format_help()
     assert "the model's generation setting with --chat, else 1.0" in " ".join(help_text.split())
 
@@ -374,18 +377,19 @@ def test_an_http1_port_is_named_as_such_to_the_end():
 
 def test_the_edge_takes_the_models_chat_settings_too():
     from edge.__main__ import build_parser
-    from jaxspec_host.flags import check_args, sampling_from_model
+    from jaxspec_host.flags import check_args, sampling_from_args
 
     p = build_parser()
     argv = ["generate", "--verifier", "h:1", "--checkpoint", "smollm2", "--chat", "hi"]
     args = p.parse_args(argv)
     check_args(args)
     assert (args.temperature, args.top_p) == (None, None)  # unset until the model is known
-    sampling_from_model(args, {"temperature": 0.2, "top_p": 0.9})
-    assert (args.temperature, args.top_p, args.top_k) == (0.2, 0.9, 0)
+    s = sampling_from_args(args, {"temperature": 0.2, "top_p": 0.9})
+    assert (s.temperature, s.top_p, s.top_k) == (0.2, 0.9, 0)
+    assert (args.temperature, args.top_p) == (None, None)  # args are read, never written
     args = p.parse_args([*argv, "--top-p", "1"])
-    sampling_from_model(args, {"temperature": 0.2, "top_p": 0.9})
-    assert (args.temperature, args.top_p) == (0.2, 1.0)
+    s = sampling_from_args(args, {"temperature": 0.2, "top_p": 0.9})
+    assert (s.temperature, s.top_p) == (0.2, 1.0)
 
 
 def test_the_demos_verifier_compiles_its_whole_pool_before_serving():

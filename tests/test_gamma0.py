@@ -22,6 +22,7 @@ from jaxspec.protocol import (
     DraftBlock,
     DraftSpec,
     InvalidArgument,
+    SamplingSettings,
     SessionConfig,
 )
 from tests.fixtures import peaked_pair
@@ -44,17 +45,17 @@ def models():
     return peaked_pair()
 
 
-def config(gamma=0, **kw) -> SessionConfig:
+def config(gamma=0, temperature=1.0, top_k=0, top_p=1.0, **kw) -> SessionConfig:
     spec = DraftSpec(gamma=gamma, encoding=kw.pop("encoding", "full"), sparse_k=4)
-    return SessionConfig(prompt=PROMPT, max_new_tokens=NEW, draft=spec, **kw)
+    sampling = SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p)
+    return SessionConfig(prompt=PROMPT, max_new_tokens=NEW, draft=spec, sampling=sampling, **kw)
 
 
 def plain(cfg: SessionConfig, **kw) -> list[int]:
     """Co-located plain decoding with the session's sampling and seed."""
     c = cfg
     return jaxspec.generate(
-        models()[0], list(c.prompt), c.max_new_tokens, temperature=c.temperature,
-        top_k=c.top_k, top_p=c.top_p, seeds=[c.seed], **kw,
+        models()[0], list(c.prompt), c.max_new_tokens, sampling=c.sampling, seeds=[c.seed], **kw,
     ).tokens  # fmt: skip
 
 
@@ -88,14 +89,14 @@ def test_a_gamma0_session_is_plain_decoding(kw):
     assert trace.tokens == want and len(want) == NEW
     colocated = jaxspec.generate(
         models()[0], list(PROMPT), NEW, draft=models()[1], gamma=0, mode=cfg.mode,
-        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seeds=[cfg.seed],
+        sampling=cfg.sampling, seeds=[cfg.seed],
     )  # fmt: skip
     assert colocated.tokens == want and colocated.stats.figures is None
     # One token per block, one block in flight (depth 3 asked), nothing stale or rolled back.
     assert trace.figures.rounds == trace.blocks_sent == NEW and trace.stale == trace.rollbacks == 0
     assert {k for k, _ in trace.events} == {"accept", "bonus"}
     assert trace.figures == AcceptanceFigures(rounds=NEW, emitted=NEW)
-    if cfg.temperature > 0:  # the tokens are draws: another seed's differ (the test can fail)
+    if cfg.sampling.temperature > 0:  # the tokens are draws: another seed's differ (can fail)
         assert plain(dataclasses.replace(cfg, seed=cfg.seed + 100)) != want
 
 
@@ -163,5 +164,5 @@ def test_gamma0_is_checked_everywhere():
         results += sched.tick()
     ((_, r),) = results
     assert len(r.tokens) == 1 and r.next_token == r.tokens[0] and r.accepted == 0
-    assert r.new_epoch == 0 and r.figures == AcceptanceFigures()
+    assert r.new_epoch == 0 and r.figures == AcceptanceFigures(rounds=1, emitted=1)  # no drafts
     assert r.tokens[0] == plain(dataclasses.replace(cfg, max_new_tokens=1))[0]

@@ -21,7 +21,7 @@ import pytest
 
 import jaxspec
 import jaxspec.sampling
-from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
+from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
 from jaxspec.sampling import Purpose, position_key, session_key, session_keys, uniforms
 from jaxspec.testing import tiny_config
 from verify import Scheduler, SchedulerConfig
@@ -138,7 +138,7 @@ def _verifier_blocks(model: jaxspec.Model) -> list[tuple[int, tuple[int, ...]]]:
         prompt=(1, 2, 3),
         max_new_tokens=12,
         mode="sync",
-        temperature=1.0,
+        sampling=SamplingSettings(temperature=1.0),
         seed=3,
         draft=DraftSpec(gamma=4, encoding="full"),
     )

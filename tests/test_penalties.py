@@ -248,19 +248,19 @@ def test_draft_counts_stale_is_caught_by_acceptance(pair):
 
 def test_penalties_travel_on_the_wire():
     from jaxspec import wire
-    from jaxspec.protocol import SessionConfig
+    from jaxspec.protocol import InvalidArgument, SamplingSettings, SessionConfig
 
-    c = SessionConfig(
-        prompt=(1, 2), repetition_penalty=1.3, presence_penalty=-0.5, frequency_penalty=2.0
-    )
-    back = wire.config_from_proto(wire.config_to_proto(c))
+    pen = SamplingSettings(repetition_penalty=1.3, presence_penalty=-0.5, frequency_penalty=2.0)
+    c = SessionConfig(prompt=(1, 2), sampling=pen)
+    back = wire.config_from_proto(wire.config_to_proto(c)).sampling
     assert back.repetition_penalty == pytest.approx(1.3)
     assert (back.presence_penalty, back.frequency_penalty) == (-0.5, 2.0)
     # An old client's request (the fields unset) is today's session: penalties off.
     m = wire.config_to_proto(SessionConfig(prompt=(1, 2)))
     m.ClearField("repetition_penalty")
     m.ClearField("presence_penalty")
-    old = wire.config_from_proto(m)
+    old = wire.config_from_proto(m).sampling
     assert (old.repetition_penalty, old.presence_penalty, old.frequency_penalty) == (1, 0, 0)
-    m.repetition_penalty = 0.0  # set: checked as given (the verifier refuses it)
-    assert wire.config_from_proto(m).repetition_penalty == 0.0
+    m.repetition_penalty = 0.0  # set: checked as given, refused as it comes off the wire
+    with pytest.raises(InvalidArgument, match="repetition_penalty"):
+        wire.config_from_proto(m)

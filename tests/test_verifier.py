@@ -23,6 +23,7 @@ from jaxspec.protocol import (
     InvalidArgument,
     NotFound,
     ResourceExhausted,
+    SamplingSettings,
     SessionConfig,
 )
 from jaxspec.sampling import Purpose, SamplingParams, session_key, uniforms
@@ -48,7 +49,7 @@ class RefDrafter:
 
     def __init__(self, draft: jaxspec.Model, config: SessionConfig):
         self.draft, self.c = draft, config
-        self.params = SamplingParams.make(1, config.temperature, config.top_k, config.top_p)
+        self.params = SamplingParams.of([config.sampling])
         self.key = session_key(config.seed, 0)[None]
 
     def block(self, prefix: list[int], n: int):
@@ -94,10 +95,15 @@ def drive(sched: Scheduler, sid: str, drafter: RefDrafter, tenant="default") -> 
     return s.tokens[s.prompt_len :]
 
 
+SAMPLING = tuple(f.name for f in dataclasses.fields(SamplingSettings))
+
+
 def session_config(**kw) -> SessionConfig:
-    """A `SessionConfig` from flat keywords (gamma, encoding, sparse_k go to its DraftSpec)."""
+    """A `SessionConfig` from flat keywords (gamma, encoding, sparse_k go to its DraftSpec,
+    the sampling fields to its SamplingSettings)."""
     spec = {k: kw.pop(k) for k in ("gamma", "encoding", "sparse_k") if k in kw}
-    return SessionConfig(**kw, draft=DraftSpec(**spec))
+    sampling = SamplingSettings(**{k: kw.pop(k) for k in SAMPLING if k in kw})
+    return SessionConfig(**kw, sampling=sampling, draft=DraftSpec(**spec))
 
 
 CONFIGS = [
@@ -126,12 +132,11 @@ def test_a_session_equals_colocated_speculative_generate(kw):
             mode=cfg.mode,
             encoding=cfg.draft.encoding,
             sparse_k=cfg.draft.sparse_k,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
+            sampling=cfg.sampling,
             seeds=[cfg.seed],
         )
         assert got == ref.tokens
-        if cfg.temperature == 0.0:
+        if cfg.sampling.temperature == 0.0:
             assert got == jaxspec.generate(t, list(cfg.prompt), 14, temperature=0.0).tokens
 
 
@@ -205,8 +210,7 @@ def test_no_recompilation_after_warmup(warm):
         c = SessionConfig(
             prompt=prompt,
             max_new_tokens=12,
-            top_k=i,
-            temperature=[0.0, 0.7][i % 2],
+            sampling=SamplingSettings(top_k=i, temperature=[0.0, 0.7][i % 2]),
             mode=["sync", "pipelined"][i % 2],
             draft=DraftSpec(gamma=1 + i % 4, encoding="onehot"),
         )
@@ -221,7 +225,7 @@ def test_no_recompilation_after_warmup(warm):
     assert (sched._step._cache_size(), sched._prefill._cache_size()) == before
     for i, sid in enumerate(sids):
         s = sched.sessions[sid]
-        if s.config.temperature == 0.0:
+        if s.config.sampling.temperature == 0.0:
             assert s.tokens[s.prompt_len :] == plains[i]
         sched.close(sid, f"t{i % 3}")
     assert sorted(sched.free_slots) == list(range(8))
@@ -236,7 +240,7 @@ def test_a_flooding_tenant_cannot_starve_another():
     cfg = SessionConfig(
         prompt=(1, 2),
         max_new_tokens=40,
-        temperature=0.0,
+        sampling=SamplingSettings(temperature=0.0),
         draft=DraftSpec(gamma=2, encoding="onehot"),
     )
     flood = [sched.open(cfg, "flood").session_id for _ in range(6)]
@@ -289,7 +293,8 @@ def test_errors_are_precise_and_harmless():
         dict(gamma=5),
         dict(mode="x"),
         dict(encoding="x"),
-        dict(temperature=-1.0),
+        dict(temperature=-1.0),  # refused as the settings are made
+        dict(logit_bias={64: 1.0}),  # outside the vocabulary: the scheduler's check at open
         dict(max_new_tokens=100),
         dict(seed=2**32),
     ]
@@ -383,7 +388,7 @@ def test_local_verifier_pipelined_blocks_in_flight():
                 prompt=prompt,
                 max_new_tokens=16,
                 mode="pipelined",
-                temperature=0.0,
+                sampling=SamplingSettings(temperature=0.0),
                 draft=DraftSpec(gamma=2, encoding="onehot"),
             )
             info = await v.open_session(cfg)
@@ -494,7 +499,8 @@ def test_steps_read_the_kv_bucket_of_their_longest_row_and_count_the_padding():
     t, _ = _models()
     assert CONFIG.kv_buckets == (96,)  # short slots: one bucket by default
     sched = Scheduler(t, dataclasses.replace(CONFIG, kv_buckets=(64, 96)))
-    cfg = SessionConfig(prompt=tuple(range(1, 11)), max_new_tokens=70, temperature=0.0,
+    cfg = SessionConfig(prompt=tuple(range(1, 11)), max_new_tokens=70,
+                        sampling=SamplingSettings(temperature=0.0),
                         draft=DraftSpec(gamma=4, encoding="onehot"))  # fmt: skip
     sid = sched.open(cfg).session_id
     while not sched.sessions[sid].ready_to_verify:

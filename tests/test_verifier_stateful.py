@@ -16,7 +16,14 @@ from hypothesis.stateful import (
 )
 
 import jaxspec
-from jaxspec.protocol import DraftBlock, DraftSpec, NotFound, ResourceExhausted, SessionConfig
+from jaxspec.protocol import (
+    DraftBlock,
+    DraftSpec,
+    NotFound,
+    ResourceExhausted,
+    SamplingSettings,
+    SessionConfig,
+)
 from jaxspec.testing import tiny_config
 from verify import Scheduler, SchedulerConfig
 
@@ -86,7 +93,7 @@ class VerifierMachine(RuleBasedStateMachine):
             prompt=prompt,
             max_new_tokens=NEW,
             mode=mode,
-            temperature=0.0,
+            sampling=SamplingSettings(temperature=0.0),
             draft=DraftSpec(gamma=gamma, encoding=encoding),
         )
         if len(self.open) == MAX_SESSIONS:

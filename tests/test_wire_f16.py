@@ -32,6 +32,7 @@ from jaxspec.protocol import (
     DraftBlock,
     DraftSpec,
     InvalidArgument,
+    SamplingSettings,
     SessionConfig,
     q_from_f16,
     q_to_f16,
@@ -251,8 +252,9 @@ def test_a_float16_session_equals_colocated_decoding(mode, encoding, temperature
     t, d = models()
     spec = DraftSpec(gamma=3, encoding=encoding, sparse_k=4, q_dtype="float16")
     cfg = SessionConfig(
-        prompt=PROMPT, max_new_tokens=NEW, mode=mode, temperature=temperature, seed=3, draft=spec
-    )
+        prompt=PROMPT, max_new_tokens=NEW, mode=mode, seed=3, draft=spec,
+        sampling=SamplingSettings(temperature=temperature),
+    )  # fmt: skip
 
     async def go():
         v = LocalVerifier(scheduler=scheduler())

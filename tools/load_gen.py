@@ -28,6 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from jaxspec.protocol import (
     DraftBlock,
+    SamplingSettings,
     SessionConfig,
     SessionInfo,
     VerifierError,
@@ -106,7 +107,8 @@ async def worker(i: int, args: argparse.Namespace, drafter: Drafter, ledger: Led
     async with GrpcEndpoint(args.verifier, token=args.token, tls_ca=args.tls_ca) as ep:
         while time.monotonic() < until:
             cfg = SessionConfig(
-                prompt=prompt, max_new_tokens=args.max_new_tokens, temperature=1.0,
+                prompt=prompt, max_new_tokens=args.max_new_tokens,
+                sampling=SamplingSettings(temperature=1.0),
                 seed=1000 * i + n, mode=args.mode,
                 draft=drafter.spec,
             )  # fmt: skip

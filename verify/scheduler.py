@@ -43,13 +43,7 @@ from jaxspec.protocol import (
     VerifyResult,
     q_to_f16,
 )
-from jaxspec.sampling import (
-    MAX_LOGIT_BIAS,
-    SamplingParams,
-    check_logit_bias,
-    check_seed,
-    session_key,
-)
+from jaxspec.sampling import SamplingParams, check_seed, session_key
 from jaxspec.verification import EXACT, DraftQ, Variant, check_draft_q
 from verify import counts as slot_counts
 from verify.step import (
@@ -71,7 +65,6 @@ class Session:
     prompt_len: int
     stops: frozenset[int]
     key: np.ndarray
-    bias: tuple[np.ndarray, np.ndarray]  # logit bias (ids, values), `check_logit_bias`
     penalized: bool = False  # a penalty is set: the slot's token counts are kept
     epoch: int = 0
     prefilled: int = 0  # context positions whose KV is in the slot (goal: context_len - 1)
@@ -181,29 +174,7 @@ def _row_arrays(pairs: list[tuple[Session, DraftBlock]], R: int, W: int) -> dict
 def _sampling(pairs: list[tuple[Session, DraftBlock]], R: int) -> SamplingParams:
     """A batch's sampling settings for its (session, head block) rows; filler rows past
     them have every setting off (greedy, no top-k/p, min-p, bias or penalty)."""
-    temp, top_k, top_p = np.zeros(R, np.float32), np.zeros(R, np.int32), np.ones(R, np.float32)
-    min_p = np.zeros(R, np.float32)
-    rep_pen, pres_pen = np.ones(R, np.float32), np.zeros(R, np.float32)
-    freq_pen = np.zeros(R, np.float32)
-    bias_ids = np.full((R, MAX_LOGIT_BIAS), -1, np.int32)
-    bias_values = np.zeros((R, MAX_LOGIT_BIAS), np.float32)
-    for i, (s, _) in enumerate(pairs):
-        c = s.config
-        temp[i], top_k[i], top_p[i] = c.temperature, c.top_k, c.top_p
-        min_p[i], (bias_ids[i], bias_values[i]) = c.min_p, s.bias
-        rep_pen[i], pres_pen[i] = c.repetition_penalty, c.presence_penalty
-        freq_pen[i] = c.frequency_penalty
-    return SamplingParams(
-        temperature=jnp.asarray(temp),
-        top_k=jnp.asarray(top_k),
-        top_p=jnp.asarray(top_p),
-        min_p=jnp.asarray(min_p),
-        bias_ids=jnp.asarray(bias_ids),
-        bias_values=jnp.asarray(bias_values),
-        repetition_penalty=jnp.asarray(rep_pen),
-        presence_penalty=jnp.asarray(pres_pen),
-        frequency_penalty=jnp.asarray(freq_pen),
-    )
+    return SamplingParams.of([s.config.sampling for s, _ in pairs], rows=R)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,12 +357,7 @@ class Scheduler:
             prompt_len=len(config.prompt),
             stops=self._stops(config),
             key=np.asarray(session_key(config.seed, 0)),
-            bias=check_logit_bias(dict(config.logit_bias), self.vocab),
-            penalized=(
-                config.repetition_penalty != 1
-                or config.presence_penalty != 0
-                or config.frequency_penalty != 0
-            ),
+            penalized=config.sampling.penalized,
             last_active=self.clock(),
             figures=AcceptanceFigures(accepted_per_position=(0,) * config.draft.gamma),
         )
@@ -448,13 +414,9 @@ class Scheduler:
                 f"prompt ({len(c.prompt)}) + max_new_tokens ({c.max_new_tokens}) + gamma "
                 f"does not fit the verifier's max length {self.config.max_len}"
             )
-        try:
-            SamplingParams.make(
-                1, c.temperature, c.top_k, c.top_p, c.min_p, dict(c.logit_bias), self.vocab,
-                c.repetition_penalty, c.presence_penalty, c.frequency_penalty,
-            )  # fmt: skip
-        except ValueError as e:
-            raise InvalidArgument(str(e)) from None
+        # The sampling values were checked as the settings were made (in-process, or as the
+        # config came off the wire); only the bias ids' range needs this model's vocabulary.
+        c.sampling.check_vocab(self.vocab)
 
     def get(self, session_id: str, tenant: str = "default") -> Session:
         """The session, if it exists AND belongs to `tenant` (else exactly like unknown)."""

@@ -30,7 +30,7 @@ from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
 from edge.session import run_session
 from jaxspec.figures import AcceptanceFigures
-from jaxspec.protocol import DraftSpec, SessionConfig
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import make_scheduler, prompts_from
 from jaxspec_apps.bench.section import Context, Page, Section
 from verify import LocalVerifier
@@ -53,8 +53,8 @@ async def _session(
     auto = gamma == "auto"
     spec = DraftSpec(gamma=longest if auto else int(gamma), encoding="onehot", adaptive=auto)
     cfg = SessionConfig(
-        prompt=tuple(prompt), max_new_tokens=new_tokens, temperature=0.0, mode="pipelined",
-        draft=spec,
+        prompt=tuple(prompt), max_new_tokens=new_tokens, mode="pipelined", draft=spec,
+        sampling=SamplingSettings(temperature=0.0),
     )  # fmt: skip
     policy = AdaptiveGamma(longest, "pipelined", depth) if auto else None
     v = LocalVerifier(scheduler=sched)

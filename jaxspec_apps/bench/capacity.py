@@ -31,7 +31,7 @@ import jaxspec
 from edge.drafter import Drafter
 from jaxspec import analytic
 from jaxspec.figures import AcceptanceFigures
-from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
+from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
 from jaxspec.sampling import SamplingParams, session_keys
 from jaxspec.shapes import bucket
 from jaxspec_apps.bench.common import best_time, make_scheduler, prompts_from
@@ -54,7 +54,7 @@ def lockstep(
     for i, p in enumerate(prompts):
         cfg = SessionConfig(
             prompt=tuple(int(t) for t in p), max_new_tokens=new_tokens,
-            temperature=0.0, stop_tokens=(), seed=i,
+            sampling=SamplingSettings(temperature=0.0), stop_tokens=(), seed=i,
             draft=drafter.spec,
         )  # fmt: skip
         sids.append(sched.open(cfg).session_id)

@@ -31,7 +31,7 @@ from typing import Any
 from edge.client import GrpcEndpoint
 from edge.drafter import load_drafter
 from edge.session import run_session
-from jaxspec.protocol import DraftSpec, SessionConfig
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import prompts_from
 from jaxspec_apps.bench.section import Context, Page, Section
 from verify.process import VerifierProcess
@@ -91,8 +91,9 @@ def configs(ctx: Context) -> list[SessionConfig]:
     prompts = prompts_from(ctx.stream, p.fleet_sessions, 16, seed=5)
     spec = DraftSpec(gamma=4, encoding="sparse", sparse_k=8)
     return [
-        SessionConfig(prompt=tuple(q), max_new_tokens=p.fleet_new_tokens, temperature=1.0,
-                      seed=i, mode="pipelined", draft=spec)
+        SessionConfig(prompt=tuple(q), max_new_tokens=p.fleet_new_tokens,
+                      sampling=SamplingSettings(temperature=1.0), seed=i, mode="pipelined",
+                      draft=spec)
         for i, q in enumerate(prompts)
     ]  # fmt: skip
 

@@ -24,7 +24,7 @@ from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
 from edge.session import run_session
 from jaxspec import analytic
-from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
+from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
 from jaxspec.sampling import SamplingParams, session_key
 from jaxspec_apps.bench.common import best_time, make_scheduler
 from jaxspec_apps.bench.section import Context, Page, Section
@@ -78,7 +78,7 @@ def measure_components(
     cfg = SessionConfig(
         prompt=tuple(prompt),
         max_new_tokens=gamma + 1,
-        temperature=0.0,
+        sampling=SamplingSettings(temperature=0.0),
         draft=DraftSpec(gamma=gamma, encoding="onehot"),
     )
     times = []
@@ -121,7 +121,7 @@ async def edge_session(
         prompt=tuple(prompt),
         max_new_tokens=new_tokens,
         mode=mode,
-        temperature=temperature,
+        sampling=SamplingSettings(temperature=temperature),
         draft=DraftSpec(gamma=gamma, encoding=enc),
     )
     try:

@@ -35,7 +35,7 @@ from typing import Any
 from edge.client import GrpcEndpoint
 from edge.drafter import load_drafter
 from edge.session import run_session
-from jaxspec.protocol import DraftSpec, SessionConfig
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec.text import decode_text, encode_prompt
 from jaxspec_apps.bench.section import Context, Page, Section
 from verify.process import VerifierProcess
@@ -141,8 +141,8 @@ def overhead(address: str, url: str, pid: int, n: int, repeats: int, draft: str)
     spec = DraftSpec(gamma=4)
     drafter = load_drafter(draft, "w4a16", spec)
     ids = encode_prompt(drafter.model, PROMPT)
-    config = SessionConfig(prompt=ids, max_new_tokens=n, temperature=0.0, mode="pipelined",
-                           draft=spec)  # fmt: skip
+    config = SessionConfig(prompt=ids, max_new_tokens=n, mode="pipelined", draft=spec,
+                           sampling=SamplingSettings(temperature=0.0))  # fmt: skip
     edge_runs, api_runs, cpu = asyncio.run(_pairs(address, url, pid, drafter, config, repeats))
     # Each pair ran back to back (the same load on the shared cores): the median of the
     # pairs' ratios is the overhead; the best times are shown beside it.

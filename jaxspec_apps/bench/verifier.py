@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
+from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench import stepprofile
 from jaxspec_apps.bench.common import make_scheduler
 from jaxspec_apps.bench.report_tables import ratio, save
@@ -59,7 +59,7 @@ def _time_batch(
     cfg = SessionConfig(
         prompt=tuple(rng.randint(0, model.config.vocab_size, prompt_len)),
         max_new_tokens=(steps + 2 + PROFILE_STEPS + 1) * (gamma + 1) + 8,
-        temperature=0.0,
+        sampling=SamplingSettings(temperature=0.0),
         draft=DraftSpec(gamma=gamma, encoding="onehot"),
     )
     sids = [sched.open(cfg).session_id for _ in range(b)]

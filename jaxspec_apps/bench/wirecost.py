@@ -23,7 +23,7 @@ from edge.drafter import Drafter
 from edge.session import run_session
 from jaxspec import wire
 from jaxspec.figures import AcceptanceFigures
-from jaxspec.protocol import DraftSpec, SessionConfig
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.report_tables import save
 from jaxspec_apps.bench.section import Context, Page, Section
 from verify import LocalVerifier
@@ -105,8 +105,8 @@ def run(
     rows = []
     for label, spec in encodings(gamma, sparse_ks, f16):
         config = dict(
-            max_new_tokens=new_tokens, mode="sync", draft=spec, temperature=temperature,
-            stop_tokens=(),
+            max_new_tokens=new_tokens, mode="sync", draft=spec,
+            sampling=SamplingSettings(temperature=temperature), stop_tokens=(),
         )  # fmt: skip
         runs = [
             asyncio.run(_session(sched, draft, p, config | {"seed": i}))

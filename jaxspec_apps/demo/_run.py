@@ -35,7 +35,7 @@ from jaxspec.text import chat_prompt, encode_prompt
 from jaxspec_apps.demo._pair import resolve_pair
 from jaxspec_apps.demo._progress import warmup_progress
 from jaxspec_apps.demo._state import DemoSettings, DemoState, TenantView
-from jaxspec_host.flags import draft_spec_from_args
+from jaxspec_host.flags import draft_spec_from_args, sampling_from_args
 
 DEFAULT_PROMPTS = (
     "def fibonacci(n):\n",
@@ -139,6 +139,7 @@ def _configs(args: argparse.Namespace, state: DemoState, drafter: Drafter) -> li
             return "".join(f" {i}" for i in ids)
         return tok.decode(ids, skip_special_tokens=True)
 
+    sampling = sampling_from_args(args)  # --temperature (the demo's one sampling flag)
     configs = []
     for i, view in enumerate(state.tenants):
         view.decode = decode
@@ -148,7 +149,7 @@ def _configs(args: argparse.Namespace, state: DemoState, drafter: Drafter) -> li
                     drafter.model, view.prompt_text
                 ),
                 max_new_tokens=args.tokens,
-                temperature=args.temperature,
+                sampling=sampling,
                 seed=args.seed + i,
                 mode=args.mode,
                 draft=drafter.spec,
