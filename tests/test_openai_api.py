@@ -339,7 +339,7 @@ def test_colocated_jaxspec_serve_gives_the_same_text(stack, client):
     """`jaxspec serve` (target and draft in one process, no verifier service): the same app,
     the same tokens as the edge endpoint in front of the verifier."""
     env, template = stack[2], stack[3]
-    flags = ["--port", "0", "--max-len", "128", "--max-sessions", "8", "--max-gamma", "4"]
+    flags = ["--port", "0", "--max-len", "128", "--max-sessions", "8", "--longest-block", "4"]
     server = HttpServer("jaxspec_apps.cli", [*flags, "--chat-template", str(template)], env)
     try:
         local = openai.OpenAI(base_url=server.wait(180), api_key="-", max_retries=0, timeout=WAIT_S)
