@@ -3,9 +3,9 @@ second start over the cache the first one filled), each from process start to th
 "listening" line (port bound) and to the "serving" line (every step shape compiled), and the
 server's resident memory then.
 
-    python tools/startup_time.py                        # the shipped target, default flags
+    python tools/startup_time.py                        # the default target (SmolLM2)
     python tools/startup_time.py --json startup.json -- --max-sessions 16   # serve flags after --
-    python tools/startup_time.py -- --checkpoint smollm2                   # the real target
+    python tools/startup_time.py -- --pair tiny                            # the shipped tiny target
 
 Each run is `python -m verify serve --port P --compilation-cache DIR [flags]`, DIR a fresh
 temporary directory (kept with --cache-dir). Prints both times and the load average before
