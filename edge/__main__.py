@@ -46,6 +46,7 @@ from edge.openai_server import (
     with_chat_template,
 )
 from edge.session import SessionTrace, run_session
+from edge.warmup import compile_drafter
 from jaxspec.checkpoint import generation_defaults, load, load_tokenizer
 from jaxspec.model import Model
 from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
@@ -255,6 +256,9 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
 
         def on_retry(error: Unavailable, retry_s: float) -> None:
             _say(retry_notice(args.verifier, error, retry_s))
+
+        if drafter is not None:  # its steps compile in a thread a Ctrl-C does not wait for
+            await in_thread(compile_drafter, drafter, [config], args.depth)
 
         # --gamma auto: each block's length from what this session measures (edge.adaptive).
         policy = AdaptiveGamma(spec.gamma, args.mode, args.depth) if spec.adaptive else None

@@ -30,9 +30,10 @@ from edge.client import GrpcEndpoint, check_verifier
 from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter, load_drafter
 from edge.session import run_session
+from edge.warmup import compile_drafter
 from jaxspec.checkpoint import load
 from jaxspec.model import Model
-from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig, SessionInfo, VerifyResult
+from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec.text import chat_prompt, encode_prompt
 from jaxspec_apps.demo._pair import resolve_pair
 from jaxspec_apps.demo._progress import warmup_progress
@@ -80,51 +81,6 @@ class DemoResult:
     state: DemoState
     interrupted: bool = False
     errors: list[str] = dataclasses.field(default_factory=list)
-
-
-class _StandIn:
-    """A verifier stand-in for compiling the drafter: it accepts every draft but the last,
-    answers a correction and finishes after two rounds, so `run_session` traces the same
-    draft/rollback/append shapes a real session will."""
-
-    def __init__(self) -> None:
-        self.rounds = 0
-
-    async def open_session(self, config: SessionConfig) -> SessionInfo:
-
-        return SessionInfo(
-            session_id="warmup",
-            gamma=config.draft.gamma,
-            max_sparse_k=0,
-            vocab_size=0,
-            max_new_tokens=config.max_new_tokens,
-        )
-
-    async def verify(self, block: DraftBlock) -> VerifyResult:
-
-        self.rounds += 1
-        a = len(block.tokens) - 1
-        return VerifyResult(
-            epoch=block.epoch,
-            start=block.start,
-            accepted=a,
-            tokens=(*block.tokens[:a], block.tokens[0]),
-            next_token=block.tokens[0],
-            new_epoch=block.epoch + 1,
-            stale=False,
-            finished=self.rounds >= 2,
-        )
-
-    async def close_session(self, session_id: str) -> None:
-        pass
-
-
-def _compile_drafter(drafter: Drafter, configs: list[SessionConfig], depth: int) -> None:
-    """Run a session of each prompt length once against the stand-in (in a worker thread,
-    with its own event loop): every shape the tenants will use is compiled."""
-
-    for cfg in {len(cfg.prompt): cfg for cfg in configs}.values():
-        asyncio.run(run_session(_StandIn(), drafter, cfg, depth=depth))
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
@@ -320,7 +276,7 @@ async def _load_draft_while_the_verifier_starts(
             drafter = await in_thread(load_drafter, args.draft, args.quantize, spec)
             configs = _configs(args, state, drafter.model, spec)
             words.starting("compiling the draft model")
-            await in_thread(_compile_drafter, drafter, configs, s.depth)
+            await in_thread(compile_drafter, drafter, configs, s.depth)
         else:  # --gamma 0: speculation off, nothing drafts; the target's tokenizer only
             words.starting(f"loading {s.checkpoint} for its tokenizer (--gamma 0: nothing drafts)")
             configs = _configs(args, state, await in_thread(load, args.checkpoint), spec)
