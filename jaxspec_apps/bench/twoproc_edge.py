@@ -10,8 +10,8 @@ cloud decoding (gamma 0: every token a round trip to the same verifier), each th
 `repeats` (time per token after the first round trip, as the in-process sweep); at T = 0
 every session must commit the same tokens (`tokens_differ` names any that did not). Before them:
 the draft's time per drafted token on this core (`t_d`, a block of `gamma` / gamma) and the
-verifier's step (`t_v`, its Stats' last step after a sync block). The core is taken before
-JAX starts, so every thread JAX makes inherits it.
+verifier's step (`t_v`, its Stats' last step after a sync block). The core is taken by every
+thread of the process before JAX starts its own, which inherit it.
 """
 
 from __future__ import annotations
@@ -24,21 +24,29 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+
+from edge.client import GrpcEndpoint
+from edge.delayed import DelayedEndpoint
+from edge.drafter import load_drafter
+from edge.session import run_session
+from jaxspec.calibration import prompt_ids
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
+from jaxspec.sampling import SamplingParams, session_key
+from jaxspec_apps.bench.latency import pipeline_depth
+
 
 def pin(core: int | None) -> list[int]:
-    """Run this process (and the threads it makes from now on) on `core` only, if given and
-    present; returns the cores it may run on."""
+    """Run every thread of this process on `core` only (threads made later inherit it from
+    the thread that makes them), if given and present; returns the cores it may run on."""
     if core is not None and hasattr(os, "sched_setaffinity") and core < (os.cpu_count() or 1):
-        os.sched_setaffinity(0, {core})
+        for tid in os.listdir("/proc/self/task"):  # Linux: affinity is per thread
+            os.sched_setaffinity(int(tid), {core})
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
 
 def _draft_time(drafter: Any, prompt: list[int], gamma: int, repeats: int) -> float:
     """Seconds per drafted token: the best of `repeats` blocks of `gamma` drafts."""
-    import jax
-
-    from jaxspec.sampling import SamplingParams, session_key
-
     state = drafter.prefill(drafter.init(1, len(prompt) + 8 * gamma), [prompt])
     params, keys = SamplingParams.make(1, 0.0), session_key(0, 0)[None]
     best = float("inf")
@@ -56,11 +64,6 @@ async def _session(
 ) -> tuple[float, float, list[int]]:  # fmt: skip
     """One session through a delayed gRPC link: (seconds per token after the first round
     trip, acceptance rate, the tokens)."""
-    from edge.client import GrpcEndpoint
-    from edge.delayed import DelayedEndpoint
-    from edge.session import run_session
-    from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
-
     cfg = SessionConfig(
         prompt=tuple(prompt), max_new_tokens=new_tokens, mode=mode,
         sampling=SamplingSettings(temperature=0.0),
@@ -74,16 +77,12 @@ async def _session(
 
 
 async def _step_s(address: str) -> float:
-    from edge.client import GrpcEndpoint
-
     async with GrpcEndpoint(address) as ep:
         return float((await ep.stats())["last_step_s"])
 
 
 async def sweep(args: argparse.Namespace, drafter: Any, prompt: list[int]) -> dict[str, Any]:
     """t_d, t_v and every round trip's three sessions (best of `repeats` each)."""
-    from jaxspec_apps.bench.latency import pipeline_depth
-
     g, n, addr = args.gamma, args.new_tokens, args.verifier
     t_d = _draft_time(drafter, prompt, g, 3 * args.repeats)
     *_, reference = await _session(addr, drafter, prompt, g, "sync", 1, 0.0, n)  # warm-up
@@ -116,11 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--core", type=int, default=None)
     args = p.parse_args(argv)
-    cores = pin(args.core)  # before JAX starts its threads
-    from edge.drafter import load_drafter
-    from jaxspec.calibration import prompt_ids
-    from jaxspec.protocol import DraftSpec
-
+    cores = pin(args.core)  # before JAX starts its threads (at its first array)
     drafter = load_drafter(args.draft, "w4a16", DraftSpec(gamma=args.gamma, encoding="onehot"))
     prompt = list(prompt_ids(drafter.model, args.chat))
     out = asyncio.run(sweep(args, drafter, prompt))
