@@ -519,3 +519,18 @@ def test_the_two_process_section_pins_both_sides_and_predicts(checkpoints, tmp_p
     assert r["pipelined_vs_model"] == r50["pipelined_vs_model"]
     assert "## Two processes" in (tmp_path / "BENCHMARKS.md").read_text()
     assert (tmp_path / "bench" / "two_process.png").stat().st_size > 1000
+
+
+def test_the_round_profile_section_buckets_each_modes_time(checkpoints, tmp_path):
+    """`--pairs real --sections round_profile` on the tiny pair: every mode's time per token
+    and its profiled time in buckets that add up to at most the whole run."""
+    argv = ["--profile", "tiny", "--pairs", "real", "--sections", "round_profile"]
+    argv += ["--real-target", checkpoints["target"], "--real-draft", checkpoints["draft"]]
+    assert _bench([*argv, "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "bench" / "round_profile.json").read_text())
+    assert set(r["modes"]) == {"plain", "colocated", "edge sync", "edge pipelined"}
+    for m in r["modes"].values():
+        assert m["s_per_token"] > 0 and m["top"]
+        assert 0.5 < sum(m["shares"].values()) <= 1.0 + 1e-9
+        assert m["shares"]["device"] > 0  # the model's compute is waited for somewhere
+    assert "## Where a round's time goes" in (tmp_path / "BENCHMARKS.md").read_text()

@@ -93,6 +93,8 @@ class Profile:
     int4_offset: bool = _of("int4", False)
     int4_repeats: int = _of("int4", 7)
     # two_process: the verifier and the edge as two pinned processes over gRPC
+    # round_profile: where a round's time goes, per mode (cProfile)
+    round_profile_new_tokens: int = _of("round_profile", 64)
     two_process_rtts_ms: tuple[float, ...] = _of("two_process", (0.0, 20.0, 50.0, 100.0))
     two_process_new_tokens: int = _of("two_process", 64)
     two_process_repeats: int = _of("two_process", 2)
@@ -151,6 +153,7 @@ PROFILES = {
         two_process_new_tokens=8,
         two_process_repeats=1,
         two_process_max_len=128,
+        round_profile_new_tokens=8,
     ),
 }
 PROFILES["tiny"] = dataclasses.replace(
