@@ -14,6 +14,7 @@ Every profiled function's own time (cProfile's tottime) falls into one bucket:
 
     device          the host waiting for the device: reading an array's value (np.asarray,
                     block_until_ready, device_get): on the CPU this is the model's compute
+    idle            the event loop with nothing to do: waiting for the verifier's thread
     dispatch        calling a jitted function (the C++ dispatch path and JAX's Python around it)
     jaxspec         our Python (jaxspec/, edge/, verify/): the session loop, q, checks
     asyncio, grpc   the event loop and gRPC
@@ -41,8 +42,9 @@ from jaxspec_apps.bench.common import make_scheduler
 from jaxspec_apps.bench.section import Context, Page, Section
 from verify import LocalVerifier
 
-BUCKETS = ("device", "dispatch", "jaxspec", "asyncio", "grpc", "other")
-DEVICE_WAIT = ("block_until_ready", "_value", "__array__", "device_get", "_to_np_array")
+BUCKETS = ("device", "idle", "dispatch", "jaxspec", "asyncio", "grpc", "other")
+DEVICE_WAIT = ("block_until_ready", "_value", "__array__", "device_get", "_to_np_array", "asarray")
+IDLE = ("epoll", "select", "kqueue")
 OURS = ("/jaxspec/", "/edge/", "/verify/")
 
 
@@ -51,6 +53,8 @@ def bucket(func: tuple[str, int, str]) -> str:
     path, _, name = func
     if any(w in name for w in DEVICE_WAIT):
         return "device"
+    if "poll" in name and any(w in name for w in IDLE):
+        return "idle"
     if "PjitFunction" in name or "/jax/_src/pjit.py" in path or "/jax/_src/api.py" in path:
         return "dispatch"
     if any(d in path for d in OURS) and "site-packages" not in path:
@@ -143,7 +147,8 @@ def markdown(r: dict[str, Any], page: Page) -> list[str]:
         f"gamma {r['gamma']}, after a warm-up; each mode once unprofiled (ms per token) and "
         "once under cProfile, its functions' own time in buckets (jaxspec_apps/bench/"
         "roundprofile.py: device = the host waiting for the model's compute; dispatch = "
-        "calling jitted functions; jaxspec = our Python). The profiler inflates the Python "
+        "calling jitted functions; idle = the event loop waiting for the verifier's thread; "
+        "jaxspec = our Python). The profiler inflates the Python "
         "buckets: read them as where to look, not as exact costs.",
         "",
         "| mode | ms/token | × plain | " + " | ".join(BUCKETS) + " |",
