@@ -104,6 +104,7 @@ def ids(text: str) -> list[int]:
 
 def test_events_build_the_text_in_styles_and_count_alpha():
     v = TenantView(index=0, prompt_text="ab", decode=chars, max_new_tokens=16)
+    v.command_t = -5.0  # the command started 5 s before the session (fetching, compiling)
     v.start_sample(ids("ab"), now=0.0)
     v.on_event("draft", ids("cdef"), now=0.1)
     v.on_event("draft", ids("ghij"), now=0.1)  # pipelined: a second block in flight
@@ -128,6 +129,7 @@ def test_events_build_the_text_in_styles_and_count_alpha():
     assert v.figures.acceptance_rate == pytest.approx(6 / 8)  # the stale block was never verified
     assert (v.figures.rounds, v.rejections, v.stale) == (2, 1, 1)
     assert v.ttft_s == [1.0]  # from the session's start to the first commit
+    assert v.first_token_s == 6.0  # from the command's start: what the user waited
     assert v.tokens_per_s == pytest.approx(5 / 1.0)  # after the first commit (compilation)
     assert v.inter_token_latency_s == pytest.approx(1.0 / 5)
     v.on_event("draft", ids("pq"), now=2.1)
@@ -389,6 +391,23 @@ def test_demo_runs_tenants_against_a_real_verifier_on_an_80x24_screen():
     assert steps and int(steps.group(1)) > 0, text
     assert state.baseline  # the verifier's figures as the tenants began
     assert "done" in rows[0]
+    # Times count from the command's start (here this test process's): the first token
+    # came after the verifier served, and the run's elapsed time covers this whole call.
+    assert 0 < state.serving_s < state.elapsed_s()
+    assert state.elapsed_s() >= took
+    for v in state.tenants:
+        assert state.serving_s <= v.first_token_s <= state.elapsed_s()
+        assert v.first_token_s >= v.ttft_s[0]  # the session opened after the command began
+    shown = [float(x) for x in re.findall(r"TTFT (\d+\.\d) s", text)]
+    assert len(shown) == 2 and all(x >= round(state.serving_s, 1) for x in shown), text
+    header = re.search(r"done · (\d+\.\d) s", rows[0])
+    assert header and float(header.group(1)) >= max(shown), rows[0]
+    report = Console(file=io.StringIO(), width=120, record=True)
+    report.print(summary(state))
+    out = report.export_text()
+    assert (
+        "session TTFT s" in out and "times from the command's start: verifier serving after" in out
+    )
     print(f"\n{text}\n[{took:.1f} s]")
 
 
