@@ -154,12 +154,15 @@ def _pull(args: argparse.Namespace) -> int:
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
     ) as bar:
+        # A row that never finishes: its clock moves between stages (a finished stage's stops).
+        bar.add_task(f"jaxspec pull {args.name}", total=None)
         tasks: dict[str, int] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
             if stage not in tasks:
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done, total=total)
+            bar.refresh()  # drawn now, not at the next tick of a thread the work may starve
 
         if hub.is_pulled(spec):
             print(f"{spec.aliases[0]}: already in {hub.model_dir(spec)}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import time
 import zipfile
 
 import pytest
@@ -139,14 +140,33 @@ def test_stage_words_and_lines_every_two_seconds_at_most():
     assert describe("save", 1, 1) == "saving the converted checkpoint: done"
     now = [0.0]
     said: list[str] = []
-    lines = StageLines(said.append, clock=lambda: now[0])
+    lines = StageLines(said.append, clock=lambda: now[0], t0=-3.0)  # the command: 3 s before
+    lines.tick()
+    assert said == []  # nothing to repeat before the first call
     for k in range(0, 101):  # 100 calls over 5 s: a line at 0, 2, 4 s and the end
         now[0] = k * 0.05
         lines("convert", k, 100)
-    assert said == [describe("convert", k, 100) for k in (0, 40, 80, 100)]
+    assert said == [
+        f"{describe('convert', k, 100)} ({k * 0.05 + 3:.0f} s)" for k in (0, 40, 80, 100)
+    ]
     lines("save", 0, 1)  # a new stage: at once
     lines("save", 1, 1)  # its end: at once
-    assert said[-2:] == [describe("save", 0, 1), describe("save", 1, 1)]
+    assert said[-2:] == [f"{describe('save', 0, 1)} (8 s)", f"{describe('save', 1, 1)} (8 s)"]
+    # No call for a while (the next stage has not begun): the words again every 2 s, moving.
+    for t in (6.0, 6.5, 7.0, 7.5, 9.5):
+        now[0] = t
+        lines.tick()
+    assert said[-2:] == [
+        "saving the converted checkpoint: done; working on the next step (10 s)",
+        "saving the converted checkpoint: done; working on the next step (12 s)",
+    ]
+    with StageLines(said.append, every_s=0.0).ticking(poll_s=0.01) as live:
+        live("download", 1, 2)
+        n, deadline = len(said), time.monotonic() + 30
+        while len(said) < n + 3:  # the ticking thread repeats the words on its own
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    assert all(line.startswith("fetching SmolLM2") for line in said[n - 1 :])
 
 
 def test_the_verifier_warmup_count_is_read_from_its_log():

@@ -337,10 +337,13 @@ def _resolve_pair_showing_progress(
     )
     if not live:
         lines = StageLines(lambda text: console.print(f"jaxspec demo: {text}", highlight=False))
-        return resolve_pair(args, lines)
+        with lines.ticking():  # the words again every 2 s while no progress call comes
+            return resolve_pair(args, lines)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console
     ) as bars:
+        # A row that never finishes: its clock moves between stages (a finished stage's stops).
+        bars.add_task("getting SmolLM2-135M-Instruct and its W4A16 draft", total=None)
         tasks: dict[str, TaskID] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
@@ -349,6 +352,7 @@ def _resolve_pair_showing_progress(
             bars.update(
                 tasks[stage], completed=done, total=total, description=describe(stage, done, total)
             )
+            bars.refresh()  # drawn now, not at the next tick of a thread the work may starve
 
         return resolve_pair(args, progress)
 
