@@ -612,3 +612,41 @@ def test_offline_the_demo_falls_back_to_the_tiny_pair_in_one_line(monkeypatch, t
     assert notice.endswith("; running the shipped tiny pair") and "\n" not in notice
     assert (args.checkpoint, args.draft, args.chat) == ("default", "default-draft", False)
     assert not any(tmp_path.glob("models/smollm2*"))  # nothing half-written
+
+
+class _Clock:
+    """A loop stand-in for `_StartupWords`: only `time()`, set by hand."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def time(self) -> float:
+        return self.t
+
+
+def test_start_up_words_count_a_named_verifiers_warm_up_and_move_every_two_seconds():
+    """A `--verifier` warming up: its Stats' count in the words (what a spawned verifier's
+    log gives); without a terminal the same words come again every 2 s with the seconds
+    since the command started, and a new text at once."""
+    from jaxspec_apps.demo._run import _StartupWords, _warming
+
+    assert _warming({"serving": False, "warming_done": 3, "warming_total": 9}) == (3, 9)
+    assert _warming({"serving": True, "warming_done": 9, "warming_total": 9}) is None
+    state = DemoState(settings=DemoSettings(spawned=False), tenants=[], started_t=0.0)
+    heard: list[str] = []
+    clock = _Clock()
+    words = _StartupWords(state, clock, heard.append)
+    words.remote = (3, 9)
+    words.starting("loading the W4A16 draft")
+    assert state.detail == (
+        "loading the W4A16 draft; the verifier is compiling its batch shapes 3/9…"
+    )
+    assert heard == [state.detail]  # a new text: at once, as it is
+    for t in (0.5, 1.0, 1.5, 2.0, 2.5, 4.0):
+        clock.t = t
+        words.starting(tick=True)
+    assert len(heard) == 3 and all(h.startswith(state.detail) for h in heard[1:])
+    assert [re.search(r"\((\d+) s\)$", h) is not None for h in heard[1:]] == [True, True]
+    words.remote = None  # serving now: no count
+    words.starting("compiling the draft model")
+    assert heard[-1] == "compiling the draft model…"

@@ -135,6 +135,8 @@ def test_not_serving_while_warming_up_and_sigterm_stops_the_warm_up():
             pb_grpc.VerifierStub(ch).OpenSession(wire.config_to_proto(h.config()), timeout=10)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "warming up" in e.value.details()
+        stats = pb_grpc.VerifierStub(ch).Stats(pb.StatsRequest(), timeout=10)  # answers now
+        assert not stats.serving and stats.warming_total == 49 and stats.warming_done < 49
         assert "jaxspec verifier serving" not in server.log  # still warming up
         server.signal(signal.SIGTERM)
         assert server.proc.wait(120) == 0, server.log_tail()
