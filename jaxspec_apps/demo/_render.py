@@ -381,11 +381,11 @@ def answers(state: DemoState) -> str:
 
 def timing_note(state: DemoState, now: float | None = None) -> str:
     """What the summary's times count from: `times from the command's start: verifier
-    serving after 31.0 s, the run 367.2 s; session TTFT from each tenant's session opening`."""
+    serving after 31.0 s, the run 367.2 s; TTFT s: the first token; sess s: ...`."""
     serving = f"verifier serving after {state.serving_s:.1f} s, " if state.serving_s else ""
     return (
         f"times from the command's start: {serving}the run {state.elapsed_s(now):.1f} s; "
-        "TTFT s = first token, session TTFT s = from its session's opening"
+        "TTFT s: the first token; sess s: the same from its session's opening"
     )
 
 
@@ -400,8 +400,9 @@ def summary(state: DemoState) -> Group:
         ),
         box=box.SIMPLE,
         pad_edge=False,
+        collapse_padding=True,  # 80 columns hold every column
     )
-    names = ("tenant", "status", "tokens", "α", "tok/s", "ITL ms", "TTFT s", "session TTFT s")
+    names = ("tenant", "status", "tokens", "α", "tok/s", "ITL ms", "TTFT s", "sess s")
     for name in names:
         table.add_column(name, justify="left" if name in ("tenant", "status") else "right")
     table.add_column("rejected", justify="right")
