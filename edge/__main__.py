@@ -30,12 +30,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import os
 import sys
 from collections.abc import Sequence
 
 from edge.adaptive import AdaptiveGamma
-from edge.client import GrpcEndpoint, channel_target, check_verifier, retry_notice
+from edge.client import (
+    GrpcEndpoint,
+    at_most_every,
+    channel_target,
+    check_verifier,
+    retry_notice,
+)
 from edge.drafter import Drafter, load_drafter
 from edge.openai_server import (
     Backend,
@@ -182,9 +189,10 @@ def _load_models(args: argparse.Namespace, spec: DraftSpec) -> tuple[Drafter | N
     if spec.speculative:
         drafter = load_drafter(args.draft, args.quantize, spec)
         text_model = drafter.model
-    else:  # --gamma 0, speculation off: nothing drafts; the target's tokenizer only
-        drafter, text_model = None, load(args.checkpoint)
-    if args.checkpoint is not None and args.checkpoint != (args.draft or args.checkpoint):
+    else:  # --gamma 0, speculation off: nothing drafts; only the target's tokenizer is
+        # used, on the tiny draft (loaded in a second) rather than the whole target
+        drafter, text_model = None, load(TINY[1])
+    if args.checkpoint is not None and args.checkpoint != args.draft:
         tok = load_tokenizer(args.checkpoint)
         text_model = dataclasses.replace(text_model, tokenizer=tok, name=args.checkpoint)
     return drafter, text_model
@@ -197,7 +205,10 @@ async def _serve(args: argparse.Namespace, spec: DraftSpec) -> int:
     async with GrpcEndpoint(
         args.verifier, token=token, tls=args.tls, tls_ca=args.tls_ca, timeout_s=args.timeout_s
     ) as ep:
-        await check_verifier(ep, retry_s=args.resume_timeout_s, on_retry=lambda t: _say(t, "serve"))
+        say = functools.partial(_say, command="serve")
+        await check_verifier(
+            ep, retry_s=args.resume_timeout_s, on_retry=say, on_wait=at_most_every(say)
+        )
         await in_thread(resolve_models, args, spec, "serve")
         drafter, text_model = await in_thread(_load_models, args, spec)
         name = args.checkpoint or args.draft
@@ -234,7 +245,9 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
         args.verifier, token=token, tls=args.tls, tls_ca=tls_ca, timeout_s=args.timeout_s
     ) as ep:
         # The verifier first (seconds), then the draft model (tens of seconds).
-        await check_verifier(ep, retry_s=args.resume_timeout_s, on_retry=_say)
+        await check_verifier(
+            ep, retry_s=args.resume_timeout_s, on_retry=_say, on_wait=at_most_every(_say)
+        )
         # The pair (SmolLM2 fetched once) and the models, in threads a Ctrl-C does not wait for.
         await in_thread(resolve_models, args, spec, "generate")
         drafter, text_model = await in_thread(_load_models, args, spec)
