@@ -51,15 +51,18 @@ from jaxspec_host.flags import (
     add_sampling_flags,
     check_args,
     prompt_from_args,
+    refuse_draft_without_speculation,
     refuse_shadowed_package,
     said_from_model,
     sampling_from_args,
     use_compilation_cache,
 )
+from jaxspec_host.worker import exit_if_abandoned
 
 
 def _generate(args: argparse.Namespace) -> int:
     spec = check_args(args)  # every flag, before the checkpoints load (tens of seconds)
+    refuse_draft_without_speculation(args)  # --gamma 0 is plain decoding: no draft
     use_compilation_cache(args)
     model = jaxspec.load(args.checkpoint)
     settings = jaxspec.generation_defaults(args.checkpoint) if args.chat is not None else {}
@@ -241,7 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_max_new_tokens(g, 64)
     add_sampling_flags(g, from_model=True)
     add_penalty_flags(g)
-    g.add_argument("--draft", default=None, help="draft checkpoint: speculative decoding")
+    g.add_argument(
+        "--draft",
+        default=None,
+        help="draft checkpoint: speculative decoding (not with --gamma 0, which is plain decoding)",
+    )
     add_draft_flags(
         g,
         mode="sync",
@@ -301,10 +308,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return shadowed
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
     except (ValueError, OSError) as e:  # CheckpointError is a ValueError
         print(f"jaxspec {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        code = 2
+    # Ctrl-C while the demo's draft was loading or compiling: exit now, not at its end.
+    return exit_if_abandoned(code)
 
 
 if __name__ == "__main__":

@@ -261,7 +261,8 @@ def test_arguments_are_checked():
     assert (d.tenants, d.mode, d.warmup, d.verifier) == (3, "pipelined", True, None)
     for bad, message in (
         (["--tenants", "0"], "--tenants"),
-        (["--gamma", "0"], "gamma"),
+        (["--gamma", "17"], "gamma"),
+        (["--gamma", "0", "--draft", "default-draft"], "--draft default-draft with --gamma 0"),
         (["--rtt-ms", "-1"], "--rtt-ms"),
         (["--prompt", ""], "--prompt"),
         (["--temperature", "-1"], "temperature"),
@@ -409,6 +410,30 @@ def test_demo_runs_tenants_against_a_real_verifier_on_an_80x24_screen():
     assert "TTFT s  sess s" in head and "…" not in head, out  # every label whole in 80 columns
     assert "times from the command's start: verifier serving after" in out
     print(f"\n{text}\n[{took:.1f} s]")
+
+
+def test_gamma_0_tenants_decode_through_the_verifier_without_a_draft():
+    """`--gamma 0` is speculation off, as everywhere: no draft is loaded, every tenant sends
+    empty blocks and the verifier decodes one token a round (no draft counted)."""
+    console = Console(file=io.StringIO(), width=80, height=24)
+    args = demo_args("--gamma", "0", "--tenants", "1", "--tokens", "12", "--rtt-ms", "0",
+                     "--jitter-ms", "0")  # fmt: skip
+    result = run(args, console, live=False)
+    assert not result.interrupted and result.errors == [], result.errors
+    assert args.draft is None  # nothing drafted, nothing loaded as a draft
+    (view,) = result.state.tenants
+    assert view.status == "done" and view.new_tokens > 0
+    assert view.figures.num_drafts == 0
+
+
+def test_a_prompt_too_long_for_the_context_fails_at_once_naming_the_limit():
+    """Prompt + --max-new-tokens past the model's context: a ValueError naming the limit
+    (the CLI's exit status 2) once the draft has loaded, before any tenant starts, and the
+    spawned verifier stopped; not a tenant's DEADLINE_EXCEEDED minutes later."""
+    console = Console(file=io.StringIO(), width=80, height=24)
+    args = demo_args("--tenants", "1", "--tokens", "600")  # the tiny pair's context: 512
+    with pytest.raises(ValueError, match=r"= 6\d\d exceeds .*max_position_embeddings = 512"):
+        run(args, console, live=False)
 
 
 CTRL_C_SCENARIO = """

@@ -33,7 +33,7 @@ from verify.serve import bind, insecure_public_reason, is_loopback
 from verify.tenants import Tenant, Tenants, token_sha256
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SERVE = [sys.executable, "-m", "verify", "serve"]
+SERVE = [sys.executable, "-m", "verify", "serve", "--pair", "tiny"]  # never SmolLM2 here
 
 
 def serve(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
@@ -118,7 +118,7 @@ def test_not_serving_while_warming_up_and_sigterm_stops_the_warm_up():
     """The real command: "listening" printed at once, then health NOT_SERVING and
     OpenSession UNAVAILABLE "warming up" while the shipped target's 49 shapes compile (the
     cache off, so they do compile); SIGTERM then ends it after the shape in progress."""
-    server = VerifierProcess(["--compilation-cache", "none"], port=h.free_port())
+    server = VerifierProcess(["--pair", "tiny", "--compilation-cache", "none"], port=h.free_port())
     with server:
         deadline = time.monotonic() + 120
         while "jaxspec verifier listening on" not in server.log:

@@ -30,12 +30,16 @@ from edge.client import GrpcEndpoint, check_verifier
 from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter, load_drafter
 from edge.session import run_session
-from jaxspec.protocol import DraftBlock, SessionConfig, SessionInfo, VerifyResult
+from edge.warmup import compile_drafter
+from jaxspec.checkpoint import load
+from jaxspec.model import Model
+from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec.text import chat_prompt, encode_prompt
 from jaxspec_apps.demo._pair import resolve_pair
 from jaxspec_apps.demo._progress import warmup_progress
 from jaxspec_apps.demo._state import DemoSettings, DemoState, TenantView
 from jaxspec_host.flags import draft_spec_from_args, sampling_from_args
+from jaxspec_host.worker import in_thread
 
 DEFAULT_PROMPTS = (
     "def fibonacci(n):\n",
@@ -79,60 +83,19 @@ class DemoResult:
     errors: list[str] = dataclasses.field(default_factory=list)
 
 
-class _StandIn:
-    """A verifier stand-in for compiling the drafter: it accepts every draft but the last,
-    answers a correction and finishes after two rounds, so `run_session` traces the same
-    draft/rollback/append shapes a real session will."""
-
-    def __init__(self) -> None:
-        self.rounds = 0
-
-    async def open_session(self, config: SessionConfig) -> SessionInfo:
-
-        return SessionInfo(
-            session_id="warmup",
-            gamma=config.draft.gamma,
-            max_sparse_k=0,
-            vocab_size=0,
-            max_new_tokens=config.max_new_tokens,
-        )
-
-    async def verify(self, block: DraftBlock) -> VerifyResult:
-
-        self.rounds += 1
-        a = len(block.tokens) - 1
-        return VerifyResult(
-            epoch=block.epoch,
-            start=block.start,
-            accepted=a,
-            tokens=(*block.tokens[:a], block.tokens[0]),
-            next_token=block.tokens[0],
-            new_epoch=block.epoch + 1,
-            stale=False,
-            finished=self.rounds >= 2,
-        )
-
-    async def close_session(self, session_id: str) -> None:
-        pass
-
-
-def _compile_drafter(drafter: Drafter, configs: list[SessionConfig], depth: int) -> None:
-    """Run a session of each prompt length once against the stand-in (in a worker thread,
-    with its own event loop): every shape the tenants will use is compiled."""
-
-    for cfg in {len(cfg.prompt): cfg for cfg in configs}.values():
-        asyncio.run(run_session(_StandIn(), drafter, cfg, depth=depth))
-
-
 def _prompts(args: argparse.Namespace) -> list[str]:
     given = args.prompt or list(CHAT_PROMPTS if getattr(args, "chat", False) else DEFAULT_PROMPTS)
     return [given[i % len(given)] for i in range(args.tenants)]
 
 
-def _configs(args: argparse.Namespace, state: DemoState, drafter: Drafter) -> list[SessionConfig]:
-    """Each tenant's session (prompt, seed); teaches the views to decode token ids."""
+def _configs(
+    args: argparse.Namespace, state: DemoState, text: Model, spec: DraftSpec
+) -> list[SessionConfig]:
+    """Each tenant's session (prompt, seed), its prompt encoded by `text` (the draft, or the
+    target with --gamma 0); teaches the views to decode token ids. ValueError when a prompt
+    and --max-new-tokens do not fit the model's context (`check_context`)."""
 
-    tok = drafter.model.tokenizer
+    tok = text.tokenizer
 
     def decode(ids: list[int]) -> str:
         if tok is None:  # a checkpoint without a tokenizer: show the ids
@@ -145,17 +108,32 @@ def _configs(args: argparse.Namespace, state: DemoState, drafter: Drafter) -> li
         view.decode = decode
         configs.append(
             SessionConfig(
-                prompt=(chat_prompt if args.chat else encode_prompt)(
-                    drafter.model, view.prompt_text
-                ),
+                prompt=(chat_prompt if args.chat else encode_prompt)(text, view.prompt_text),
                 max_new_tokens=args.tokens,
                 sampling=sampling,
                 seed=args.seed + i,
                 mode=args.mode,
-                draft=drafter.spec,
+                draft=spec,
             )
         )
+    check_context(text, configs)
     return configs
+
+
+def check_context(model: Model, configs: Sequence[SessionConfig]) -> None:
+    """Every tenant's prompt plus --max-new-tokens within `model`'s context (its
+    max_position_embeddings; the draft's and the target's are the same in both pairs), or a
+    ValueError naming the limit: a tenant would otherwise fail only when its session runs
+    past the end, minutes later."""
+    limit = model.config.max_position_embeddings
+    for i, cfg in enumerate(configs):
+        need = len(cfg.prompt) + cfg.max_new_tokens
+        if need > limit:
+            raise ValueError(
+                f"tenant {i + 1}'s prompt ({len(cfg.prompt)} tokens) + --max-new-tokens "
+                f"{cfg.max_new_tokens} = {need} exceeds the context of {model.name or 'the model'}"
+                f": max_position_embeddings = {limit}"
+            )
 
 
 def make_state(args: argparse.Namespace, address: str = "", pid: int | None = None) -> DemoState:
@@ -315,20 +293,24 @@ async def _load_draft_while_the_verifier_starts(
     state: DemoState,
     wait_address: Callable[[], Awaitable[str]],
     words: _StartupWords,
-) -> tuple[Drafter, list[SessionConfig], str]:
-    """Load and compile the draft (in worker threads) while the verifier starts; the drafter,
-    each tenant's session and the verifier's address once it serves."""
-    loop, s = words.loop, state.settings
+) -> tuple[Drafter | None, list[SessionConfig], str]:
+    """Load and compile the draft (in worker threads that a Ctrl-C does not wait for) while
+    the verifier starts; the drafter (None with --gamma 0: only the target's tokenizer is
+    needed), each tenant's session and the verifier's address once it serves."""
+    s, spec = state.settings, draft_spec_from_args(args)
     words.address = address = asyncio.ensure_future(wait_address())
     ticker = asyncio.ensure_future(words.keep_ticking())
     try:
-        words.starting(f"loading the {s.quantize.upper()} draft {s.draft}")
-        drafter = await loop.run_in_executor(
-            None, load_drafter, args.draft, args.quantize, draft_spec_from_args(args)
-        )
-        configs = _configs(args, state, drafter)
-        words.starting("compiling the draft model")
-        await loop.run_in_executor(None, _compile_drafter, drafter, configs, s.depth)
+        drafter = None
+        if spec.speculative:
+            words.starting(f"loading the {s.quantize.upper()} draft {s.draft}")
+            drafter = await in_thread(load_drafter, args.draft, args.quantize, spec)
+            configs = _configs(args, state, drafter.model, spec)
+            words.starting("compiling the draft model")
+            await in_thread(compile_drafter, drafter, configs, s.depth)
+        else:  # --gamma 0: speculation off, nothing drafts; the target's tokenizer only
+            words.starting(f"loading {s.checkpoint} for its tokenizer (--gamma 0: nothing drafts)")
+            configs = _configs(args, state, await in_thread(load, args.checkpoint), spec)
         if not address.done():
             words.starting("draft ready; waiting for the verifier")
         return drafter, configs, await address
@@ -380,7 +362,7 @@ class _Tenants:
 
     args: argparse.Namespace
     state: DemoState
-    drafter: Drafter
+    drafter: Drafter | None  # None with --gamma 0
     configs: list[SessionConfig]  # tenant i's first sample
     endpoints: list[GrpcEndpoint]  # tenant i's channel
     monitor: GrpcEndpoint  # the Stats poller's channel
