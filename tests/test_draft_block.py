@@ -5,12 +5,15 @@
   the scheduler's submit is checked once, at the decode;
 - float32 q travels as packed bytes (`q_f32`) bit for bit, and an old client's `repeated
   float q` still decodes to the same block; a block with two forms of q is refused;
+- the edge makes a block with one explicit device-to-host transfer and keeps q float32.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -18,10 +21,13 @@ from hypothesis import strategies as st
 
 import jaxspec
 import jaxspec.protocol as protocol
+from edge.drafter import DraftBatch
+from edge.session import _to_wire
 from jaxspec import wire
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.protocol import DraftBlock, DraftSpec, InvalidArgument, SessionConfig
 from jaxspec.testing import tiny_config
+from jaxspec.verification import DraftQ
 from verify import Scheduler, SchedulerConfig
 
 V = tiny_config().vocab_size
@@ -175,3 +181,40 @@ def test_a_block_is_checked_once_from_the_wire_to_the_queue(monkeypatch):
         with pytest.raises(InvalidArgument):  # and the session's own rules still hold
             five = dict(tokens=(5, 6, 7, 8, 9), q=_q(5), q16=None, q_scale=None)
             sched.submit(dataclasses.replace(block, **five))  # 5 drafts, gamma 4
+
+
+# ---- the edge: one transfer, float32 --------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["full", "sparse", "onehot", "full-f16"])
+def test_the_edge_makes_a_block_with_one_explicit_transfer(encoding, monkeypatch):
+    """Under a transfer guard that refuses implicit device-to-host copies, `_to_wire` makes
+    the block with one `jax.device_get`; q stays float32, the values the batch holds."""
+    q, ids, scale = _q(4), None, None
+    if encoding == "sparse":
+        q, ids = _q(4, 3), np.array([[5, 1, 2], [6, 1, 2], [7, 1, 2], [8, 1, 2]])
+    if encoding == "full-f16":
+        f16 = _f16(4)
+        scale, q = f16["q_scale"], protocol.q_from_f16(f16["q16"], f16["q_scale"])
+    dq = {
+        "full": lambda: DraftQ.full(q[None]),
+        "full-f16": lambda: DraftQ.full(q[None], jnp.asarray(scale[None])),
+        "sparse": lambda: DraftQ.sparse(ids[None], q[None]),
+        "onehot": DraftQ.onehot,
+    }[encoding]()
+    tokens = jnp.asarray([[5, 6, 7, 8]], jnp.int32)
+    batch = DraftBatch(start=jnp.asarray([4], jnp.int32), tokens=tokens, q=dq)
+    gets = []
+    real_get = jax.device_get
+    monkeypatch.setattr(jax, "device_get", lambda x: gets.append(1) or real_get(x))
+    with jax.transfer_guard_device_to_host("disallow"):
+        block = _to_wire(batch, "s", 0)
+    assert len(gets) == 1 and block.tokens == (5, 6, 7, 8) and block.start == 4
+    if encoding == "onehot":
+        assert block.q is None and block.q_ids is None
+        return
+    assert block.q.dtype == np.float32
+    np.testing.assert_array_equal(block.q.view(np.uint32), q.view(np.uint32))
+    if encoding == "full-f16":
+        np.testing.assert_array_equal(block.q_scale, scale)
+        np.testing.assert_array_equal(block.q16.view(np.uint16), f16["q16"].view(np.uint16))
