@@ -402,9 +402,13 @@ def _frozen(x: np.ndarray | None) -> np.ndarray | None:
 
 
 def _as(x: Any, dtype: Any, what: str) -> np.ndarray:
-    """`x` as an array of `dtype`; `InvalidArgument` naming `what` when it is not numbers."""
+    """`x` as an array of `dtype` (None: its own); `InvalidArgument` naming `what` when it is
+    not numbers (strings and objects included: nothing is parsed)."""
     try:
-        return np.asarray(x, dtype)
+        a = np.asarray(x)
+        if a.dtype.kind not in "biuf":
+            raise TypeError
+        return a if dtype is None else a.astype(dtype, copy=False)
     except (TypeError, ValueError, OverflowError):
         raise InvalidArgument(f"{what} must be an array of numbers") from None
 

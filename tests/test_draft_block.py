@@ -62,6 +62,8 @@ BAD = {
     "rows != drafts": dict(q=_q(3)),
     "not 2-D": dict(q=_q().ravel()),
     "not numbers": dict(q=[["a"] * V] * 2),
+    "numbers as strings": dict(q=_q().astype(str)),
+    "not numbers, float16 form": dict(q=[["a"] * V] * 2, q_scale=_f16()["q_scale"]),
     "q without drafts": dict(tokens=()),
     "ids without q": dict(q=None, q_ids=np.zeros((2, 4), np.int64)),
     "ids of another shape": dict(q=_q(2, 4), q_ids=np.zeros((2, 3), np.int64)),
