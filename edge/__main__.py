@@ -24,12 +24,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import os
 import sys
 from collections.abc import Sequence
 
 from edge.adaptive import AdaptiveGamma
-from edge.client import GrpcEndpoint, channel_target, check_verifier, retry_notice
+from edge.client import (
+    GrpcEndpoint,
+    at_most_every,
+    channel_target,
+    check_verifier,
+    retry_notice,
+)
 from edge.drafter import Drafter, load_drafter
 from edge.openai_server import (
     Backend,
@@ -163,7 +170,10 @@ async def _serve(args: argparse.Namespace, spec: DraftSpec) -> int:
     async with GrpcEndpoint(
         args.verifier, token=token, tls=args.tls, tls_ca=args.tls_ca, timeout_s=args.timeout_s
     ) as ep:
-        await check_verifier(ep, retry_s=args.resume_timeout_s, on_retry=lambda t: _say(t, "serve"))
+        say = functools.partial(_say, command="serve")
+        await check_verifier(
+            ep, retry_s=args.resume_timeout_s, on_retry=say, on_wait=at_most_every(say)
+        )
         drafter, text_model = _load_models(args, spec)
         name = args.checkpoint or args.draft
         backend = Backend(
@@ -199,7 +209,9 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
         args.verifier, token=token, tls=args.tls, tls_ca=tls_ca, timeout_s=args.timeout_s
     ) as ep:
         # The verifier first (seconds), then the draft model (tens of seconds).
-        await check_verifier(ep, retry_s=args.resume_timeout_s, on_retry=_say)
+        await check_verifier(
+            ep, retry_s=args.resume_timeout_s, on_retry=_say, on_wait=at_most_every(_say)
+        )
         drafter, text_model = _load_models(args, spec)
         prompt, echo = prompt_from_args(text_model, args)
         model_settings = {}

@@ -104,6 +104,7 @@ def ids(text: str) -> list[int]:
 
 def test_events_build_the_text_in_styles_and_count_alpha():
     v = TenantView(index=0, prompt_text="ab", decode=chars, max_new_tokens=16)
+    v.command_t = -5.0  # the command started 5 s before the session (fetching, compiling)
     v.start_sample(ids("ab"), now=0.0)
     v.on_event("draft", ids("cdef"), now=0.1)
     v.on_event("draft", ids("ghij"), now=0.1)  # pipelined: a second block in flight
@@ -128,6 +129,7 @@ def test_events_build_the_text_in_styles_and_count_alpha():
     assert v.figures.acceptance_rate == pytest.approx(6 / 8)  # the stale block was never verified
     assert (v.figures.rounds, v.rejections, v.stale) == (2, 1, 1)
     assert v.ttft_s == [1.0]  # from the session's start to the first commit
+    assert v.first_token_s == 6.0  # from the command's start: what the user waited
     assert v.tokens_per_s == pytest.approx(5 / 1.0)  # after the first commit (compilation)
     assert v.inter_token_latency_s == pytest.approx(1.0 / 5)
     v.on_event("draft", ids("pq"), now=2.1)
@@ -389,6 +391,23 @@ def test_demo_runs_tenants_against_a_real_verifier_on_an_80x24_screen():
     assert steps and int(steps.group(1)) > 0, text
     assert state.baseline  # the verifier's figures as the tenants began
     assert "done" in rows[0]
+    # Times count from the command's start (here this test process's): the first token
+    # came after the verifier served, and the run's elapsed time covers this whole call.
+    assert 0 < state.serving_s < state.elapsed_s()
+    assert state.elapsed_s() >= took
+    for v in state.tenants:
+        assert state.serving_s <= v.first_token_s <= state.elapsed_s()
+        assert v.first_token_s >= v.ttft_s[0]  # the session opened after the command began
+    shown = [float(x) for x in re.findall(r"TTFT (\d+\.\d) s", text)]
+    assert len(shown) == 2 and all(x >= round(state.serving_s, 1) for x in shown), text
+    header = re.search(r"done · (\d+\.\d) s", rows[0])
+    assert header and float(header.group(1)) >= max(shown), rows[0]
+    report = Console(file=io.StringIO(), width=80, record=True)
+    report.print(summary(state))
+    out = report.export_text()
+    head = next(line for line in out.splitlines() if line.strip().startswith("tenant "))
+    assert "TTFT s  sess s" in head and "…" not in head, out  # every label whole in 80 columns
+    assert "times from the command's start: verifier serving after" in out
     print(f"\n{text}\n[{took:.1f} s]")
 
 
@@ -593,3 +612,41 @@ def test_offline_the_demo_falls_back_to_the_tiny_pair_in_one_line(monkeypatch, t
     assert notice.endswith("; running the shipped tiny pair") and "\n" not in notice
     assert (args.checkpoint, args.draft, args.chat) == ("default", "default-draft", False)
     assert not any(tmp_path.glob("models/smollm2*"))  # nothing half-written
+
+
+class _Clock:
+    """A loop stand-in for `_StartupWords`: only `time()`, set by hand."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def time(self) -> float:
+        return self.t
+
+
+def test_start_up_words_count_a_named_verifiers_warm_up_and_move_every_two_seconds():
+    """A `--verifier` warming up: its Stats' count in the words (what a spawned verifier's
+    log gives); without a terminal the same words come again every 2 s with the seconds
+    since the command started, and a new text at once."""
+    from jaxspec_apps.demo._run import _StartupWords, _warming
+
+    assert _warming({"serving": False, "warming_done": 3, "warming_total": 9}) == (3, 9)
+    assert _warming({"serving": True, "warming_done": 9, "warming_total": 9}) is None
+    state = DemoState(settings=DemoSettings(spawned=False), tenants=[], started_t=0.0)
+    heard: list[str] = []
+    clock = _Clock()
+    words = _StartupWords(state, clock, heard.append)
+    words.remote = (3, 9)
+    words.starting("loading the W4A16 draft")
+    assert state.detail == (
+        "loading the W4A16 draft; the verifier is compiling its batch shapes 3/9…"
+    )
+    assert heard == [state.detail]  # a new text: at once, as it is
+    for t in (0.5, 1.0, 1.5, 2.0, 2.5, 4.0):
+        clock.t = t
+        words.starting(tick=True)
+    assert len(heard) == 3 and all(h.startswith(state.detail) for h in heard[1:])
+    assert [re.search(r"\((\d+) s\)$", h) is not None for h in heard[1:]] == [True, True]
+    words.remote = None  # serving now: no count
+    words.starting("compiling the draft model")
+    assert heard[-1] == "compiling the draft model…"

@@ -35,7 +35,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -452,6 +452,8 @@ async def _warm_up_and_serve(
     )
     stop = _stop_on_signals()
     warm.t0 = time.monotonic()  # its log lines count from here
+    warm.report = server.warming  # Stats' warming_done/warming_total
+    server.warming(0, warm.shapes)
     verifier = await _prepare_unless_stopped(warm, stop, args, model, vocab, lockstep)
     if verifier is None:  # SIGTERM while warming up: nothing to drain
         return 0
@@ -518,6 +520,7 @@ class _WarmUp:
     rest: list[tuple[str, int, int, int]]
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     t0: float = dataclasses.field(default_factory=time.monotonic)
+    report: Callable[[int, int], None] | None = None  # hears (done, total) per shape
 
     @classmethod
     def plan(
@@ -539,6 +542,8 @@ class _WarmUp:
         """Log one compiled shape; `WarmupCancelled` once `cancel` is set."""
         log.info("warm-up: %d/%d shapes compiled (%s), %.1f s", done, self.shapes, shape,
                  time.monotonic() - self.t0)  # fmt: skip
+        if self.report is not None:
+            self.report(done, self.shapes)
         if self.cancel.is_set():
             raise WarmupCancelled
 

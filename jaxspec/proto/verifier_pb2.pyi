@@ -196,7 +196,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("sessions", "queued_blocks", "steps", "last_step_s", "last_rows", "last_bucket_rows", "mean_occupancy", "tokens_committed", "serving")
+    __slots__ = ("sessions", "queued_blocks", "steps", "last_step_s", "last_rows", "last_bucket_rows", "mean_occupancy", "tokens_committed", "serving", "warming_done", "warming_total")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +206,8 @@ class StatsResponse(_message.Message):
     MEAN_OCCUPANCY_FIELD_NUMBER: _ClassVar[int]
     TOKENS_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     SERVING_FIELD_NUMBER: _ClassVar[int]
+    WARMING_DONE_FIELD_NUMBER: _ClassVar[int]
+    WARMING_TOTAL_FIELD_NUMBER: _ClassVar[int]
     sessions: int
     queued_blocks: int
     steps: int
@@ -215,4 +217,6 @@ class StatsResponse(_message.Message):
     mean_occupancy: float
     tokens_committed: int
     serving: bool
-    def __init__(self, sessions: _Optional[int] = ..., queued_blocks: _Optional[int] = ..., steps: _Optional[int] = ..., last_step_s: _Optional[float] = ..., last_rows: _Optional[int] = ..., last_bucket_rows: _Optional[int] = ..., mean_occupancy: _Optional[float] = ..., tokens_committed: _Optional[int] = ..., serving: _Optional[bool] = ...) -> None: ...
+    warming_done: int
+    warming_total: int
+    def __init__(self, sessions: _Optional[int] = ..., queued_blocks: _Optional[int] = ..., steps: _Optional[int] = ..., last_step_s: _Optional[float] = ..., last_rows: _Optional[int] = ..., last_bucket_rows: _Optional[int] = ..., mean_occupancy: _Optional[float] = ..., tokens_committed: _Optional[int] = ..., serving: _Optional[bool] = ..., warming_done: _Optional[int] = ..., warming_total: _Optional[int] = ...) -> None: ...

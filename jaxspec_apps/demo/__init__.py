@@ -337,10 +337,13 @@ def _resolve_pair_showing_progress(
     )
     if not live:
         lines = StageLines(lambda text: console.print(f"jaxspec demo: {text}", highlight=False))
-        return resolve_pair(args, lines)
+        with lines.ticking():  # the words again every 2 s while no progress call comes
+            return resolve_pair(args, lines)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console
     ) as bars:
+        # A row whose clock runs until the end: it moves between stages too.
+        overall = bars.add_task("getting SmolLM2-135M-Instruct and its W4A16 draft", total=None)
         tasks: dict[str, TaskID] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
@@ -349,8 +352,11 @@ def _resolve_pair_showing_progress(
             bars.update(
                 tasks[stage], completed=done, total=total, description=describe(stage, done, total)
             )
+            bars.refresh()  # drawn now, not at the next tick of a thread the work may starve
 
-        return resolve_pair(args, progress)
+        notice = resolve_pair(args, progress)
+        bars.update(overall, total=1, completed=1)  # its clock stops: done
+        return notice
 
 
 def _raise_on_termination(stack: contextlib.ExitStack) -> None:

@@ -205,11 +205,18 @@ async def run_demo(
 
     words = _StartupWords(state, asyncio.get_running_loop(), on_phase, verifier_log)
     token = args.token or os.environ.get("JAXSPEC_TOKEN")
+    watch = None
     if not state.settings.spawned:  # the verifier first (a second), then the draft (tens of s)
         await _check_named_verifier(args, token, words)
-    drafter, configs, address = await _load_draft_while_the_verifier_starts(
-        args, state, wait_address, words
-    )
+        watch = asyncio.ensure_future(_watch_named_verifier(args, token, words))
+    try:
+        drafter, configs, address = await _load_draft_while_the_verifier_starts(
+            args, state, wait_address, words
+        )
+    finally:
+        if watch is not None:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
     with state.lock:
         state.settings.verifier = address
     endpoints, monitor = await _connect(args, state, address, token, words)
@@ -222,8 +229,9 @@ async def run_demo(
 @dataclasses.dataclass
 class _StartupWords:
     """What the screen says while the run starts (`DemoState.phase` and `.detail`), and what
-    `on_phase` hears: every new text, but a text that only counts on (`tick`) at most every
-    `PROGRESS_EVERY_S`, so a plain log is not flooded with "compiling 5/28, 6/28, ...".
+    `on_phase` hears: every new text, and while a wait goes on (`tick`) the words again
+    every `PROGRESS_EVERY_S` with the seconds since the command started, so a plain log moves
+    every 2 s but is not flooded with "compiling 5/28, 6/28, ...".
     While a spawned verifier is not serving yet, its own progress is added to the words."""
 
     state: DemoState
@@ -231,6 +239,7 @@ class _StartupWords:
     on_phase: Callable[[str], None] | None = None
     verifier_log: Callable[[], Sequence[str]] | None = None
     address: asyncio.Future[str] | None = None  # the verifier's host:port once it serves
+    remote: tuple[int, int] | None = None  # a --verifier's warm-up (done, total), from Stats
     said: str = ""  # the last text `on_phase` heard, and when (the loop's clock)
     said_t: float = float("-inf")
     step: str = ""  # what the demo itself is doing while the verifier starts
@@ -240,10 +249,11 @@ class _StartupWords:
         with self.state.lock:
             self.state.phase, self.state.detail = word, detail
         text, now = detail or word, self.loop.time()
-        if self.on_phase is not None and text != self.said:
-            if not tick or now - self.said_t >= PROGRESS_EVERY_S:
-                self.said, self.said_t = text, now
-                self.on_phase(text)
+        if self.on_phase is None:
+            return
+        if (not tick and text != self.said) or (tick and now - self.said_t >= PROGRESS_EVERY_S):
+            self.said, self.said_t = text, now
+            self.on_phase(f"{text} ({self.state.elapsed_s():.0f} s)" if tick else text)
 
     def starting(self, text: str | None = None, *, tick: bool = False) -> None:
         """The "starting" phase: the demo's own step (`text`, else the last one), with the
@@ -252,13 +262,14 @@ class _StartupWords:
             self.step = text
         words = self.step
         waiting = self.address is not None and not self.address.done()
+        counts = self.remote
         if self.state.settings.spawned and waiting:
             log = self.verifier_log
             counts = warmup_progress(log()) if log is not None else None
             if counts is None:
                 words += "; the verifier is loading its target"
-            elif counts[1]:
-                words += f"; the verifier is compiling its batch shapes {counts[0]}/{counts[1]}"
+        if counts is not None and counts[1]:
+            words += f"; the verifier is compiling its batch shapes {counts[0]}/{counts[1]}"
         self.phase("starting", words + "…", tick=tick)
 
     async def keep_ticking(self) -> None:
@@ -276,7 +287,27 @@ async def _check_named_verifier(
     fine here: the tenants wait for it to serve (`_connect`)."""
     words.phase("starting", f"checking the verifier {args.verifier}…")
     async with GrpcEndpoint(args.verifier, token=token, timeout_s=CHECK_TIMEOUT_S) as ep:
-        await check_verifier(ep, serving=False)
+        words.remote = _warming(await check_verifier(ep, serving=False))
+
+
+def _warming(stats: dict) -> tuple[int, int] | None:
+    """A verifier's warm-up count (done, total) from its Stats; None once it serves."""
+    if stats.get("serving", True):
+        return None
+    return int(stats.get("warming_done", 0)), int(stats.get("warming_total", 0))
+
+
+async def _watch_named_verifier(
+    args: argparse.Namespace, token: str | None, words: _StartupWords
+) -> None:
+    """While the draft loads: ask a `--verifier` that is warming up for its Stats every
+    second, so the start-up words count its shapes as they compile (what a spawned
+    verifier's log tells); ends once it serves. A failed call is left to `_connect`."""
+    async with GrpcEndpoint(args.verifier, token=token, timeout_s=CHECK_TIMEOUT_S) as ep:
+        while words.remote is not None:
+            await asyncio.sleep(1.0)
+            with contextlib.suppress(Exception):
+                words.remote = _warming(await ep.stats())
 
 
 async def _load_draft_while_the_verifier_starts(
@@ -326,6 +357,7 @@ async def _connect(
                 monitor,
                 retry_s=WAIT_SERVING_S,
                 on_retry=lambda notice: words.phase("starting", f"{notice}…"),
+                on_wait=lambda wait: words.phase("starting", f"{wait}…", tick=True),
             )
         )
     except BaseException:
