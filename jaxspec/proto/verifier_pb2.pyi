@@ -102,7 +102,7 @@ class OpenSessionResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., gamma: _Optional[int] = ..., max_sparse_k: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class DraftBlock(_message.Message):
-    __slots__ = ("session_id", "epoch", "start", "tokens", "q", "q_ids", "q_f16", "q_scale")
+    __slots__ = ("session_id", "epoch", "start", "tokens", "q", "q_ids", "q_f16", "q_scale", "q_f32")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class DraftBlock(_message.Message):
     Q_IDS_FIELD_NUMBER: _ClassVar[int]
     Q_F16_FIELD_NUMBER: _ClassVar[int]
     Q_SCALE_FIELD_NUMBER: _ClassVar[int]
+    Q_F32_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     epoch: int
     start: int
@@ -119,7 +120,8 @@ class DraftBlock(_message.Message):
     q_ids: _containers.RepeatedScalarFieldContainer[int]
     q_f16: bytes
     q_scale: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[float]] = ..., q_ids: _Optional[_Iterable[int]] = ..., q_f16: _Optional[bytes] = ..., q_scale: _Optional[_Iterable[float]] = ...) -> None: ...
+    q_f32: bytes
+    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[float]] = ..., q_ids: _Optional[_Iterable[int]] = ..., q_f16: _Optional[bytes] = ..., q_scale: _Optional[_Iterable[float]] = ..., q_f32: _Optional[bytes] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
     __slots__ = ("epoch", "start", "accepted", "tokens", "has_next_token", "next_token", "new_epoch", "stale", "finished", "figures", "step_s")
