@@ -144,12 +144,17 @@ class CachedJit:
         fun: Callable,
         static_argnames: Sequence[str] = (),
         donate_argnums: Sequence[int] = (),
+        donate_argnames: Sequence[str] = (),
     ) -> None:
         self.fun = fun
         self.static = tuple(static_argnames)
-        self.donate = tuple(donate_argnums)
-        self.jitted = jax.jit(fun, static_argnames=self.static, donate_argnums=self.donate)
         self.signature = inspect.signature(fun)
+        names = list(self.signature.parameters)
+        self.donated = {names[i] for i in donate_argnums} | set(donate_argnames)
+        self.jitted = jax.jit(
+            fun, static_argnames=self.static, donate_argnums=tuple(donate_argnums),
+            donate_argnames=tuple(donate_argnames),
+        )  # fmt: skip
         self.entries: dict[Any, _Entry] = {}
         functools.update_wrapper(self, fun)
 
@@ -199,12 +204,10 @@ class CachedJit:
 
     def _donated_leaves(self, names: list[str], values: list) -> tuple[int, ...]:
         """Leaf indices of the donated positional parameters."""
-        params = list(self.signature.parameters)
-        donated = {params[i] for i in self.donate}
         out, i = [], 0
         for name, value in zip(names, values, strict=True):
             n = len(jax.tree.leaves(value))
-            if name in donated:
+            if name in self.donated:
                 out += range(i, i + n)
             i += n
         return tuple(out)
@@ -272,11 +275,13 @@ def jit(
     *,
     static_argnames: Sequence[str] = (),
     donate_argnums: Sequence[int] = (),
+    donate_argnames: Sequence[str] = (),
 ) -> Any:
     """`jax.jit` with traces kept on disk (module doc); usable as a decorator with or
     without arguments."""
     if fun is None:
         return functools.partial(
-            jit, static_argnames=static_argnames, donate_argnums=donate_argnums
-        )
-    return CachedJit(fun, static_argnames, donate_argnums)
+            jit, static_argnames=static_argnames, donate_argnums=donate_argnums,
+            donate_argnames=donate_argnames,
+        )  # fmt: skip
+    return CachedJit(fun, static_argnames, donate_argnums, donate_argnames)

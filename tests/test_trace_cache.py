@@ -102,3 +102,15 @@ def test_the_verifier_prefill_gives_the_same_cache_bits(cache_dir):
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(plain), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert len(list(cache_dir.iterdir())) == 1
+
+
+def test_a_loaded_trace_donates_what_jit_would(cache_dir):
+    """Donation by name or position survives the cache: the donated input is consumed (the
+    KV cache written in place), traced or loaded."""
+    for _ in range(2):  # traced and saved, then loaded in a fresh wrapper
+        jax.clear_caches()
+        f = trace_cache.jit(scaled, static_argnames=("power",), donate_argnames=("y",))
+        x, y = jnp.ones(4), jnp.ones(4)
+        f(x, y, power=2)
+        assert y.is_deleted() and not x.is_deleted()
+    assert len(TRACED) == 1
