@@ -158,7 +158,6 @@ class EdgeSession:
         self.keep = 0
         self.tail: list[int] = []
         self.rolled = False  # a rollback awaits the next round (`on_rollback` sees it then)
-        self.live = np.ones(1, bool)
         self.sampling: SamplingParams | None = None
         self.keys: jax.Array | None = None
         self.committed = list(self.prompt)
@@ -293,18 +292,16 @@ class EdgeSession:
 
     def _round(self, n: int) -> DraftBatch:
         """The drafter's round, one donated call: the noted rollback and tokens, then a block
-        of `n` drafts at the context length the host tracks (no device value is read)."""
-        start = self.keep + len(self.tail)
-        tail = np.asarray([self.tail or [0]], np.int32)
+        of `n` drafts; the host tracks the context's length (no device value is read)."""
+        tail = [self.tail or [0]]  # [1, K] tokens, the first len(self.tail) appended
         self.state, batch = self.drafter.round(
-            self.state, [self.keep], tail, [len(self.tail)], self.sampling, self.keys,
-            self.live, gamma=n,
-        )  # fmt: skip
-        self.keep, self.tail = start + n, []
+            self.state, [self.keep], tail, [len(self.tail)], self.sampling, self.keys, gamma=n
+        )
+        self.keep, self.tail = self.keep + len(self.tail) + n, []
         if self.rolled and self.on_rollback is not None:
             self.on_rollback(self.state, self.committed)
         self.rolled = False
-        return batch.replace(start=np.asarray([start], np.int32))
+        return batch
 
     def _send(self, block: DraftBlock) -> None:
         """Put `block` in flight: its answer is awaited in the order sent."""
