@@ -2,12 +2,18 @@
 `python -m edge serve`: the same as an OpenAI-compatible HTTP endpoint (edge.openai_server).
 
     python -m verify serve --port 50051 &
-    python -m edge generate --verifier localhost:50051 --prompt "def fib(n):"
-    python -m edge generate --verifier localhost:50051 --checkpoint smollm2 --draft smollm2 \\
-        --chat "Explain what a Python list comprehension is."
+    python -m edge generate --verifier localhost:50051 --chat "What is a hash table?"
+    python -m edge generate --verifier localhost:50051 --pair tiny --prompt "def fib(n):"
 
-The draft model (default: the shipped draft, quantized W4A16 as on a device) proposes
-`--gamma` tokens per block; the verifier's answers are the output, distributed exactly as
+The models: `--draft` (and `--checkpoint`, the target whose tokenizer encodes the prompt),
+else `--pair` (jaxspec_host.pairs, as `python -m verify serve` and `jaxspec demo` choose):
+SmolLM2-135M-Instruct's own W4A16 copy drafting for SmolLM2 when it can be had (fetched and
+built once, said on stderr with the cache directory), else the shipped tiny pair, said in
+one line. A `--checkpoint` without `--draft` drafts with the tiny draft, as before.
+
+The draft model (quantized W4A16 as on a device) proposes `--gamma` tokens per block
+(`--gamma 0`: speculation off, nothing drafts: the verifier decodes, one token per round; a
+`--draft` with it is refused); the verifier's answers are the output, distributed exactly as
 the target's. `--q-dtype float16` sends q (`--encoding full` or `sparse`) in half the bytes:
 the draft is sampled from the float16-rounded q, so verification stays exact. With
 `--resume-timeout-s`, a verifier restart is survived without a lost or repeated token; with
@@ -24,12 +30,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import os
 import sys
 from collections.abc import Sequence
 
 from edge.adaptive import AdaptiveGamma
-from edge.client import GrpcEndpoint, channel_target, check_verifier, retry_notice
+from edge.client import (
+    GrpcEndpoint,
+    at_most_every,
+    channel_target,
+    check_verifier,
+    retry_notice,
+)
 from edge.drafter import Drafter, load_drafter
 from edge.openai_server import (
     Backend,
@@ -40,6 +53,7 @@ from edge.openai_server import (
     with_chat_template,
 )
 from edge.session import SessionTrace, run_session
+from edge.warmup import compile_drafter
 from jaxspec.checkpoint import generation_defaults, load, load_tokenizer
 from jaxspec.model import Model
 from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
@@ -53,12 +67,16 @@ from jaxspec_host.flags import (
     add_prompt_flags,
     add_sampling_flags,
     check_args,
+    interrupted,
     prompt_from_args,
+    refuse_draft_without_speculation,
     refuse_shadowed_package,
     said_from_model,
     sampling_from_args,
     use_compilation_cache,
 )
+from jaxspec_host.pairs import REAL_TARGET, TINY, add_pair_flag, choose_saying
+from jaxspec_host.worker import exit_if_abandoned, in_thread
 
 
 def _add_client_flags(g: argparse.ArgumentParser) -> None:
@@ -71,13 +89,19 @@ def _add_client_flags(g: argparse.ArgumentParser) -> None:
         "round_robin over the replicas that are SERVING, a session moving on when its "
         "replica dies or drains",
     )
-    g.add_argument("--draft", default="default-draft", help="draft checkpoint or built-in name")
+    g.add_argument(
+        "--draft",
+        default=None,
+        help="draft checkpoint or built-in name (default: --pair's; not with --gamma 0)",
+    )
     g.add_argument(
         "--checkpoint",
         default=None,
         help="the target the verifier serves: only its tokenizer and chat template are "
-        "loaded, to encode the prompt and decode the answer (default: the draft's)",
+        "loaded, to encode the prompt and decode the answer (default: --pair's target with "
+        "the real pair, else the draft's)",
     )
+    add_pair_flag(g)
     g.add_argument(
         "--quantize",
         default="w4a16",
@@ -134,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _check(args: argparse.Namespace) -> DraftSpec:
     """Every flag, before anything connects or loads; the `DraftSpec` (`ValueError`)."""
     spec = check_args(args)
+    refuse_draft_without_speculation(args)
     channel_target(args.verifier)  # a malformed address or fleet list: ValueError
     if not args.timeout_s > 0:
         raise ValueError(f"--timeout-s must be > 0, got {args.timeout_s}")
@@ -142,14 +167,31 @@ def _check(args: argparse.Namespace) -> DraftSpec:
     return spec
 
 
+def resolve_models(args: argparse.Namespace, spec: DraftSpec, command: str) -> None:
+    """Fill `args.draft` (None with --gamma 0) and `args.checkpoint` where not given: a
+    `--checkpoint` alone drafts with the tiny draft; neither: `--pair`'s models (SmolLM2's
+    W4A16 copy for SmolLM2, fetched and built once and said on stderr, else the tiny pair,
+    its fallback said in one line). Idempotent."""
+    if args.draft is None and args.checkpoint is None:
+        pair = choose_saying(args.pair, lambda t: _say(t, command), draft=spec.speculative)
+        args.checkpoint = REAL_TARGET if pair.real else None  # tiny: the draft's tokenizer
+        args.draft = pair.draft
+    elif args.draft is None:
+        args.draft = TINY[1]
+    if not spec.speculative:
+        args.checkpoint = args.checkpoint or TINY[0]
+        args.draft = None  # nothing drafts (a --draft given with --gamma 0 was refused)
+
+
 def _load_models(args: argparse.Namespace, spec: DraftSpec) -> tuple[Drafter | None, Model]:
     """The drafter (None with --gamma 0) and the model whose tokenizer encodes prompts and
     decodes answers: the draft's, or --checkpoint's tokenizer (the verifier's target)."""
     if spec.speculative:
         drafter = load_drafter(args.draft, args.quantize, spec)
         text_model = drafter.model
-    else:  # --gamma 0, speculation off: nothing drafts; the draft's tokenizer only
-        drafter, text_model = None, load(args.draft)
+    else:  # --gamma 0, speculation off: nothing drafts; only the target's tokenizer is
+        # used, on the tiny draft (loaded in a second) rather than the whole target
+        drafter, text_model = None, load(TINY[1])
     if args.checkpoint is not None and args.checkpoint != args.draft:
         tok = load_tokenizer(args.checkpoint)
         text_model = dataclasses.replace(text_model, tokenizer=tok, name=args.checkpoint)
@@ -163,8 +205,12 @@ async def _serve(args: argparse.Namespace, spec: DraftSpec) -> int:
     async with GrpcEndpoint(
         args.verifier, token=token, tls=args.tls, tls_ca=args.tls_ca, timeout_s=args.timeout_s
     ) as ep:
-        await check_verifier(ep, retry_s=args.resume_timeout_s, on_retry=lambda t: _say(t, "serve"))
-        drafter, text_model = _load_models(args, spec)
+        say = functools.partial(_say, command="serve")
+        await check_verifier(
+            ep, retry_s=args.resume_timeout_s, on_retry=say, on_wait=at_most_every(say)
+        )
+        await in_thread(resolve_models, args, spec, "serve")
+        drafter, text_model = await in_thread(_load_models, args, spec)
         name = args.checkpoint or args.draft
         backend = Backend(
             endpoint=ep,
@@ -199,8 +245,12 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
         args.verifier, token=token, tls=args.tls, tls_ca=tls_ca, timeout_s=args.timeout_s
     ) as ep:
         # The verifier first (seconds), then the draft model (tens of seconds).
-        await check_verifier(ep, retry_s=args.resume_timeout_s, on_retry=_say)
-        drafter, text_model = _load_models(args, spec)
+        await check_verifier(
+            ep, retry_s=args.resume_timeout_s, on_retry=_say, on_wait=at_most_every(_say)
+        )
+        # The pair (SmolLM2 fetched once) and the models, in threads a Ctrl-C does not wait for.
+        await in_thread(resolve_models, args, spec, "generate")
+        drafter, text_model = await in_thread(_load_models, args, spec)
         prompt, echo = prompt_from_args(text_model, args)
         model_settings = {}
         if args.chat is not None:  # the target's recommended sampling, where no flag says
@@ -219,6 +269,9 @@ async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
 
         def on_retry(error: Unavailable, retry_s: float) -> None:
             _say(retry_notice(args.verifier, error, retry_s))
+
+        if drafter is not None:  # its steps compile in a thread a Ctrl-C does not wait for
+            await in_thread(compile_drafter, drafter, [config], args.depth)
 
         # --gamma auto: each block's length from what this session measures (edge.adaptive).
         policy = AdaptiveGamma(spec.gamma, args.mode, args.depth) if spec.adaptive else None
@@ -281,6 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"python -m edge {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a model loading in a worker thread is not waited for
+        return exit_if_abandoned(interrupted(f"python -m edge {args.command}"))
 
 
 if __name__ == "__main__":

@@ -356,6 +356,33 @@ def retry_notice(target: str, error: Exception, retry_s: float) -> str:
     )
 
 
+def warming_words(stats: dict[str, Any]) -> str | None:
+    """`warming up: 5/9 batch shapes compiled` for the Stats of a verifier that is not
+    serving yet and says how far its warm-up is (`warming_done`/`warming_total`); None
+    when it serves, or tells no count (an older verifier, or none to compile)."""
+    done, total = int(stats.get("warming_done", 0)), int(stats.get("warming_total", 0))
+    if stats.get("serving", True) or total <= 0:
+        return None
+    return f"warming up: {done}/{total} batch shapes compiled"
+
+
+def at_most_every(
+    say: Callable[[str], None], every_s: float = 2.0, clock: Callable[[], float] = time.monotonic
+) -> Callable[[str], None]:
+    """`say`, passed on at most once per `every_s` seconds (the first at once): an
+    `on_wait` for `check_verifier` that prints lines, so a wait shows every ~2 s that it
+    moves without a line per retry."""
+    last = [float("-inf")]
+
+    def throttled(text: str) -> None:
+        now = clock()
+        if now - last[0] >= every_s:
+            last[0] = now
+            say(text)
+
+    return throttled
+
+
 async def check_verifier(
     endpoint: GrpcEndpoint,
     *,
@@ -363,6 +390,7 @@ async def check_verifier(
     backoff_s: float = 0.5,
     on_retry: Callable[[str], None] | None = None,
     serving: bool = True,
+    on_wait: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The verifier's Stats, asked before anything is loaded or compiled: one call proves it
     is reachable, accepts the endpoint's token (Stats is authenticated like every call) and
@@ -370,36 +398,51 @@ async def check_verifier(
 
     An unavailable or not-serving verifier is retried every `backoff_s` for `retry_s` seconds
     (a restart takes a while); `on_retry(notice)` hears once that it is retrying, why, and
-    until when (`retry_notice`). Raises the protocol error, its message naming the address:
+    until when (`retry_notice`); `on_wait(words)` hears at every later retry what it waits
+    for and for how long (`verifier H:P warming up: 5/9 batch shapes compiled; waited 12 s`), so a
+    screen can show the wait move. Raises the protocol error, its message naming the address:
     `Unavailable` ("verifier H:P unavailable (connection refused); gave up after 30 s"),
     `Unauthenticated` / `PermissionDenied` ("verifier H:P refused the token (...)"), or any
     other status the call ended with.
     """
-    target = endpoint.target
-    give_up = time.monotonic() + retry_s
-    told = False
+    t0, tries = time.monotonic(), 0
     reasons: list[str] = []  # each distinct reason, in order: the first is often the telling one
     while True:
-        try:
-            stats = await endpoint.stats()
-            if stats.get("serving", True) or not serving:
-                return stats
-            error: VerifierError = Unavailable("the verifier is not serving")
-        except Unavailable as e:
-            error = e
-        except (Unauthenticated, PermissionDenied) as e:
-            raise type(e)(f"verifier {target} refused the token ({e})") from None
-        except VerifierError as e:
-            err = type(e)(f"verifier {target}: {e}")
-            err.code = e.code
-            raise err from None
+        stats, error = await _stats_or_unavailable(endpoint, serving)
+        if error is None:
+            return stats
         if short_reason(error) not in reasons:
             reasons.append(short_reason(error))
-        if time.monotonic() + backoff_s > give_up:
+        if time.monotonic() + backoff_s > t0 + retry_s:
             gave_up = f"; gave up after {retry_s:g} s" if retry_s > 0 else ""
             why = reasons[0] + (f"; lately: {reasons[-1]}" if len(reasons) > 1 else "")
-            raise Unavailable(f"verifier {target} unavailable ({why}){gave_up}")
-        if not told and on_retry is not None:
-            on_retry(retry_notice(target, error, retry_s))
-        told = True
+            raise Unavailable(f"verifier {endpoint.target} unavailable ({why}){gave_up}")
+        if tries == 0 and on_retry is not None:
+            on_retry(retry_notice(endpoint.target, error, retry_s))
+        elif on_wait is not None:  # from the second retry on: the notice said the first
+            waited = time.monotonic() - t0
+            on_wait(f"verifier {endpoint.target} {short_reason(error)}; waited {waited:.0f} s")
+        tries += 1
         await asyncio.sleep(backoff_s)
+
+
+async def _stats_or_unavailable(
+    endpoint: GrpcEndpoint, serving: bool
+) -> tuple[dict[str, Any], VerifierError | None]:
+    """`check_verifier`'s one try: (the Stats, None) when it passes; ({}, why) when the
+    verifier is unavailable or (with `serving`) not serving, worth retrying; any other
+    error raised, its message naming the address."""
+    target = endpoint.target
+    try:
+        stats = await endpoint.stats()
+    except Unavailable as e:
+        return {}, e
+    except (Unauthenticated, PermissionDenied) as e:
+        raise type(e)(f"verifier {target} refused the token ({e})") from None
+    except VerifierError as e:
+        err = type(e)(f"verifier {target}: {e}")
+        err.code = e.code
+        raise err from None
+    if stats.get("serving", True) or not serving:
+        return stats, None
+    return {}, Unavailable(warming_words(stats) or "the verifier is not serving")

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
+import jax.numpy as jnp
 
 from edge.drafter import DraftBatch, Drafter, DrafterState
 from jaxspec.figures import AcceptanceFigures
@@ -73,20 +73,32 @@ class SessionTrace:
         return (t[-1] - self.start_time) / len(t) if t else 0.0
 
 
+@jax.jit
+def _row0(batch: DraftBatch) -> tuple:
+    """Row 0 of the drafter's batch in the block's layout: (start, tokens, q, ids, scale,
+    q16), q float32 as sampled; a float16 batch adds its float16 values, q / scale rounded to
+    float16 (exactly those values: `DraftBlock` checks that q is them times the scale)."""
+    q = batch.q
+    probs, ids, scale = (x if x is None else x[0] for x in (q.probs, q.ids, q.scale))
+    q16 = None if scale is None else (probs / scale[:, None]).astype(jnp.float16)
+    return batch.start[0], batch.tokens[0], probs, ids, scale, q16
+
+
 def _to_wire(batch: DraftBatch, session_id: str, epoch: int) -> DraftBlock:
     """Row 0 of the drafter's batch as the protocol's one block (q in its encoding's layout:
     `full` `[gamma, V]`, `sparse` ids + probabilities `[gamma, k]`, `onehot` none; a float16
-    `q_dtype` adds the scale of each draft, `[gamma]`)."""
-    q = batch.q
-    probs = None if q.encoding == "onehot" else np.asarray(q.probs[0], np.float64)
+    `q_dtype` adds the scale of each draft, `[gamma]`): one device-to-host transfer for all of
+    it, q kept float32 (the values sampled from, which the wire sends as they are)."""
+    start, tokens, probs, ids, scale, q16 = jax.device_get(_row0(batch))
     return DraftBlock(
         session_id=session_id,
         epoch=epoch,
-        start=int(batch.start[0]),
-        tokens=tuple(int(t) for t in np.asarray(batch.tokens[0])),
+        start=int(start),
+        tokens=tokens,
         q=probs,
-        q_ids=np.asarray(q.ids[0]) if q.encoding == "sparse" else None,
-        q_scale=None if q.scale is None else np.asarray(q.scale[0], np.float32),
+        q_ids=ids,
+        q_scale=scale,
+        q16=q16,
     )
 
 

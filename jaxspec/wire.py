@@ -2,10 +2,12 @@
 
 Both transports' ends (the gRPC server in `verify`, the client in `edge`) and the wire-cost
 benchmark convert here, so a field means the same thing everywhere. Decoding checks what the
-message layout itself can get wrong (unknown enum values, a q that is not `n x something`, a
-float16 q that is not whole float16 values with one finite positive scale per draft) and
-builds the protocol's validated types (`SamplingSettings`, `DraftSpec`): the wire is a trust
-boundary, and a config off it is checked as it is made, as one made in-process is.
+message layout itself can get wrong (unknown enum values, a q that is not `n x something` or
+comes in two forms, a float16 q that is not whole float16 values with one scale per draft)
+and builds the protocol's validated types (`SamplingSettings`, `DraftSpec`, `DraftBlock`,
+whose q values are checked as the block is made): the wire is a trust boundary, and what
+comes off it is checked as it is made, once, as what is made in-process is. q itself crosses
+as packed bytes (`q_f32`, `q_f16`), read and written in place, never value by value.
 Everything that needs the session or the model (vocabulary, gamma limits, epochs) is the
 scheduler's to check, with the same errors as in-process.
 """
@@ -26,8 +28,6 @@ from jaxspec.protocol import (
     SessionConfig,
     SessionInfo,
     VerifyResult,
-    q_from_f16,
-    q_to_f16,
 )
 
 _MODES = {pb.MODE_UNSPECIFIED: "sync", pb.MODE_SYNC: "sync", pb.MODE_PIPELINED: "pipelined"}
@@ -42,7 +42,9 @@ _Q_DTYPES = {
     pb.Q_DTYPE_FLOAT32: "float32",
     pb.Q_DTYPE_FLOAT16: "float16",
 }
-_F16 = np.dtype("<f2")  # q_f16: little-endian float16, whatever the machine's byte order
+# q_f16, q_f32: little-endian float16 / float32, whatever the machine's byte order
+_F16 = np.dtype("<f2")
+_F32 = np.dtype("<f4")
 
 
 def _enum(value: int, table: dict[int, str], what: str) -> str:
@@ -127,16 +129,16 @@ def info_from_proto(m: pb.OpenSessionResponse) -> SessionInfo:
 
 
 def block_to_proto(b: DraftBlock) -> pb.DraftBlock:
-    """q travels as float32 (what the drafter computes in), row-major; a block with `q_scale`
-    (a float16 session) sends q as float16 values + the scales instead (`q_f16`, `q_scale`),
-    refusing (`InvalidArgument`) a q that is not exactly such values times its scales."""
+    """q travels as packed little-endian float32 (`q_f32`, row-major: the very values the
+    edge sampled from, one copy into bytes); a float16 block (one with `q_scale`) sends its
+    float16 values `q16` and the scales instead (`q_f16`, `q_scale`). The block was checked
+    as it was made, so nothing is checked or converted value by value here."""
     ids = () if b.q_ids is None else np.asarray(b.q_ids, np.int32).ravel()
-    q: dict = {"q": () if b.q is None else np.asarray(b.q, np.float32).ravel()}
-    if b.q_scale is not None:
-        if b.q is None:
-            raise InvalidArgument("a block with q_scale needs q")
-        scale = np.asarray(b.q_scale, np.float32)
-        q = {"q_f16": q_to_f16(b.q, scale).astype(_F16).tobytes(), "q_scale": scale}
+    q: dict = {}
+    if b.q16 is not None:
+        q = {"q_f16": b.q16.astype(_F16, copy=False).tobytes(), "q_scale": b.q_scale}
+    elif b.q is not None:
+        q = {"q_f32": b.q.astype(_F32, copy=False).tobytes()}
     return pb.DraftBlock(
         session_id=b.session_id, epoch=b.epoch, start=b.start, tokens=b.tokens, q_ids=ids, **q
     )
@@ -150,35 +152,49 @@ def _rows(values, n: int, dtype, what: str) -> np.ndarray | None:
     return np.asarray(values, dtype).reshape(n, -1)
 
 
-def _f16_q(m: pb.DraftBlock, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """(q, q_scale) of a block: float32 `q` as sent (no scale), or rebuilt from `q_f16` and
-    `q_scale` exactly as the edge computed it (`jaxspec.protocol.q_from_f16`)."""
+def _packed(raw: bytes, dtype: np.dtype, what: str) -> np.ndarray:
+    """The values of a packed field (`q_f32`, `q_f16`), read in place (no copy)."""
+    if len(raw) % dtype.itemsize:
+        raise InvalidArgument(f"{what} holds {len(raw)} bytes: not {dtype.name} values")
+    return np.frombuffer(raw, dtype)
+
+
+def _q_fields(m: pb.DraftBlock, n: int) -> dict:
+    """The block's q as `DraftBlock` fields, from whichever one form the message carries:
+    `q_f32` (packed float32: what clients send), `q` (repeated float: clients before
+    `q_f32`), or `q_f16` + `q_scale` (float16 sessions; the block rebuilds q from them
+    exactly as the edge computed it, `jaxspec.protocol.q_from_f16`)."""
+    there = {
+        "q": len(m.q) > 0,
+        "q_f32": bool(m.q_f32),
+        "q_f16": bool(m.q_f16) or len(m.q_scale) > 0,
+    }
+    if sum(map(bool, there.values())) > 1:
+        forms = " and ".join(f for f, x in there.items() if x)
+        raise InvalidArgument(f"a block carries one of q, q_f32, q_f16 + q_scale, not {forms}")
+    if m.q_f32:
+        return {"q": _rows(_packed(m.q_f32, _F32, "q_f32"), n, _F32, "q_f32")}
     if not m.q_f16 and not len(m.q_scale):
-        return _rows(m.q, n, np.float32, "q"), None
-    if len(m.q):
-        raise InvalidArgument("a block carries q or q_f16 + q_scale, not both")
+        return {"q": _rows(m.q, n, np.float32, "q")}
     if not m.q_f16 or not len(m.q_scale):
         raise InvalidArgument("q_f16 and q_scale travel together")
-    if len(m.q_f16) % _F16.itemsize:
-        raise InvalidArgument(f"q_f16 holds {len(m.q_f16)} bytes: not float16 values")
-    q16 = _rows(np.frombuffer(m.q_f16, _F16), n, np.float16, "q_f16")
+    q16 = _rows(_packed(m.q_f16, _F16, "q_f16"), n, _F16, "q_f16")
     if len(m.q_scale) != n:
         raise InvalidArgument(f"q_scale holds {len(m.q_scale)} values: not one per draft ({n})")
-    scale = np.asarray(m.q_scale, np.float32)
-    return q_from_f16(q16, scale), scale
+    return {"q16": q16, "q_scale": np.asarray(m.q_scale, np.float32)}
 
 
 def block_from_proto(m: pb.DraftBlock) -> DraftBlock:
+    """The message's `DraftBlock`: made (and so checked, once: `DraftBlock`) from the form
+    its q came in; `InvalidArgument` for a layout that is not n rows or for bad values."""
     n = len(m.tokens)
-    q, scale = _f16_q(m, n)
     return DraftBlock(
         session_id=m.session_id,
         epoch=m.epoch,
         start=m.start,
         tokens=tuple(m.tokens),
-        q=q,
         q_ids=_rows(m.q_ids, n, np.int64, "q_ids"),
-        q_scale=scale,
+        **_q_fields(m, n),
     )
 
 

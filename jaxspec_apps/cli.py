@@ -19,15 +19,18 @@ Every command checks its arguments before it loads a model (exit status 2 on a b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
@@ -50,15 +53,18 @@ from jaxspec_host.flags import (
     add_sampling_flags,
     check_args,
     prompt_from_args,
+    refuse_draft_without_speculation,
     refuse_shadowed_package,
     said_from_model,
     sampling_from_args,
     use_compilation_cache,
 )
+from jaxspec_host.worker import exit_if_abandoned
 
 
 def _generate(args: argparse.Namespace) -> int:
     spec = check_args(args)  # every flag, before the checkpoints load (tens of seconds)
+    refuse_draft_without_speculation(args)  # --gamma 0 is plain decoding: no draft
     use_compilation_cache(args)
     model = jaxspec.load(args.checkpoint)
     settings = jaxspec.generation_defaults(args.checkpoint) if args.chat is not None else {}
@@ -124,6 +130,34 @@ def choose_colocated_gamma(
     return choice.gamma, choice.describe()
 
 
+@contextlib.contextmanager
+def _pull_progress() -> Iterator[hub.Progress]:
+    """`jaxspec pull`'s progress callback: in a terminal, bars (drawn at each call) under a
+    row whose clock runs until the end, so it moves between stages too; otherwise lines
+    (`demo.StageLines`: each stage, at most one line per 2 s, and the last words again every
+    2 s with the seconds since the start while no call comes), since rich draws bars only
+    at the end when nothing is a terminal."""
+    console = Console()
+    if not console.is_terminal:
+        lines = demo.StageLines(lambda text: print(f"jaxspec pull: {text}", flush=True))
+        with lines.ticking():
+            yield lines
+        return
+    columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(TextColumn("{task.description}"), *columns, console=console) as bar:
+        overall = bar.add_task("jaxspec pull", total=None)
+        tasks: dict[str, TaskID] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+            bar.refresh()  # drawn now, not at the next tick of a thread the work may starve
+
+        yield progress
+        bar.update(overall, total=1, completed=1)  # its clock stops: done
+
+
 def _pull(args: argparse.Namespace) -> int:
     """Fetch and convert a model; for a model with a quantized copy (SmolLM2: its W4A16 self-
     draft), build that too, so the first demo or bench does not wait for it."""
@@ -134,16 +168,7 @@ def _pull(args: argparse.Namespace) -> int:
     if spec is None:
         spec = copy.base
     copies = [copy] if copy else [c for c in hub.COPIES.values() if c.base == spec]
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
-    ) as bar:
-        tasks: dict[str, int] = {}
-
-        def progress(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total)
-            bar.update(tasks[stage], completed=done, total=total)
-
+    with _pull_progress() as progress:
         if hub.is_pulled(spec):
             print(f"{spec.aliases[0]}: already in {hub.model_dir(spec)}")
         else:
@@ -202,7 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_max_new_tokens(g, 64)
     add_sampling_flags(g, from_model=True)
     add_penalty_flags(g)
-    g.add_argument("--draft", default=None, help="draft checkpoint: speculative decoding")
+    g.add_argument(
+        "--draft",
+        default=None,
+        help="draft checkpoint: speculative decoding (not with --gamma 0, which is plain decoding)",
+    )
     add_draft_flags(
         g,
         mode="sync",
@@ -262,10 +291,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return shadowed
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
     except (ValueError, OSError) as e:  # CheckpointError is a ValueError
         print(f"jaxspec {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        code = 2
+    # Ctrl-C while the demo's draft was loading or compiling: exit now, not at its end.
+    return exit_if_abandoned(code)
 
 
 if __name__ == "__main__":

@@ -250,8 +250,13 @@ def sampling_from_args(
 
 def said_from_model(args: argparse.Namespace, model_settings: Mapping[str, float]) -> str:
     """What `sampling_from_args(args, model_settings)` takes from the model, in words ("" when
-    nothing), e.g. "temperature 0.2, top_p 0.9 from the model's generation settings"."""
-    taken = [f"{dest} {value:g}" for dest, value in _from_model(args, model_settings).items()]
+    nothing), e.g. "temperature 0.2, top_p 0.9 from the model's generation settings". Only
+    settings that apply are said: when decoding is greedy (temperature 0, given or taken),
+    the truncation settings (top_k, top_p) change nothing and go unsaid."""
+    taken = _from_model(args, model_settings)
+    if sampling_from_args(args, model_settings).temperature == 0:
+        taken = {k: v for k, v in taken.items() if k not in ("top_k", "top_p", "min_p")}
+    taken = [f"{dest} {value:g}" for dest, value in taken.items()]
     return f"{', '.join(taken)} from the model's generation settings" if taken else ""
 
 
@@ -373,6 +378,25 @@ def check_args(args: argparse.Namespace) -> DraftSpec:
         if value < 1:
             raise ValueError(f"--{dest.replace('_', '-')} must be >= 1, got {value}")
     return draft_spec_from_args(args)
+
+
+def refuse_draft_without_speculation(args: argparse.Namespace) -> None:
+    """`--gamma 0` means one thing in every command: speculation off, plain target decoding
+    (on the edge, empty blocks the verifier answers with one token each). A `--draft` given
+    with it would be loaded for nothing, or silently ignored: a ValueError naming both
+    flags. Commands whose `--draft` defaults to None call this (None: not given)."""
+    draft = getattr(args, "draft", None)
+    if getattr(args, "gamma", None) == 0 and draft is not None:
+        raise ValueError(
+            f"--draft {draft} with --gamma 0: --gamma 0 turns speculation off (plain target "
+            "decoding), so nothing drafts; drop --draft, or give --gamma 1 or more"
+        )
+
+
+def interrupted(command: str) -> int:
+    """A command stopped by Ctrl-C: one line on stderr, exit status 130 (128 + SIGINT)."""
+    print(f"{command}: interrupted", file=sys.stderr, flush=True)
+    return 130
 
 
 def add_cache_flag(parser: argparse.ArgumentParser) -> None:

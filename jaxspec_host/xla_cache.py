@@ -19,7 +19,10 @@ from collections.abc import Mapping
 
 import jax
 
+from jaxspec import trace_cache
+
 log = logging.getLogger("jaxspec_host.xla_cache")
+TRACES = "traces"  # the subdirectory of saved traces (jaxspec.trace_cache)
 
 
 def compilation_cache_dir(flag: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
@@ -49,6 +52,7 @@ def configure_compilation_cache(path: str | None) -> str | None:
             log.warning("compilation cache %s is unusable (%s): compiling without it", path, e)
             path = None
     jax.config.update("jax_enable_compilation_cache", path is not None)
+    trace_cache.configure(None if path is None else pathlib.Path(path) / TRACES)
     if path is not None:
         jax.config.update("jax_compilation_cache_dir", path)
         if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:

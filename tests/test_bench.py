@@ -493,3 +493,44 @@ def test_sections_and_settings_are_checked_before_anything_runs(tmp_path):
     )  # fmt: skip
     assert (p.gammas, p.rtts_ms, p.fleet_seconds) == ((2, 4), (0, 20), 20.0)
     assert (p.int4_offset, p.real_prompt_tokens, p.modes) == (True, None, ("sync",))
+
+
+def test_the_two_process_section_pins_both_sides_and_predicts(checkpoints, tmp_path):
+    """`--pairs real --sections two_process` on the tiny pair: a verifier process and an edge
+    process (pinned where 2 cores are free), every mode timed at each RTT with its model's
+    prediction, the same greedy tokens in every session, its block and plot written."""
+    (tmp_path / "BENCHMARKS.md").write_text("# Benchmarks\n\n## Reproduce\n")
+    argv = ["--profile", "tiny", "--pairs", "real", "--sections", "two_process"]
+    argv += ["--real-target", checkpoints["target"], "--real-draft", checkpoints["draft"]]
+    assert _bench([*argv, "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "bench" / "two_process.json").read_text())
+    assert [row["rtt_ms"] for row in r["rows"]] == [0, 50] and not r["tokens_differ"]
+    assert r["t_d"] > 0 and r["t_v"] > 0
+    for row in r["rows"]:
+        for mode in ("pipelined", "sync"):
+            assert row[mode] > 0 and row[f"predicted_{mode}"] > 0
+            assert row[f"{mode}_vs_model"] == row[mode] / row[f"predicted_{mode}"]
+        assert row["edge_over_cloud_ar"] == row["cloud_ar"] / row["pipelined"]
+    # The model's sync time grows by exactly the RTT difference over E[A] (same alpha).
+    r0, r50 = r["rows"]
+    if r0["sync_alpha"] == r50["sync_alpha"]:
+        e_a = proofs_latency.expected_tokens(r0["sync_alpha"], 4)
+        assert abs((r50["predicted_sync"] - r0["predicted_sync"]) - 0.050 / e_a) < 1e-9
+    assert r["pipelined_vs_model"] == r50["pipelined_vs_model"]
+    assert "## Two processes" in (tmp_path / "BENCHMARKS.md").read_text()
+    assert (tmp_path / "bench" / "two_process.png").stat().st_size > 1000
+
+
+def test_the_round_profile_section_buckets_each_modes_time(checkpoints, tmp_path):
+    """`--pairs real --sections round_profile` on the tiny pair: every mode's time per token
+    and its profiled time in buckets that add up to at most the whole run."""
+    argv = ["--profile", "tiny", "--pairs", "real", "--sections", "round_profile"]
+    argv += ["--real-target", checkpoints["target"], "--real-draft", checkpoints["draft"]]
+    assert _bench([*argv, "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "bench" / "round_profile.json").read_text())
+    assert set(r["modes"]) == {"plain", "colocated", "edge sync", "edge pipelined"}
+    for m in r["modes"].values():
+        assert m["s_per_token"] > 0 and m["top"]
+        assert 0.5 < sum(m["shares"].values()) <= 1.0 + 1e-9
+        assert m["shares"]["device"] > 0  # the model's compute is waited for somewhere
+    assert "## Where a round's time goes" in (tmp_path / "BENCHMARKS.md").read_text()

@@ -104,6 +104,7 @@ def ids(text: str) -> list[int]:
 
 def test_events_build_the_text_in_styles_and_count_alpha():
     v = TenantView(index=0, prompt_text="ab", decode=chars, max_new_tokens=16)
+    v.command_t = -5.0  # the command started 5 s before the session (fetching, compiling)
     v.start_sample(ids("ab"), now=0.0)
     v.on_event("draft", ids("cdef"), now=0.1)
     v.on_event("draft", ids("ghij"), now=0.1)  # pipelined: a second block in flight
@@ -128,6 +129,7 @@ def test_events_build_the_text_in_styles_and_count_alpha():
     assert v.figures.acceptance_rate == pytest.approx(6 / 8)  # the stale block was never verified
     assert (v.figures.rounds, v.rejections, v.stale) == (2, 1, 1)
     assert v.ttft_s == [1.0]  # from the session's start to the first commit
+    assert v.first_token_s == 6.0  # from the command's start: what the user waited
     assert v.tokens_per_s == pytest.approx(5 / 1.0)  # after the first commit (compilation)
     assert v.inter_token_latency_s == pytest.approx(1.0 / 5)
     v.on_event("draft", ids("pq"), now=2.1)
@@ -259,7 +261,8 @@ def test_arguments_are_checked():
     assert (d.tenants, d.mode, d.warmup, d.verifier) == (3, "pipelined", True, None)
     for bad, message in (
         (["--tenants", "0"], "--tenants"),
-        (["--gamma", "0"], "gamma"),
+        (["--gamma", "17"], "gamma"),
+        (["--gamma", "0", "--draft", "default-draft"], "--draft default-draft with --gamma 0"),
         (["--rtt-ms", "-1"], "--rtt-ms"),
         (["--prompt", ""], "--prompt"),
         (["--temperature", "-1"], "temperature"),
@@ -389,7 +392,48 @@ def test_demo_runs_tenants_against_a_real_verifier_on_an_80x24_screen():
     assert steps and int(steps.group(1)) > 0, text
     assert state.baseline  # the verifier's figures as the tenants began
     assert "done" in rows[0]
+    # Times count from the command's start (here this test process's): the first token
+    # came after the verifier served, and the run's elapsed time covers this whole call.
+    assert 0 < state.serving_s < state.elapsed_s()
+    assert state.elapsed_s() >= took
+    for v in state.tenants:
+        assert state.serving_s <= v.first_token_s <= state.elapsed_s()
+        assert v.first_token_s >= v.ttft_s[0]  # the session opened after the command began
+    shown = [float(x) for x in re.findall(r"TTFT (\d+\.\d) s", text)]
+    assert len(shown) == 2 and all(x >= round(state.serving_s, 1) for x in shown), text
+    header = re.search(r"done · (\d+\.\d) s", rows[0])
+    assert header and float(header.group(1)) >= max(shown), rows[0]
+    report = Console(file=io.StringIO(), width=80, record=True)
+    report.print(summary(state))
+    out = report.export_text()
+    head = next(line for line in out.splitlines() if line.strip().startswith("tenant "))
+    assert "TTFT s  sess s" in head and "…" not in head, out  # every label whole in 80 columns
+    assert "times from the command's start: verifier serving after" in out
     print(f"\n{text}\n[{took:.1f} s]")
+
+
+def test_gamma_0_tenants_decode_through_the_verifier_without_a_draft():
+    """`--gamma 0` is speculation off, as everywhere: no draft is loaded, every tenant sends
+    empty blocks and the verifier decodes one token a round (no draft counted)."""
+    console = Console(file=io.StringIO(), width=80, height=24)
+    args = demo_args("--gamma", "0", "--tenants", "1", "--tokens", "12", "--rtt-ms", "0",
+                     "--jitter-ms", "0")  # fmt: skip
+    result = run(args, console, live=False)
+    assert not result.interrupted and result.errors == [], result.errors
+    assert args.draft is None  # nothing drafted, nothing loaded as a draft
+    (view,) = result.state.tenants
+    assert view.status == "done" and view.new_tokens > 0
+    assert view.figures.num_drafts == 0
+
+
+def test_a_prompt_too_long_for_the_context_fails_at_once_naming_the_limit():
+    """Prompt + --max-new-tokens past the model's context: a ValueError naming the limit
+    (the CLI's exit status 2) once the draft has loaded, before any tenant starts, and the
+    spawned verifier stopped; not a tenant's DEADLINE_EXCEEDED minutes later."""
+    console = Console(file=io.StringIO(), width=80, height=24)
+    args = demo_args("--tenants", "1", "--tokens", "600")  # the tiny pair's context: 512
+    with pytest.raises(ValueError, match=r"= 6\d\d exceeds .*max_position_embeddings = 512"):
+        run(args, console, live=False)
 
 
 CTRL_C_SCENARIO = """
@@ -593,3 +637,41 @@ def test_offline_the_demo_falls_back_to_the_tiny_pair_in_one_line(monkeypatch, t
     assert notice.endswith("; running the shipped tiny pair") and "\n" not in notice
     assert (args.checkpoint, args.draft, args.chat) == ("default", "default-draft", False)
     assert not any(tmp_path.glob("models/smollm2*"))  # nothing half-written
+
+
+class _Clock:
+    """A loop stand-in for `_StartupWords`: only `time()`, set by hand."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def time(self) -> float:
+        return self.t
+
+
+def test_start_up_words_count_a_named_verifiers_warm_up_and_move_every_two_seconds():
+    """A `--verifier` warming up: its Stats' count in the words (what a spawned verifier's
+    log gives); without a terminal the same words come again every 2 s with the seconds
+    since the command started, and a new text at once."""
+    from jaxspec_apps.demo._run import _StartupWords, _warming
+
+    assert _warming({"serving": False, "warming_done": 3, "warming_total": 9}) == (3, 9)
+    assert _warming({"serving": True, "warming_done": 9, "warming_total": 9}) is None
+    state = DemoState(settings=DemoSettings(spawned=False), tenants=[], started_t=0.0)
+    heard: list[str] = []
+    clock = _Clock()
+    words = _StartupWords(state, clock, heard.append)
+    words.remote = (3, 9)
+    words.starting("loading the W4A16 draft")
+    assert state.detail == (
+        "loading the W4A16 draft; the verifier is compiling its batch shapes 3/9…"
+    )
+    assert heard == [state.detail]  # a new text: at once, as it is
+    for t in (0.5, 1.0, 1.5, 2.0, 2.5, 4.0):
+        clock.t = t
+        words.starting(tick=True)
+    assert len(heard) == 3 and all(h.startswith(state.detail) for h in heard[1:])
+    assert [re.search(r"\((\d+) s\)$", h) is not None for h in heard[1:]] == [True, True]
+    words.remote = None  # serving now: no count
+    words.starting("compiling the draft model")
+    assert heard[-1] == "compiling the draft model…"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import shutil
 import socket
 import subprocess
@@ -17,7 +18,13 @@ import sys
 
 import pytest
 
-from edge.client import check_verifier, retry_notice, short_reason
+from edge.client import (
+    at_most_every,
+    check_verifier,
+    retry_notice,
+    short_reason,
+    warming_words,
+)
 from edge.session import run_session
 from jaxspec.protocol import DraftSpec, SessionConfig, Unauthenticated, Unavailable
 from jaxspec_host.flags import add_draft_flags, add_sampling_flags, check_args
@@ -177,6 +184,38 @@ def test_check_verifier_retries_says_so_once_then_answers_or_gives_up():
         asyncio.run(check_verifier(_FlakyStats(warming)))
     # Reachability and the token only (the demo, before it loads): warming up passes.
     assert asyncio.run(check_verifier(_FlakyStats(warming), serving=False)) == warming
+
+
+def test_check_verifier_says_how_far_the_warm_up_is_while_it_waits():
+    """A verifier that is warming up tells its count in Stats: the notice, every later
+    wait's words (with the time waited) and the final error say it; an older verifier (no
+    count) keeps the general words."""
+    heard: list[str] = []
+    waits: list[str] = []
+    warm = [{"serving": False, "warming_done": d, "warming_total": 9} for d in (0, 3, 5)]
+    stats = asyncio.run(
+        check_verifier(
+            _FlakyStats(*warm), retry_s=5, backoff_s=0.01, on_retry=heard.append,
+            on_wait=waits.append,
+        )
+    )  # fmt: skip
+    assert stats["steps"] == 7
+    assert heard == [heard[0]] and "(warming up: 0/9 batch shapes compiled)" in heard[0]
+    target = _FlakyStats.target
+    assert [re.sub(r"waited \d+ s$", "waited N s", w) for w in waits] == [
+        f"verifier {target} warming up: 3/9 batch shapes compiled; waited N s",
+        f"verifier {target} warming up: 5/9 batch shapes compiled; waited N s",
+    ]
+    with pytest.raises(Unavailable, match=r"\(warming up: 5/9 batch shapes compiled\)$"):
+        asyncio.run(check_verifier(_FlakyStats(warm[2])))
+    assert warming_words({"serving": True, "warming_done": 3, "warming_total": 9}) is None
+    assert warming_words({"serving": False}) is None  # an older verifier: no count
+    clock = iter([0.0, 1.0, 2.5, 3.0, 4.6]).__next__
+    said: list[str] = []
+    say = at_most_every(said.append, 2.0, clock)
+    for word in "abcde":
+        say(word)
+    assert said == ["a", "c", "e"]  # at once, then at most one per 2 s
 
 
 def test_short_reasons_and_the_retry_notice():

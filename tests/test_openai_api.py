@@ -108,7 +108,7 @@ def stack(tmp_path_factory):
         server = HttpServer(
             "edge",
             [
-                "--verifier", verifier.address, "--port", "0", "--api-key", KEY,
+                "--verifier", verifier.address, "--pair", "tiny", "--port", "0", "--api-key", KEY,
                 "--served-model-name", MODEL, "--chat-template", str(template),
                 "--max-new-tokens", "12", "--timeout-s", str(WAIT_S),
             ],
@@ -155,7 +155,8 @@ def _post(url: str, path: str, body: bytes, key: str | None = KEY) -> http.clien
 
 def _edge_generate(capsys, address: str, *flags: str) -> str:
     """What `python -m edge generate` prints for PROMPT (its answer, the prompt's echo cut)."""
-    argv = ["generate", "--verifier", address, "--prompt", PROMPT, "--max-new-tokens", "12"]
+    argv = ["generate", "--verifier", address, "--pair", "tiny", "--prompt", PROMPT]
+    argv += ["--max-new-tokens", "12"]
     capsys.readouterr()
     assert edge_main.main([*argv, "--timeout-s", str(WAIT_S), *flags]) == 0
     out = capsys.readouterr().out

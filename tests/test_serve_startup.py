@@ -33,7 +33,7 @@ from verify.serve import bind, insecure_public_reason, is_loopback
 from verify.tenants import Tenant, Tenants, token_sha256
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SERVE = [sys.executable, "-m", "verify", "serve"]
+SERVE = [sys.executable, "-m", "verify", "serve", "--pair", "tiny"]  # never SmolLM2 here
 
 
 def serve(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
@@ -118,7 +118,7 @@ def test_not_serving_while_warming_up_and_sigterm_stops_the_warm_up():
     """The real command: "listening" printed at once, then health NOT_SERVING and
     OpenSession UNAVAILABLE "warming up" while the shipped target's 49 shapes compile (the
     cache off, so they do compile); SIGTERM then ends it after the shape in progress."""
-    server = VerifierProcess(["--compilation-cache", "none"], port=h.free_port())
+    server = VerifierProcess(["--pair", "tiny", "--compilation-cache", "none"], port=h.free_port())
     with server:
         deadline = time.monotonic() + 120
         while "jaxspec verifier listening on" not in server.log:
@@ -135,6 +135,8 @@ def test_not_serving_while_warming_up_and_sigterm_stops_the_warm_up():
             pb_grpc.VerifierStub(ch).OpenSession(wire.config_to_proto(h.config()), timeout=10)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "warming up" in e.value.details()
+        stats = pb_grpc.VerifierStub(ch).Stats(pb.StatsRequest(), timeout=10)  # answers now
+        assert not stats.serving and stats.warming_total == 49 and stats.warming_done < 49
         assert "jaxspec verifier serving" not in server.log  # still warming up
         server.signal(signal.SIGTERM)
         assert server.proc.wait(120) == 0, server.log_tail()
@@ -211,12 +213,22 @@ def test_bound_server_answers_warming_up_until_ready_then_closes_idempotently():
                     assert "warming up" in e.value.details()
                 stats = await stub.Stats(pb.StatsRequest(), metadata=md("alice"))
                 assert not stats.serving and stats.sessions == 0
+                assert (stats.warming_done, stats.warming_total) == (0, 0)  # nothing reported
+                server.warming(0, 4)
+                server.warming(1, 4)  # what the warm-up reports, shape by shape
+                stats = await stub.Stats(pb.StatsRequest(), metadata=md("bob"))
+                assert (stats.warming_done, stats.warming_total) == (1, 4)
+                assert not stats.serving
+                for bad in ((5, 4), (-1, 4)):
+                    with pytest.raises(ValueError, match="done <= total"):
+                        server.warming(*bad)
 
                 verifier = tiny_verifier(config)
                 await server.ready(verifier)
                 reply = await health.Check(health_pb2.HealthCheckRequest())
                 assert reply.status == health_pb2.HealthCheckResponse.SERVING
-                assert (await stub.Stats(pb.StatsRequest(), metadata=md("alice"))).serving
+                stats = await stub.Stats(pb.StatsRequest(), metadata=md("alice"))
+                assert stats.serving and (stats.warming_done, stats.warming_total) == (1, 4)
 
                 # Sessions opened in the scheduler directly: no prefill, nothing compiles.
                 core = h.config(prompt=(1, 2), gamma=2)
@@ -240,6 +252,13 @@ def test_bound_server_answers_warming_up_until_ready_then_closes_idempotently():
             for s in m.samples
             if s.name == "jaxspec_rejected_requests_total"
         }
+        warm = {
+            s.name: s.value
+            for m in server.service.metrics.registry.collect()
+            for s in m.samples
+            if s.name.startswith("jaxspec_warmup")
+        }
+        assert warm == {"jaxspec_warmup_shapes_compiled": 1, "jaxspec_warmup_shapes": 4}
         return rejected
 
     rejected = asyncio.run(go())
@@ -311,6 +330,9 @@ def test_serves_after_the_first_bucket_and_compiles_the_rest_in_the_background(t
         while "fully warm" not in server.log:
             assert server.alive() and time.monotonic() < deadline, server.log_tail()
             time.sleep(0.1)
+        with grpc.insecure_channel(address) as ch:
+            stats = pb_grpc.VerifierStub(ch).Stats(pb.StatsRequest(), timeout=10)
+        assert (stats.warming_done, stats.warming_total) == (4, 4)  # counted past "serving"
     log = server.log
     assert "warming up: 4 shapes, serving after the first 2" in log
     before = log[: log.index("jaxspec verifier serving")]

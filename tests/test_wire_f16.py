@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -174,12 +174,21 @@ def test_float16_q_round_trips_bit_for_bit(bits, scale):
     q = q_from_f16(q16, scales)
     assert q.dtype == np.float32
     np.testing.assert_array_equal(q_to_f16(q, scales).view(np.uint16), bits)
-    block = DraftBlock(session_id="s", epoch=1, start=9, tokens=(0,) * n, q=q, q_scale=scales)
-    m_pb = wire.block_to_proto(block)
-    assert not len(m_pb.q) and len(m_pb.q_f16) == 2 * n * m and len(m_pb.q_scale) == n
-    got = wire.block_from_proto(pb.DraftBlock.FromString(m_pb.SerializeToString()))
-    np.testing.assert_array_equal(got.q.view(np.uint32), q.view(np.uint32))
-    np.testing.assert_array_equal(got.q_scale.view(np.uint32), scales.view(np.uint32))
+    # As a block, each row a distribution: scaled by 1 / its float32 sum, as the edge does.
+    values = q16.astype(np.float32)
+    assume(np.all(values.max(axis=1) > 0))
+    norm = (np.float32(1) / values.sum(axis=1)).astype(np.float32)
+    q = q_from_f16(q16, norm)
+    tokens = tuple(values.argmax(axis=1).tolist())
+    made = dict(session_id="s", epoch=1, start=9, tokens=tokens, q_scale=norm)
+    for block in (DraftBlock(q=q, **made), DraftBlock(q16=q16, **made)):  # either form given
+        m_pb = wire.block_to_proto(block)
+        assert not len(m_pb.q) and not m_pb.q_f32
+        assert len(m_pb.q_f16) == 2 * n * m and len(m_pb.q_scale) == n
+        got = wire.block_from_proto(pb.DraftBlock.FromString(m_pb.SerializeToString()))
+        np.testing.assert_array_equal(got.q.view(np.uint32), q.view(np.uint32))
+        np.testing.assert_array_equal(got.q16.view(np.uint16), bits)
+        np.testing.assert_array_equal(got.q_scale.view(np.uint32), norm.view(np.uint32))
 
 
 @settings(max_examples=20, deadline=None)
@@ -201,7 +210,7 @@ def test_drafted_float16_q_round_trips_and_halves_the_bytes(seed, spread, temper
         np.testing.assert_array_equal(got.q.view(np.uint32), block.q.view(np.uint32))
         if encoding == "sparse":
             np.testing.assert_array_equal(got.q_ids, block.q_ids)
-        f32 = wire.block_to_proto(dataclasses.replace(block, q_scale=None)).ByteSize()
+        f32 = wire.block_to_proto(dataclasses.replace(block, q_scale=None, q16=None)).ByteSize()
         assert wire.block_to_proto(block).ByteSize() < 0.6 * f32 + 16
 
 
@@ -214,7 +223,7 @@ class WireEndpoint:
 
     def __init__(self, inner):
         self.inner = inner
-        self.f16_bytes = self.f32_values = 0
+        self.f16_bytes = self.f32_bytes = 0
 
     async def open_session(self, config):
         raw = wire.config_to_proto(config).SerializeToString()
@@ -225,7 +234,7 @@ class WireEndpoint:
     async def verify(self, block):
         m = pb.DraftBlock.FromString(wire.block_to_proto(block).SerializeToString())
         self.f16_bytes += len(m.q_f16)
-        self.f32_values += len(m.q)
+        self.f32_bytes += 4 * len(m.q) + len(m.q_f32)
         r = await self.inner.verify(wire.block_from_proto(m))
         raw = wire.result_to_proto(r).SerializeToString()
         return wire.result_from_proto(pb.VerifyResult.FromString(raw))
@@ -271,7 +280,7 @@ def test_a_float16_session_equals_colocated_decoding(mode, encoding, temperature
     )  # fmt: skip
     assert trace.tokens == ref.tokens and len(trace.tokens) == NEW
     assert trace.figures.rounds > 0 and 0 < trace.figures.acceptance_rate < 1
-    assert ep.f16_bytes > 0 and ep.f32_values == 0  # q went up as float16 only
+    assert ep.f16_bytes > 0 and ep.f32_bytes == 0  # q went up as float16 only
 
 
 # ---- bad float16 payloads are INVALID_ARGUMENT ----------------------------------------------
@@ -306,6 +315,7 @@ BAD = {
     "infinite value": lambda m: _set_half(m, 0x7C00),
     "negative value": lambda m: _set_half(m, 0xBC00),
     "q as well": lambda m: m.q.extend([1.0 / V] * (2 * V)),
+    "q_f32 as well": lambda m: setattr(m, "q_f32", np.full(2 * V, 1 / V, "<f4").tobytes()),
     "values without scales": lambda m: m.ClearField("q_scale"),
     "scales without values": lambda m: m.ClearField("q_f16"),
 }
@@ -321,9 +331,10 @@ def test_malformed_float16_payloads_are_invalid_argument(what):
 
 
 def test_forms_that_are_not_the_sessions_are_invalid_argument():
-    """The verifier holds each session to its q dtype, and a float16 q to being one exactly
-    (in-process blocks too): wrong widths, a float32 q, a q that is not float16 values times
-    its scale, a q that does not sum to 1, and float16 q in a float32 session are refused."""
+    """Each session is held to its q dtype, and a float16 q to being one exactly (in-process
+    blocks too): a q that is not float16 values times its scale, or does not sum to 1, is
+    refused as the block is made; wrong widths, a float32 q in a float16 session and a
+    float16 q in a float32 session by the scheduler."""
     sched = scheduler()
     spec = DraftSpec(gamma=3, encoding="full", q_dtype="float16")
     f16 = sched.open(SessionConfig(prompt=PROMPT, draft=spec)).session_id
@@ -335,18 +346,21 @@ def test_forms_that_are_not_the_sessions_are_invalid_argument():
             return sched.submit(dataclasses.replace(block, session_id=sid))
 
         good = wire.block_from_proto(_valid())
-        bad = [
-            (f16, _valid(m=V // 2)),  # decodes (2 rows of 32) but is not [n, vocab]
-            (f16, dataclasses.replace(good, q_scale=None)),  # float32 q in a float16 session
-            (f16, dataclasses.replace(good, q_scale=np.full(2, 1.0001, np.float32))),
-            (f16, _valid(scale=2.0)),  # exact float16 form, but q sums to 2
-            (f32, good),  # a float16 q in a float32 session
+        f32_q = dict(q_scale=None, q16=None)
+        other_scale = np.full(2, 1.0001, np.float32)
+        bad = [  # each made inside the check: the block itself may refuse to be made
+            (f16, lambda: _valid(m=V // 2)),  # decodes (2 rows of 32) but is not [n, vocab]
+            (f16, lambda: dataclasses.replace(good, **f32_q)),  # float32 q, float16 session
+            (f16, lambda: dataclasses.replace(good, q16=None, q_scale=other_scale)),
+            (f16, lambda: dataclasses.replace(good, q_scale=other_scale)),  # q16 disagrees
+            (f16, lambda: _valid(scale=2.0)),  # exact float16 form, but q sums to 2
+            (f32, lambda: good),  # a float16 q in a float32 session
         ]
-        for sid, block in bad:
+        for sid, make in bad:
             with pytest.raises(InvalidArgument):
-                submit(sid, block)
+                submit(sid, make())
         assert submit(f16, good) > 0  # and the well-formed one is taken
-        assert submit(f32, dataclasses.replace(good, q_scale=None)) > 0
+        assert submit(f32, dataclasses.replace(good, **f32_q)) > 0
     finally:
         sched.close(f16)
         sched.close(f32)

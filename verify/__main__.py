@@ -1,8 +1,13 @@
 """`python -m verify serve`: the verifier service (start-up in verify/serve.py).
 
-    python -m verify serve --port 50051                        # default target, loopback, open
+    python -m verify serve --port 50051          # SmolLM2-135M-Instruct, loopback, open
+    python -m verify serve --pair tiny --port 50051           # the shipped tiny target, offline
     python -m verify serve --checkpoint ckpt --host 0.0.0.0 --port 443 \\
         --tenants tenants.toml --tls-cert cert.pem --tls-key key.pem --mesh data=4,model=2
+
+The target: `--checkpoint`, else `--pair` (jaxspec_host.pairs, as `jaxspec demo` and `python -m
+edge generate` choose): SmolLM2-135M-Instruct when it can be had (fetched once, said on stderr
+with the cache directory), else the shipped tiny target, said in one line.
 
 Start-up, in this order: flags are checked (a non-loopback `--host` without both `--tenants`
 and TLS is refused unless `--allow-insecure-public`), the port is bound (a busy one fails at
@@ -14,7 +19,11 @@ with the time so far; compiled executables go to JAX's persistent cache, see
 `--metrics-port`, the line goes on `, metrics on http://<metrics host>:<port>/metrics`; the
 metrics bind to loopback unless `--metrics-host` says otherwise, whatever `--host` is).
 SIGTERM (or Ctrl-C) drains: health NOT_SERVING, new sessions UNAVAILABLE, blocks already
-received answered, then exit 0 (during the warm-up: stop after the shape being compiled).
+received answered, then exit 0. During the start-up it exits at once (exit 0), not waiting for
+the load or the compilation in progress (a worker thread, abandoned; multi-host: the leader
+stops after the shape being compiled, which its followers compile too); a Ctrl-C before the
+port is bound (fetching SmolLM2, loading a target without a config.json) says "interrupted",
+exit 130.
 
 Multi-host (docs/multihost.md): `--coordinator host:port --num-processes N --process-id I` on
 each of N processes (`--coordinator auto`: JAX detects all three, e.g. on a TPU VM pod slice);
@@ -35,7 +44,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -46,11 +55,14 @@ from jaxspec.model import Model
 from jaxspec_host.flags import (
     HelpFormatter,
     add_cache_flag,
+    interrupted,
     port_arg,
     port_number,
     refuse_shadowed_package,
     use_compilation_cache,
 )
+from jaxspec_host.pairs import REAL_TARGET, add_pair_flag, choose_saying
+from jaxspec_host.worker import exit_if_abandoned, in_thread
 from verify import multihost
 from verify.local import LocalVerifier
 from verify.scheduler import (
@@ -125,9 +137,11 @@ def _add_listen_flags(s: argparse.ArgumentParser) -> None:
     """What is served, where, and to whom: the target, the address, tenants and TLS."""
     s.add_argument(
         "--checkpoint",
-        default="default",
-        help="HF checkpoint dir, .gguf file, or a name: default, smollm2 (fetched on first use)",
+        default=None,
+        help="HF checkpoint dir, .gguf file, or a name: smollm2 (fetched on first use), "
+        "default (the shipped tiny target); without it, --pair's target",
     )
+    add_pair_flag(s)
     s.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     s.add_argument(
         "--allow-insecure-public",
@@ -291,6 +305,16 @@ def _positions(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected positions like 256,512, got {text!r}") from None
 
 
+def resolve_target(args: argparse.Namespace) -> str:
+    """Fill `args.checkpoint` from `--pair` when not given (`jaxspec_host.pairs`: SmolLM2 when
+    it can be had, fetched once and said on stderr, else the tiny target, said in one line);
+    the checkpoint. The verifier needs no draft, so no W4A16 copy is built."""
+    if args.checkpoint is None:
+        pair = choose_saying(args.pair, lambda text: log.warning("%s", text), draft=False)
+        args.checkpoint = REAL_TARGET if pair.real else pair.target
+    return args.checkpoint
+
+
 def load_target(args: argparse.Namespace) -> Model:
     """The target the flags name (no tokenizer: the verifier works on token ids)."""
     return jaxspec.load(args.checkpoint, dtype=getattr(jnp, args.dtype), tokenizer=False)
@@ -337,6 +361,7 @@ def join(args: argparse.Namespace) -> multihost.Lockstep:
 def follow(args: argparse.Namespace, lockstep: multihost.Lockstep) -> int:
     """A follower process: no port; build the same scheduler, replay the leader's calls."""
     config = scheduler_config_from_args(args)
+    resolve_target(args)
     use_compilation_cache(args)
     print(
         f"jaxspec verifier follower {lockstep.process_id}/{lockstep.num_processes}: no gRPC "
@@ -389,6 +414,7 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
         log.warning("%s", overcommitted)
     cache = use_compilation_cache(args)
     log.info("compilation cache: %s", cache or "off")
+    resolve_target(args)  # after every flag's check: it may fetch SmolLM2 (once)
     model = None
     vocab = checkpoint_vocab(args.checkpoint)
     if vocab is None:  # no config.json to read cheaply: loading says what is wrong
@@ -452,6 +478,8 @@ async def _warm_up_and_serve(
     )
     stop = _stop_on_signals()
     warm.t0 = time.monotonic()  # its log lines count from here
+    warm.report = server.warming  # Stats' warming_done/warming_total
+    server.warming(0, warm.shapes)
     verifier = await _prepare_unless_stopped(warm, stop, args, model, vocab, lockstep)
     if verifier is None:  # SIGTERM while warming up: nothing to drain
         return 0
@@ -466,8 +494,7 @@ async def _warm_up_and_serve(
     )
     await stop.wait()
     if background is not None:
-        warm.cancel.set()  # stop after the shape being compiled
-        await asyncio.gather(background, return_exceptions=True)
+        warm.cancel.set()  # no more shapes; the one being compiled is not waited for
     log.warning("draining: no new sessions; answering the blocks already received")
     await server.drain(args.drain_timeout_s, args.drain_min_s)
     return 0
@@ -490,17 +517,19 @@ async def _prepare_unless_stopped(
     vocab: int,
     lockstep: multihost.Lockstep | None,
 ) -> LocalVerifier | None:
-    """The verifier, loaded and warmed up (`_WarmUp.prepare`, in a worker thread: the
-    health service keeps answering); None when `stop` came first (the warm-up then stops
-    after the shape being compiled)."""
-    loop = asyncio.get_running_loop()
-    prepared = loop.run_in_executor(None, warm.prepare, args, model, vocab, lockstep)
+    """The verifier, loaded and warmed up (`_WarmUp.prepare`, in a daemon worker thread: the
+    health service keeps answering); None when `stop` came first: the thread is abandoned
+    mid-load or mid-compilation (neither can be interrupted; SmolLM2's take tens of
+    seconds), so the command exits at once. Multi-host, the leader waits for the shape being
+    compiled: its followers compile it in lockstep."""
+    prepared = in_thread(warm.prepare, args, model, vocab, lockstep, name="verify-warm-up")
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait({prepared, stopped}, return_when=asyncio.FIRST_COMPLETED)
     if not prepared.done():
         log.warning("stopping: interrupted while warming up")
         warm.cancel.set()
-        await asyncio.gather(prepared, return_exceptions=True)
+        if lockstep is not None:
+            await asyncio.gather(prepared, return_exceptions=True)
         return None
     stopped.cancel()
     return prepared.result()
@@ -518,6 +547,7 @@ class _WarmUp:
     rest: list[tuple[str, int, int, int]]
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     t0: float = dataclasses.field(default_factory=time.monotonic)
+    report: Callable[[int, int], None] | None = None  # hears (done, total) per shape
 
     @classmethod
     def plan(
@@ -539,6 +569,8 @@ class _WarmUp:
         """Log one compiled shape; `WarmupCancelled` once `cancel` is set."""
         log.info("warm-up: %d/%d shapes compiled (%s), %.1f s", done, self.shapes, shape,
                  time.monotonic() - self.t0)  # fmt: skip
+        if self.report is not None:
+            self.report(done, self.shapes)
         if self.cancel.is_set():
             raise WarmupCancelled
 
@@ -574,7 +606,7 @@ class _WarmUp:
             "other %d in the background (a request that needs one waits for it)",
             len(self.first), self.shapes, time.monotonic() - self.t0, len(self.rest),
         )  # fmt: skip
-        return asyncio.get_running_loop().run_in_executor(None, self._compile_the_rest, verifier)
+        return in_thread(self._compile_the_rest, verifier, name="verify-compile-rest")
 
     def _compile_the_rest(self, verifier: LocalVerifier) -> None:
         """Compile `rest` one by one while the verifier serves (a worker thread), ahead of
@@ -619,10 +651,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if lockstep is not None:
             lockstep.stop()  # the followers exit 0 too
             multihost.leave(code)
-        return code
+        return exit_if_abandoned(code)  # stopped mid-compilation: exit now, not at its end
     except (ValueError, OSError, RuntimeError) as e:
         print(f"python -m verify serve: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the port is bound (SIGINT then drains, above)
+        return interrupted("python -m verify serve")
 
 
 if __name__ == "__main__":

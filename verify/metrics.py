@@ -18,7 +18,8 @@ run several services in one process). What the registry exposes:
              jaxspec_batch_rows                        live rows per step (le = row buckets)
   gauges     jaxspec_sessions, jaxspec_queued_blocks, jaxspec_batch_occupancy (mean live /
              padded rows), jaxspec_serving (1 once warmed up, unless draining),
-             jaxspec_kv_padding (share of the KV positions steps read that were padding)
+             jaxspec_kv_padding (share of the KV positions steps read that were padding),
+             jaxspec_warmup_shapes_compiled / jaxspec_warmup_shapes (the warm-up's count)
 
 The speculative-decoding counters carry vLLM's names (its v1 `vllm:spec_decode_*` metrics,
 with a `tenant` label here), so a dashboard made for vLLM reads them; they sum the figures
@@ -70,6 +71,16 @@ class _StatsCollector(Collector):
             "share of the KV positions verify steps read that were padding (filler rows, "
             "the KV bucket past a row's length)",
             s.get("kv_padding", 0.0),
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "warmup_shapes_compiled",
+            "batch shapes the warm-up has compiled (of jaxspec_warmup_shapes)",
+            s.get("warming_done", 0),
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "warmup_shapes",
+            "batch shapes the warm-up compiles (0: none ahead)",
+            s.get("warming_total", 0),
         )
 
 

@@ -34,6 +34,7 @@ from jaxspec.protocol import (
     GAMMA_CEILING,
     MODES,
     DraftBlock,
+    DraftSpec,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -41,10 +42,9 @@ from jaxspec.protocol import (
     SessionConfig,
     SessionInfo,
     VerifyResult,
-    q_to_f16,
 )
 from jaxspec.sampling import SamplingParams, check_seed, session_key
-from jaxspec.verification import EXACT, DraftQ, Variant, check_draft_q
+from jaxspec.verification import EXACT, Variant
 from verify import counts as slot_counts
 from verify.step import (
     VerifyBatch,
@@ -496,42 +496,34 @@ class Scheduler:
             raise FailedPrecondition(f"unknown epoch {b.epoch} (current {s.epoch})")
         if b.start < s.prompt_len:
             raise InvalidArgument("a block cannot start inside the prompt")
-        if n == 0:  # speculation off: the verifier samples the block's one token
-            if b.q is not None or b.q_ids is not None or b.q_scale is not None:
-                raise InvalidArgument("a block without drafts carries no q")
-            return
-        enc = s.config.draft.encoding
-        tokens = np.asarray(b.tokens, np.int64)[None]
-        try:
-            if enc == "full":
-                q = np.asarray(b.q, np.float32) if b.q is not None else None
-                if q is None or q.shape != (n, self.vocab):
-                    raise InvalidArgument(f"full q must have shape ({n}, {self.vocab})")
-                dq = DraftQ(encoding="full", probs=q[None])
-            elif enc == "sparse":
-                q = None if b.q is None else np.asarray(b.q, np.float32)
-                ids = None if b.q_ids is None else np.asarray(b.q_ids)
-                k = s.config.draft.sparse_k
-                if q is None or ids is None or q.shape != (n, k) or ids.shape != (n, k):
-                    raise InvalidArgument(f"sparse q and q_ids must have shape ({n}, {k})")
-                dq = DraftQ(encoding="sparse", probs=q[None], ids=ids[None])
-            else:
-                if b.q is not None or b.q_ids is not None:
-                    raise InvalidArgument("onehot blocks carry no q")
-                dq = DraftQ.onehot()
-            if s.config.draft.f16:
-                # The edge sampled from float16 values times one scale per draft: q must be
-                # exactly that (as `jaxspec.wire` rebuilds it; in-process blocks alike).
-                if b.q_scale is None or np.shape(b.q_scale) != (n,):
-                    raise InvalidArgument(f"a float16 session's blocks carry {n} q_scale values")
-                q_to_f16(b.q, b.q_scale)  # InvalidArgument unless q == float16 values * scale
-            elif b.q_scale is not None:
-                raise InvalidArgument("q_scale is for q_dtype float16 sessions (full or sparse)")
-            check_draft_q(tokens, np.array([n]), dq, self.vocab)
-        except InvalidArgument:
-            raise
-        except ValueError as e:
-            raise InvalidArgument(str(e)) from None
+        if n:  # n == 0, speculation off: the verifier samples the block's one token (no q)
+            self._check_q_layout(s.config.draft, b)
+
+    def _check_q_layout(self, draft: DraftSpec, b: DraftBlock) -> None:
+        """What of a block's q needs its session: the session's encoding and q dtype, q's
+        width at this vocabulary (or sparse_k), drafts and sparse ids inside the vocabulary.
+        q's values were checked once, as the block was made (`DraftBlock`: in-process, or
+        `jaxspec.wire` off the wire), and are not read again here."""
+        n = len(b.tokens)
+        if any(t < 0 or t >= self.vocab for t in b.tokens):
+            raise InvalidArgument(f"draft token ids must be in [0, {self.vocab})")
+        if draft.encoding == "full":
+            if b.q is None or b.q_ids is not None or b.q.shape != (n, self.vocab):
+                raise InvalidArgument(f"full q must have shape ({n}, {self.vocab})")
+        elif draft.encoding == "sparse":
+            k = draft.sparse_k
+            if b.q is None or b.q_ids is None or b.q.shape != (n, k):
+                raise InvalidArgument(f"sparse q and q_ids must have shape ({n}, {k})")
+            if np.any((b.q_ids < 0) | (b.q_ids >= self.vocab)):
+                raise InvalidArgument(f"sparse q ids must be in [0, {self.vocab})")
+        elif b.q is not None:
+            raise InvalidArgument("onehot blocks carry no q")
+        # A float16 session's q is exactly float16 values times one scale per draft (the
+        # block proved it as it was made); a float32 session's carries no scale.
+        if draft.f16 and b.q_scale is None:
+            raise InvalidArgument(f"a float16 session's blocks carry {n} q_scale values")
+        if not draft.f16 and b.q_scale is not None:
+            raise InvalidArgument("q_scale is for q_dtype float16 sessions (full or sparse)")
 
     def _stale(self, s: Session, b: DraftBlock) -> VerifyResult:
         return VerifyResult(

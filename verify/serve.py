@@ -2,7 +2,8 @@
 
 `bind()` listens first — a busy port fails at once, not after minutes of compiling — and
 answers grpc.health.v1 NOT_SERVING (every RPC but Stats: UNAVAILABLE "warming up") while the
-target loads and its step shapes compile; `Server.ready(verifier)` then puts the
+target loads and its step shapes compile (`Server.warming(done, total)` reports how many, which
+Stats answers as `warming_done`/`warming_total`); `Server.ready(verifier)` then puts the
 `LocalVerifier` behind it and says SERVING. `start()` does both at once. The server carries
 message limits, TLS, health, optional reflection, the Prometheus endpoint and idle eviction;
 `Server.drain()` ends it gracefully.
@@ -196,6 +197,12 @@ class Server:
     evict_every_s: float = 5.0
     _tasks: list[asyncio.Task] = dataclasses.field(default_factory=list)
     _stopped: bool = False
+
+    def warming(self, done: int, total: int) -> None:
+        """Report the warm-up's count: `done` of `total` batch shapes compiled, what Stats
+        answers (`warming_done`/`warming_total`) while health still says NOT_SERVING, and on
+        while the rest compile in the background. Safe from the warm-up's worker thread."""
+        self.service.warming_progress(done, total)
 
     async def ready(self, verifier: LocalVerifier) -> None:
         """Serve with `verifier` (loaded and warmed up): health SERVING, idle eviction on."""

@@ -16,9 +16,11 @@ taking sessions and blocks; what was taken is answered, then every stream ends w
 UNAVAILABLE so clients resume elsewhere — with exactly the tokens they would have had,
 because draws are keyed by position.
 Until a verifier is attached (`attach`, once the target is loaded and warmed up) every RPC but
-Stats answers UNAVAILABLE "warming up". Closing a session that its tenant had and that is
-closed already (its stream ended, it was evicted, or closed before) answers OK: a normal end,
-not a refusal. Start-up, health and the drain's timing are `verify.serve`'s.
+Stats answers UNAVAILABLE "warming up"; Stats answers then too, with how far the warm-up is
+(`warming_done` of `warming_total` shapes, `warming_progress`). Closing a session that its
+tenant had and that is closed already (its stream ended, it was evicted, or closed before)
+answers OK: a normal end, not a refusal. Start-up, health and the drain's timing are
+`verify.serve`'s.
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ class VerifierService(pb_grpc.VerifierServicer):
         self.bound: set[str] = set()  # the sessions that have a live Verify stream (one each)
         self.answered_draining = 0  # blocks answered while draining
         self.unanswered_draining = 0  # taken, then the stream ended in the drain: must stay 0
+        self.warming = (0, 0)  # (shapes compiled, shapes to compile): Stats' warming_*
 
     def attach(self, verifier: LocalVerifier) -> None:
         """Start answering with `verifier` (loaded and warmed up): the end of warming up."""
@@ -156,6 +159,15 @@ class VerifierService(pb_grpc.VerifierServicer):
             raise ValueError("the verifier's row buckets are not the metrics' row buckets")
         verifier.step_observers.append(self.metrics.observe_step)
         self.verifier = verifier
+
+    def warming_progress(self, done: int, total: int) -> None:
+        """Record the warm-up's count (`done` of `total` batch shapes compiled), what Stats
+        answers as `warming_done`/`warming_total` — while warming up too, so a waiting client
+        can show how far it is. Called from the warm-up's worker thread (one tuple, replaced
+        whole)."""
+        if not 0 <= done <= total:
+            raise ValueError(f"warm-up progress must be 0 <= done <= total, got {done}/{total}")
+        self.warming = (done, total)
 
     # ---- helpers -------------------------------------------------------------------------
 
@@ -248,15 +260,17 @@ class VerifierService(pb_grpc.VerifierServicer):
     def stats(self, tenant: str | None = None) -> dict[str, Any]:
         """The scheduler's figures (the Stats RPC, and the metrics' gauges at scrape time,
         from another thread: the session table is copied before it is read); all zero, not
-        serving, while warming up. With `tenant` (a Stats caller that is not an admin) only
-        that tenant's own: its sessions, queued blocks, the steps that carried its blocks and
-        the tokens committed to it; the verifier-wide step figures (last step time, rows,
-        occupancy) are 0, since they tell of other tenants' load."""
+        serving, while warming up (but for the warm-up's count, `warming_progress`, which
+        every caller sees: it tells of no tenant). With `tenant` (a Stats caller that is not
+        an admin) only that tenant's own: its sessions, queued blocks, the steps that carried
+        its blocks and the tokens committed to it; the verifier-wide step figures (last step
+        time, rows, occupancy) are 0, since they tell of other tenants' load."""
+        warming = dict(zip(("warming_done", "warming_total"), self.warming, strict=True))
         if self.verifier is None:
             return dict(
                 sessions=0, queued_blocks=0, steps=0, last_step_s=0.0, last_rows=0,
                 last_bucket_rows=0, mean_occupancy=0.0, tokens_committed=0, serving=False,
-            )  # fmt: skip
+            ) | warming  # fmt: skip
         sch = self.verifier.scheduler
         m = sch.metrics
         sessions = list(sch.sessions.values())
@@ -268,7 +282,7 @@ class VerifierService(pb_grpc.VerifierServicer):
                 last_bucket_rows=0, mean_occupancy=0.0,
                 tokens_committed=sch.tenant_committed[tenant],
                 serving=not self.draining.is_set(),
-            )  # fmt: skip
+            ) | warming  # fmt: skip
         return dict(
             sessions=len(sessions),
             queued_blocks=sum(len(s.queue) for s in sessions),
@@ -280,6 +294,7 @@ class VerifierService(pb_grpc.VerifierServicer):
             tokens_committed=m.tokens_committed,
             serving=not self.draining.is_set(),
             kv_padding=m.kv_padding,  # metrics only (not in StatsResponse)
+            **warming,
         )
 
     async def Verify(self, request_iterator: AsyncIterator[pb.DraftBlock], context: Any) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxspec import trace_cache
 from jaxspec.model import KVCache, Llama
 from jaxspec.sampling import Purpose, SamplingParams, TokenCounts, sample_at
 from jaxspec.verification import DraftQ, verify_block
@@ -160,8 +161,8 @@ def prefill_fn(
 @functools.cache
 def make_verify_step(module: Llama, mesh: Mesh | None = None):
     """The jitted step for `module` (cache donated; sharded over `mesh` when given)."""
-    if mesh is None:
-        return jax.jit(functools.partial(verify_step_fn, module), donate_argnums=(1,))
+    if mesh is None:  # traces kept between runs where configured (jaxspec.trace_cache)
+        return trace_cache.jit(functools.partial(verify_step_fn, module), donate_argnums=(1,))
     cs = cache_sharding(mesh)
     return jax.jit(
         functools.partial(verify_step_fn, module),
@@ -173,7 +174,7 @@ def make_verify_step(module: Llama, mesh: Mesh | None = None):
 @functools.cache
 def make_prefill(module: Llama, mesh: Mesh | None = None):
     if mesh is None:
-        return jax.jit(functools.partial(prefill_fn, module), donate_argnums=(1,))
+        return trace_cache.jit(functools.partial(prefill_fn, module), donate_argnums=(1,))
     return jax.jit(
         functools.partial(prefill_fn, module),
         donate_argnums=(1,),

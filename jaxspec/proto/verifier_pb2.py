@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cjaxspec/proto/verifier.proto\x12\njaxspec.v1\"\xd9\x04\n\x12OpenSessionRequest\x12\x0e\n\x06prompt\x18\x01 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\r\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\r\n\x05top_p\x18\x05 \x01(\x02\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x1e\n\x04mode\x18\x07 \x01(\x0e\x32\x10.jaxspec.v1.Mode\x12\r\n\x05gamma\x18\x08 \x01(\r\x12&\n\x08\x65ncoding\x18\t \x01(\x0e\x32\x14.jaxspec.v1.Encoding\x12\x10\n\x08sparse_k\x18\n \x01(\r\x12\x13\n\x0bstop_tokens\x18\x0b \x03(\x05\x12\x1b\n\x13\x64\x65\x66\x61ult_stop_tokens\x18\x0c \x01(\x08\x12\x11\n\tcommitted\x18\r \x03(\x05\x12\x16\n\x0e\x61\x64\x61ptive_gamma\x18\x0e \x01(\x08\x12\r\n\x05min_p\x18\x0f \x01(\x02\x12\x41\n\nlogit_bias\x18\x10 \x03(\x0b\x32-.jaxspec.v1.OpenSessionRequest.LogitBiasEntry\x12#\n\x07q_dtype\x18\x11 \x01(\x0e\x32\x12.jaxspec.v1.QDtype\x12\x1f\n\x12repetition_penalty\x18\x12 \x01(\x02H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x13 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x14 \x01(\x02\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x15\n\x13_repetition_penalty\"z\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05gamma\x18\x02 \x01(\r\x12\x14\n\x0cmax_sparse_k\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\r\"\x88\x01\n\nDraftBlock\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\r\x12\r\n\x05start\x18\x03 \x01(\r\x12\x0e\n\x06tokens\x18\x04 \x03(\x05\x12\t\n\x01q\x18\x05 \x03(\x02\x12\r\n\x05q_ids\x18\x06 \x03(\x05\x12\r\n\x05q_f16\x18\x07 \x01(\x0c\x12\x0f\n\x07q_scale\x18\x08 \x03(\x02\"\xee\x01\n\x0cVerifyResult\x12\r\n\x05\x65poch\x18\x01 \x01(\r\x12\r\n\x05start\x18\x02 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\r\x12\x0e\n\x06tokens\x18\x04 \x03(\x05\x12\x16\n\x0ehas_next_token\x18\x05 \x01(\x08\x12\x12\n\nnext_token\x18\x06 \x01(\x05\x12\x11\n\tnew_epoch\x18\x07 \x01(\r\x12\r\n\x05stale\x18\x08 \x01(\x08\x12\x10\n\x08\x66inished\x18\t \x01(\x08\x12.\n\x07\x66igures\x18\n \x01(\x0b\x32\x1d.jaxspec.v1.AcceptanceFigures\x12\x0e\n\x06step_s\x18\x0b \x01(\x02\"\x9e\x01\n\x11\x41\x63\x63\x65ptanceFigures\x12\x12\n\nnum_drafts\x18\x01 \x01(\x04\x12\x18\n\x10num_draft_tokens\x18\x02 \x01(\x04\x12\x1b\n\x13num_accepted_tokens\x18\x03 \x01(\x04\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x04 \x03(\x04\x12\x0e\n\x06rounds\x18\x05 \x01(\x04\x12\x0f\n\x07\x65mitted\x18\x06 \x01(\x04\"p\n\rVerifyRequest\x12.\n\x04open\x18\x01 \x01(\x0b\x32\x1e.jaxspec.v1.OpenSessionRequestH\x00\x12\'\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.jaxspec.v1.DraftBlockH\x00\x42\x06\n\x04kind\"w\n\x0eVerifyResponse\x12\x31\n\x06opened\x18\x01 \x01(\x0b\x32\x1f.jaxspec.v1.OpenSessionResponseH\x00\x12*\n\x06result\x18\x02 \x01(\x0b\x32\x18.jaxspec.v1.VerifyResultH\x00\x42\x06\n\x04kind\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"\x0e\n\x0cStatsRequest\"\xcc\x01\n\rStatsResponse\x12\x10\n\x08sessions\x18\x01 \x01(\r\x12\x15\n\rqueued_blocks\x18\x02 \x01(\r\x12\r\n\x05steps\x18\x03 \x01(\x04\x12\x13\n\x0blast_step_s\x18\x04 \x01(\x01\x12\x11\n\tlast_rows\x18\x05 \x01(\r\x12\x18\n\x10last_bucket_rows\x18\x06 \x01(\r\x12\x16\n\x0emean_occupancy\x18\x07 \x01(\x01\x12\x18\n\x10tokens_committed\x18\x08 \x01(\x04\x12\x0f\n\x07serving\x18\t \x01(\x08*?\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\r\n\tMODE_SYNC\x10\x01\x12\x12\n\x0eMODE_PIPELINED\x10\x02*a\n\x08\x45ncoding\x12\x18\n\x14\x45NCODING_UNSPECIFIED\x10\x00\x12\x11\n\rENCODING_FULL\x10\x01\x12\x13\n\x0f\x45NCODING_SPARSE\x10\x02\x12\x13\n\x0f\x45NCODING_ONEHOT\x10\x03*K\n\x06QDtype\x12\x17\n\x13Q_DTYPE_UNSPECIFIED\x10\x00\x12\x13\n\x0fQ_DTYPE_FLOAT32\x10\x01\x12\x13\n\x0fQ_DTYPE_FLOAT16\x10\x02\x32\xb0\x02\n\x08Verifier\x12N\n\x0bOpenSession\x12\x1e.jaxspec.v1.OpenSessionRequest\x1a\x1f.jaxspec.v1.OpenSessionResponse\x12\x43\n\x06Verify\x12\x19.jaxspec.v1.VerifyRequest\x1a\x1a.jaxspec.v1.VerifyResponse(\x01\x30\x01\x12Q\n\x0c\x43loseSession\x12\x1f.jaxspec.v1.CloseSessionRequest\x1a .jaxspec.v1.CloseSessionResponse\x12<\n\x05Stats\x12\x18.jaxspec.v1.StatsRequest\x1a\x19.jaxspec.v1.StatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cjaxspec/proto/verifier.proto\x12\njaxspec.v1\"\xd9\x04\n\x12OpenSessionRequest\x12\x0e\n\x06prompt\x18\x01 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\r\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\r\n\x05top_p\x18\x05 \x01(\x02\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x1e\n\x04mode\x18\x07 \x01(\x0e\x32\x10.jaxspec.v1.Mode\x12\r\n\x05gamma\x18\x08 \x01(\r\x12&\n\x08\x65ncoding\x18\t \x01(\x0e\x32\x14.jaxspec.v1.Encoding\x12\x10\n\x08sparse_k\x18\n \x01(\r\x12\x13\n\x0bstop_tokens\x18\x0b \x03(\x05\x12\x1b\n\x13\x64\x65\x66\x61ult_stop_tokens\x18\x0c \x01(\x08\x12\x11\n\tcommitted\x18\r \x03(\x05\x12\x16\n\x0e\x61\x64\x61ptive_gamma\x18\x0e \x01(\x08\x12\r\n\x05min_p\x18\x0f \x01(\x02\x12\x41\n\nlogit_bias\x18\x10 \x03(\x0b\x32-.jaxspec.v1.OpenSessionRequest.LogitBiasEntry\x12#\n\x07q_dtype\x18\x11 \x01(\x0e\x32\x12.jaxspec.v1.QDtype\x12\x1f\n\x12repetition_penalty\x18\x12 \x01(\x02H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x13 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x14 \x01(\x02\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x15\n\x13_repetition_penalty\"z\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05gamma\x18\x02 \x01(\r\x12\x14\n\x0cmax_sparse_k\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\r\"\x97\x01\n\nDraftBlock\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\r\x12\r\n\x05start\x18\x03 \x01(\r\x12\x0e\n\x06tokens\x18\x04 \x03(\x05\x12\t\n\x01q\x18\x05 \x03(\x02\x12\r\n\x05q_ids\x18\x06 \x03(\x05\x12\r\n\x05q_f16\x18\x07 \x01(\x0c\x12\x0f\n\x07q_scale\x18\x08 \x03(\x02\x12\r\n\x05q_f32\x18\t \x01(\x0c\"\xee\x01\n\x0cVerifyResult\x12\r\n\x05\x65poch\x18\x01 \x01(\r\x12\r\n\x05start\x18\x02 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\r\x12\x0e\n\x06tokens\x18\x04 \x03(\x05\x12\x16\n\x0ehas_next_token\x18\x05 \x01(\x08\x12\x12\n\nnext_token\x18\x06 \x01(\x05\x12\x11\n\tnew_epoch\x18\x07 \x01(\r\x12\r\n\x05stale\x18\x08 \x01(\x08\x12\x10\n\x08\x66inished\x18\t \x01(\x08\x12.\n\x07\x66igures\x18\n \x01(\x0b\x32\x1d.jaxspec.v1.AcceptanceFigures\x12\x0e\n\x06step_s\x18\x0b \x01(\x02\"\x9e\x01\n\x11\x41\x63\x63\x65ptanceFigures\x12\x12\n\nnum_drafts\x18\x01 \x01(\x04\x12\x18\n\x10num_draft_tokens\x18\x02 \x01(\x04\x12\x1b\n\x13num_accepted_tokens\x18\x03 \x01(\x04\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x04 \x03(\x04\x12\x0e\n\x06rounds\x18\x05 \x01(\x04\x12\x0f\n\x07\x65mitted\x18\x06 \x01(\x04\"p\n\rVerifyRequest\x12.\n\x04open\x18\x01 \x01(\x0b\x32\x1e.jaxspec.v1.OpenSessionRequestH\x00\x12\'\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.jaxspec.v1.DraftBlockH\x00\x42\x06\n\x04kind\"w\n\x0eVerifyResponse\x12\x31\n\x06opened\x18\x01 \x01(\x0b\x32\x1f.jaxspec.v1.OpenSessionResponseH\x00\x12*\n\x06result\x18\x02 \x01(\x0b\x32\x18.jaxspec.v1.VerifyResultH\x00\x42\x06\n\x04kind\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"\x0e\n\x0cStatsRequest\"\xf9\x01\n\rStatsResponse\x12\x10\n\x08sessions\x18\x01 \x01(\r\x12\x15\n\rqueued_blocks\x18\x02 \x01(\r\x12\r\n\x05steps\x18\x03 \x01(\x04\x12\x13\n\x0blast_step_s\x18\x04 \x01(\x01\x12\x11\n\tlast_rows\x18\x05 \x01(\r\x12\x18\n\x10last_bucket_rows\x18\x06 \x01(\r\x12\x16\n\x0emean_occupancy\x18\x07 \x01(\x01\x12\x18\n\x10tokens_committed\x18\x08 \x01(\x04\x12\x0f\n\x07serving\x18\t \x01(\x08\x12\x14\n\x0cwarming_done\x18\n \x01(\r\x12\x15\n\rwarming_total\x18\x0b \x01(\r*?\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\r\n\tMODE_SYNC\x10\x01\x12\x12\n\x0eMODE_PIPELINED\x10\x02*a\n\x08\x45ncoding\x12\x18\n\x14\x45NCODING_UNSPECIFIED\x10\x00\x12\x11\n\rENCODING_FULL\x10\x01\x12\x13\n\x0f\x45NCODING_SPARSE\x10\x02\x12\x13\n\x0f\x45NCODING_ONEHOT\x10\x03*K\n\x06QDtype\x12\x17\n\x13Q_DTYPE_UNSPECIFIED\x10\x00\x12\x13\n\x0fQ_DTYPE_FLOAT32\x10\x01\x12\x13\n\x0fQ_DTYPE_FLOAT16\x10\x02\x32\xb0\x02\n\x08Verifier\x12N\n\x0bOpenSession\x12\x1e.jaxspec.v1.OpenSessionRequest\x1a\x1f.jaxspec.v1.OpenSessionResponse\x12\x43\n\x06Verify\x12\x19.jaxspec.v1.VerifyRequest\x1a\x1a.jaxspec.v1.VerifyResponse(\x01\x30\x01\x12Q\n\x0c\x43loseSession\x12\x1f.jaxspec.v1.CloseSessionRequest\x1a .jaxspec.v1.CloseSessionResponse\x12<\n\x05Stats\x12\x18.jaxspec.v1.StatsRequest\x1a\x19.jaxspec.v1.StatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,12 +33,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_OPENSESSIONREQUEST_LOGITBIASENTRY']._loaded_options = None
   _globals['_OPENSESSIONREQUEST_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_MODE']._serialized_start=1838
-  _globals['_MODE']._serialized_end=1901
-  _globals['_ENCODING']._serialized_start=1903
-  _globals['_ENCODING']._serialized_end=2000
-  _globals['_QDTYPE']._serialized_start=2002
-  _globals['_QDTYPE']._serialized_end=2077
+  _globals['_MODE']._serialized_start=1898
+  _globals['_MODE']._serialized_end=1961
+  _globals['_ENCODING']._serialized_start=1963
+  _globals['_ENCODING']._serialized_end=2060
+  _globals['_QDTYPE']._serialized_start=2062
+  _globals['_QDTYPE']._serialized_end=2137
   _globals['_OPENSESSIONREQUEST']._serialized_start=45
   _globals['_OPENSESSIONREQUEST']._serialized_end=646
   _globals['_OPENSESSIONREQUEST_LOGITBIASENTRY']._serialized_start=575
@@ -46,23 +46,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPENSESSIONRESPONSE']._serialized_start=648
   _globals['_OPENSESSIONRESPONSE']._serialized_end=770
   _globals['_DRAFTBLOCK']._serialized_start=773
-  _globals['_DRAFTBLOCK']._serialized_end=909
-  _globals['_VERIFYRESULT']._serialized_start=912
-  _globals['_VERIFYRESULT']._serialized_end=1150
-  _globals['_ACCEPTANCEFIGURES']._serialized_start=1153
-  _globals['_ACCEPTANCEFIGURES']._serialized_end=1311
-  _globals['_VERIFYREQUEST']._serialized_start=1313
-  _globals['_VERIFYREQUEST']._serialized_end=1425
-  _globals['_VERIFYRESPONSE']._serialized_start=1427
-  _globals['_VERIFYRESPONSE']._serialized_end=1546
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1548
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1589
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1591
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1613
-  _globals['_STATSREQUEST']._serialized_start=1615
-  _globals['_STATSREQUEST']._serialized_end=1629
-  _globals['_STATSRESPONSE']._serialized_start=1632
-  _globals['_STATSRESPONSE']._serialized_end=1836
-  _globals['_VERIFIER']._serialized_start=2080
-  _globals['_VERIFIER']._serialized_end=2384
+  _globals['_DRAFTBLOCK']._serialized_end=924
+  _globals['_VERIFYRESULT']._serialized_start=927
+  _globals['_VERIFYRESULT']._serialized_end=1165
+  _globals['_ACCEPTANCEFIGURES']._serialized_start=1168
+  _globals['_ACCEPTANCEFIGURES']._serialized_end=1326
+  _globals['_VERIFYREQUEST']._serialized_start=1328
+  _globals['_VERIFYREQUEST']._serialized_end=1440
+  _globals['_VERIFYRESPONSE']._serialized_start=1442
+  _globals['_VERIFYRESPONSE']._serialized_end=1561
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1563
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1604
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1606
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1628
+  _globals['_STATSREQUEST']._serialized_start=1630
+  _globals['_STATSREQUEST']._serialized_end=1644
+  _globals['_STATSRESPONSE']._serialized_start=1647
+  _globals['_STATSRESPONSE']._serialized_end=1896
+  _globals['_VERIFIER']._serialized_start=2140
+  _globals['_VERIFIER']._serialized_end=2444
 # @@protoc_insertion_point(module_scope)

@@ -102,7 +102,7 @@ class OpenSessionResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., gamma: _Optional[int] = ..., max_sparse_k: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class DraftBlock(_message.Message):
-    __slots__ = ("session_id", "epoch", "start", "tokens", "q", "q_ids", "q_f16", "q_scale")
+    __slots__ = ("session_id", "epoch", "start", "tokens", "q", "q_ids", "q_f16", "q_scale", "q_f32")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class DraftBlock(_message.Message):
     Q_IDS_FIELD_NUMBER: _ClassVar[int]
     Q_F16_FIELD_NUMBER: _ClassVar[int]
     Q_SCALE_FIELD_NUMBER: _ClassVar[int]
+    Q_F32_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     epoch: int
     start: int
@@ -119,7 +120,8 @@ class DraftBlock(_message.Message):
     q_ids: _containers.RepeatedScalarFieldContainer[int]
     q_f16: bytes
     q_scale: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[float]] = ..., q_ids: _Optional[_Iterable[int]] = ..., q_f16: _Optional[bytes] = ..., q_scale: _Optional[_Iterable[float]] = ...) -> None: ...
+    q_f32: bytes
+    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[float]] = ..., q_ids: _Optional[_Iterable[int]] = ..., q_f16: _Optional[bytes] = ..., q_scale: _Optional[_Iterable[float]] = ..., q_f32: _Optional[bytes] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
     __slots__ = ("epoch", "start", "accepted", "tokens", "has_next_token", "next_token", "new_epoch", "stale", "finished", "figures", "step_s")
@@ -194,7 +196,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("sessions", "queued_blocks", "steps", "last_step_s", "last_rows", "last_bucket_rows", "mean_occupancy", "tokens_committed", "serving")
+    __slots__ = ("sessions", "queued_blocks", "steps", "last_step_s", "last_rows", "last_bucket_rows", "mean_occupancy", "tokens_committed", "serving", "warming_done", "warming_total")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +206,8 @@ class StatsResponse(_message.Message):
     MEAN_OCCUPANCY_FIELD_NUMBER: _ClassVar[int]
     TOKENS_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     SERVING_FIELD_NUMBER: _ClassVar[int]
+    WARMING_DONE_FIELD_NUMBER: _ClassVar[int]
+    WARMING_TOTAL_FIELD_NUMBER: _ClassVar[int]
     sessions: int
     queued_blocks: int
     steps: int
@@ -213,4 +217,6 @@ class StatsResponse(_message.Message):
     mean_occupancy: float
     tokens_committed: int
     serving: bool
-    def __init__(self, sessions: _Optional[int] = ..., queued_blocks: _Optional[int] = ..., steps: _Optional[int] = ..., last_step_s: _Optional[float] = ..., last_rows: _Optional[int] = ..., last_bucket_rows: _Optional[int] = ..., mean_occupancy: _Optional[float] = ..., tokens_committed: _Optional[int] = ..., serving: _Optional[bool] = ...) -> None: ...
+    warming_done: int
+    warming_total: int
+    def __init__(self, sessions: _Optional[int] = ..., queued_blocks: _Optional[int] = ..., steps: _Optional[int] = ..., last_step_s: _Optional[float] = ..., last_rows: _Optional[int] = ..., last_bucket_rows: _Optional[int] = ..., mean_occupancy: _Optional[float] = ..., tokens_committed: _Optional[int] = ..., serving: _Optional[bool] = ..., warming_done: _Optional[int] = ..., warming_total: _Optional[int] = ...) -> None: ...

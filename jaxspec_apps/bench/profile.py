@@ -92,6 +92,16 @@ class Profile:
     int4_group: int = _of("int4", 64)
     int4_offset: bool = _of("int4", False)
     int4_repeats: int = _of("int4", 7)
+    # two_process: the verifier and the edge as two pinned processes over gRPC
+    # round_profile: where a round's time goes, per mode (cProfile)
+    round_profile_new_tokens: int = _of("round_profile", 64)
+    two_process_rtts_ms: tuple[float, ...] = _of("two_process", (0.0, 20.0, 50.0, 100.0))
+    two_process_new_tokens: int = _of("two_process", 64)
+    two_process_repeats: int = _of("two_process", 2)
+    two_process_max_len: int = _of("two_process", 512)
+    two_process_chat: str = _of(
+        "two_process", "Write a Python function that returns the n-th Fibonacci number."
+    )
 
 
 PROFILES = {
@@ -139,6 +149,11 @@ PROFILES = {
         target_prompts=1,
         int4_rows=(1,),
         int4_repeats=1,
+        two_process_rtts_ms=(0.0, 50.0),
+        two_process_new_tokens=8,
+        two_process_repeats=1,
+        two_process_max_len=128,
+        round_profile_new_tokens=8,
     ),
 }
 PROFILES["tiny"] = dataclasses.replace(

@@ -6,7 +6,9 @@ sweep, wire cost, W4A16 quality) plus Spec-Bench's per-category report (`specben
 decode cost of each model against the roofline (`cost`) and the float kernel against XLA's
 ops (`kernels`). Everything lands in `results["real"]`; the tiny pair's keys stay at the top
 level. Kept apart (`KEPT`, each run only when named): `target` (plain greedy against
-transformers) and `int4` (the int4 kernel against XLA's paths).
+transformers), `int4` (the int4 kernel against XLA's paths), `two_process` (the edge and
+the verifier as two pinned processes over gRPC) and `round_profile` (where each mode's time
+goes).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from jaxspec_apps.bench import (
     latency,
     peer,
     quality,
+    roundprofile,
     specbench,
     target,
+    twoproc,
     verifier,
     wirecost,
 )
@@ -47,7 +51,7 @@ SECTIONS = (
     quality.REAL,
 )
 REAL_SECTIONS = tuple(s.name for s in SECTIONS)
-KEPT = (target.SECTION, int4.SECTION)
+KEPT = (target.SECTION, int4.SECTION, twoproc.SECTION, roundprofile.SECTION)
 
 
 def prepare(ctx: Context) -> None:

@@ -23,7 +23,16 @@ from jaxspec_apps.bench.report_tables import machine_line
 from jaxspec_apps.bench.section import Page
 
 # The blocks kept apart from the suite, in the report's order; `quant` is tools/quant_table.py's.
-KEPT_ORDER = ("target", "adaptive", "fleet", "quant", "openai", "int4")
+KEPT_ORDER = (
+    "target",
+    "adaptive",
+    "fleet",
+    "quant",
+    "openai",
+    "int4",
+    "two_process",
+    "round_profile",
+)
 
 
 def writer(name: str) -> str:

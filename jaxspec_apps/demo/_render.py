@@ -122,7 +122,8 @@ def tenant_text(view: TenantView) -> Text:
 
 
 def tenant_title(view: TenantView, now: float) -> Text:
-    """`edge 1 · α 0.81 · 63 tok/s · ITL 16 ms · 87/160` (live rate while it runs)."""
+    """`edge 1 · α 0.81 · 63 tok/s · ITL 16 ms · 87/160 · TTFT 41.2 s` (live rate while it
+    runs; TTFT from the command's start)."""
     running = view.status == "drafting"
     rate = view.recent_tokens_per_s(now) if running else view.tokens_per_s
     itl = view.inter_token_latency_s
@@ -133,6 +134,8 @@ def tenant_title(view: TenantView, now: float) -> Text:
         f" · ITL {itl * 1e3:.0f} ms" if itl else " · ITL –",
         f" · {view.new_tokens}/{view.max_new_tokens}",
     )
+    if view.first_token_s is not None:  # from the command's start, as the header's time
+        t.append(f" · TTFT {view.first_token_s:.1f} s")
     if view.sample > 1:
         t.append(f" · #{view.sample}")
     if view.status not in ("drafting", "waiting"):
@@ -376,6 +379,16 @@ def answers(state: DemoState) -> str:
     return "\n\n".join(out)
 
 
+def timing_note(state: DemoState, now: float | None = None) -> str:
+    """What the summary's times count from: `times from the command's start: verifier
+    serving after 31.0 s, the run 367.2 s; TTFT s: the first token; sess s: ...`."""
+    serving = f"verifier serving after {state.serving_s:.1f} s, " if state.serving_s else ""
+    return (
+        f"times from the command's start: {serving}the run {state.elapsed_s(now):.1f} s; "
+        "TTFT s: the first token; sess s: the same from its session's opening"
+    )
+
+
 def summary(state: DemoState) -> Group:
     """The plain report: one row per tenant, the verifier's figures, then every tenant's
     question and committed answer (`answers`)."""
@@ -387,14 +400,17 @@ def summary(state: DemoState) -> Group:
         ),
         box=box.SIMPLE,
         pad_edge=False,
+        collapse_padding=True,  # 80 columns hold every column
     )
-    for name in ("tenant", "status", "tokens", "α", "tok/s", "ITL ms", "TTFT s"):
+    names = ("tenant", "status", "tokens", "α", "tok/s", "ITL ms", "TTFT s", "sess s")
+    for name in names:
         table.add_column(name, justify="left" if name in ("tenant", "status") else "right")
     table.add_column("rejected", justify="right")
     table.add_column("stale", justify="right")
     with state.lock:
         for v in state.tenants:
-            ttft = f"{v.ttft_s[0]:.2f}" if v.ttft_s else "–"
+            ttft = f"{v.first_token_s:.2f}" if v.first_token_s is not None else "–"
+            session_ttft = f"{v.ttft_s[0]:.2f}" if v.ttft_s else "–"
             table.add_row(
                 f"edge {v.index + 1}",
                 v.status,
@@ -403,11 +419,12 @@ def summary(state: DemoState) -> Group:
                 f"{v.tokens_per_s:.1f}",
                 f"{v.inter_token_latency_s * 1e3:.1f}",
                 ttft,
+                session_ttft,
                 str(v.rejections),
                 str(v.stale),
             )
         st = state.stats
-        lines: list[Any] = [table]
+        lines: list[Any] = [table, Text(timing_note(state))]
         lines.append(
             Text(
                 f"this demo: {state.total_tokens()} tokens committed in "

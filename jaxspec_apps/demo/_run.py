@@ -30,12 +30,16 @@ from edge.client import GrpcEndpoint, check_verifier
 from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter, load_drafter
 from edge.session import run_session
-from jaxspec.protocol import DraftBlock, SessionConfig, SessionInfo, VerifyResult
+from edge.warmup import compile_drafter
+from jaxspec.checkpoint import load
+from jaxspec.model import Model
+from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec.text import chat_prompt, encode_prompt
 from jaxspec_apps.demo._pair import resolve_pair
 from jaxspec_apps.demo._progress import warmup_progress
 from jaxspec_apps.demo._state import DemoSettings, DemoState, TenantView
 from jaxspec_host.flags import draft_spec_from_args, sampling_from_args
+from jaxspec_host.worker import in_thread
 
 DEFAULT_PROMPTS = (
     "def fibonacci(n):\n",
@@ -79,60 +83,19 @@ class DemoResult:
     errors: list[str] = dataclasses.field(default_factory=list)
 
 
-class _StandIn:
-    """A verifier stand-in for compiling the drafter: it accepts every draft but the last,
-    answers a correction and finishes after two rounds, so `run_session` traces the same
-    draft/rollback/append shapes a real session will."""
-
-    def __init__(self) -> None:
-        self.rounds = 0
-
-    async def open_session(self, config: SessionConfig) -> SessionInfo:
-
-        return SessionInfo(
-            session_id="warmup",
-            gamma=config.draft.gamma,
-            max_sparse_k=0,
-            vocab_size=0,
-            max_new_tokens=config.max_new_tokens,
-        )
-
-    async def verify(self, block: DraftBlock) -> VerifyResult:
-
-        self.rounds += 1
-        a = len(block.tokens) - 1
-        return VerifyResult(
-            epoch=block.epoch,
-            start=block.start,
-            accepted=a,
-            tokens=(*block.tokens[:a], block.tokens[0]),
-            next_token=block.tokens[0],
-            new_epoch=block.epoch + 1,
-            stale=False,
-            finished=self.rounds >= 2,
-        )
-
-    async def close_session(self, session_id: str) -> None:
-        pass
-
-
-def _compile_drafter(drafter: Drafter, configs: list[SessionConfig], depth: int) -> None:
-    """Run a session of each prompt length once against the stand-in (in a worker thread,
-    with its own event loop): every shape the tenants will use is compiled."""
-
-    for cfg in {len(cfg.prompt): cfg for cfg in configs}.values():
-        asyncio.run(run_session(_StandIn(), drafter, cfg, depth=depth))
-
-
 def _prompts(args: argparse.Namespace) -> list[str]:
     given = args.prompt or list(CHAT_PROMPTS if getattr(args, "chat", False) else DEFAULT_PROMPTS)
     return [given[i % len(given)] for i in range(args.tenants)]
 
 
-def _configs(args: argparse.Namespace, state: DemoState, drafter: Drafter) -> list[SessionConfig]:
-    """Each tenant's session (prompt, seed); teaches the views to decode token ids."""
+def _configs(
+    args: argparse.Namespace, state: DemoState, text: Model, spec: DraftSpec
+) -> list[SessionConfig]:
+    """Each tenant's session (prompt, seed), its prompt encoded by `text` (the draft, or the
+    target with --gamma 0); teaches the views to decode token ids. ValueError when a prompt
+    and --max-new-tokens do not fit the model's context (`check_context`)."""
 
-    tok = drafter.model.tokenizer
+    tok = text.tokenizer
 
     def decode(ids: list[int]) -> str:
         if tok is None:  # a checkpoint without a tokenizer: show the ids
@@ -145,17 +108,32 @@ def _configs(args: argparse.Namespace, state: DemoState, drafter: Drafter) -> li
         view.decode = decode
         configs.append(
             SessionConfig(
-                prompt=(chat_prompt if args.chat else encode_prompt)(
-                    drafter.model, view.prompt_text
-                ),
+                prompt=(chat_prompt if args.chat else encode_prompt)(text, view.prompt_text),
                 max_new_tokens=args.tokens,
                 sampling=sampling,
                 seed=args.seed + i,
                 mode=args.mode,
-                draft=drafter.spec,
+                draft=spec,
             )
         )
+    check_context(text, configs)
     return configs
+
+
+def check_context(model: Model, configs: Sequence[SessionConfig]) -> None:
+    """Every tenant's prompt plus --max-new-tokens within `model`'s context (its
+    max_position_embeddings; the draft's and the target's are the same in both pairs), or a
+    ValueError naming the limit: a tenant would otherwise fail only when its session runs
+    past the end, minutes later."""
+    limit = model.config.max_position_embeddings
+    for i, cfg in enumerate(configs):
+        need = len(cfg.prompt) + cfg.max_new_tokens
+        if need > limit:
+            raise ValueError(
+                f"tenant {i + 1}'s prompt ({len(cfg.prompt)} tokens) + --max-new-tokens "
+                f"{cfg.max_new_tokens} = {need} exceeds the context of {model.name or 'the model'}"
+                f": max_position_embeddings = {limit}"
+            )
 
 
 def make_state(args: argparse.Namespace, address: str = "", pid: int | None = None) -> DemoState:
@@ -205,11 +183,18 @@ async def run_demo(
 
     words = _StartupWords(state, asyncio.get_running_loop(), on_phase, verifier_log)
     token = args.token or os.environ.get("JAXSPEC_TOKEN")
+    watch = None
     if not state.settings.spawned:  # the verifier first (a second), then the draft (tens of s)
         await _check_named_verifier(args, token, words)
-    drafter, configs, address = await _load_draft_while_the_verifier_starts(
-        args, state, wait_address, words
-    )
+        watch = asyncio.ensure_future(_watch_named_verifier(args, token, words))
+    try:
+        drafter, configs, address = await _load_draft_while_the_verifier_starts(
+            args, state, wait_address, words
+        )
+    finally:
+        if watch is not None:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
     with state.lock:
         state.settings.verifier = address
     endpoints, monitor = await _connect(args, state, address, token, words)
@@ -222,8 +207,9 @@ async def run_demo(
 @dataclasses.dataclass
 class _StartupWords:
     """What the screen says while the run starts (`DemoState.phase` and `.detail`), and what
-    `on_phase` hears: every new text, but a text that only counts on (`tick`) at most every
-    `PROGRESS_EVERY_S`, so a plain log is not flooded with "compiling 5/28, 6/28, ...".
+    `on_phase` hears: every new text, and while a wait goes on (`tick`) the words again
+    every `PROGRESS_EVERY_S` with the seconds since the command started, so a plain log moves
+    every 2 s but is not flooded with "compiling 5/28, 6/28, ...".
     While a spawned verifier is not serving yet, its own progress is added to the words."""
 
     state: DemoState
@@ -231,6 +217,7 @@ class _StartupWords:
     on_phase: Callable[[str], None] | None = None
     verifier_log: Callable[[], Sequence[str]] | None = None
     address: asyncio.Future[str] | None = None  # the verifier's host:port once it serves
+    remote: tuple[int, int] | None = None  # a --verifier's warm-up (done, total), from Stats
     said: str = ""  # the last text `on_phase` heard, and when (the loop's clock)
     said_t: float = float("-inf")
     step: str = ""  # what the demo itself is doing while the verifier starts
@@ -240,10 +227,11 @@ class _StartupWords:
         with self.state.lock:
             self.state.phase, self.state.detail = word, detail
         text, now = detail or word, self.loop.time()
-        if self.on_phase is not None and text != self.said:
-            if not tick or now - self.said_t >= PROGRESS_EVERY_S:
-                self.said, self.said_t = text, now
-                self.on_phase(text)
+        if self.on_phase is None:
+            return
+        if (not tick and text != self.said) or (tick and now - self.said_t >= PROGRESS_EVERY_S):
+            self.said, self.said_t = text, now
+            self.on_phase(f"{text} ({self.state.elapsed_s():.0f} s)" if tick else text)
 
     def starting(self, text: str | None = None, *, tick: bool = False) -> None:
         """The "starting" phase: the demo's own step (`text`, else the last one), with the
@@ -252,13 +240,14 @@ class _StartupWords:
             self.step = text
         words = self.step
         waiting = self.address is not None and not self.address.done()
+        counts = self.remote
         if self.state.settings.spawned and waiting:
             log = self.verifier_log
             counts = warmup_progress(log()) if log is not None else None
             if counts is None:
                 words += "; the verifier is loading its target"
-            elif counts[1]:
-                words += f"; the verifier is compiling its batch shapes {counts[0]}/{counts[1]}"
+        if counts is not None and counts[1]:
+            words += f"; the verifier is compiling its batch shapes {counts[0]}/{counts[1]}"
         self.phase("starting", words + "…", tick=tick)
 
     async def keep_ticking(self) -> None:
@@ -276,7 +265,27 @@ async def _check_named_verifier(
     fine here: the tenants wait for it to serve (`_connect`)."""
     words.phase("starting", f"checking the verifier {args.verifier}…")
     async with GrpcEndpoint(args.verifier, token=token, timeout_s=CHECK_TIMEOUT_S) as ep:
-        await check_verifier(ep, serving=False)
+        words.remote = _warming(await check_verifier(ep, serving=False))
+
+
+def _warming(stats: dict) -> tuple[int, int] | None:
+    """A verifier's warm-up count (done, total) from its Stats; None once it serves."""
+    if stats.get("serving", True):
+        return None
+    return int(stats.get("warming_done", 0)), int(stats.get("warming_total", 0))
+
+
+async def _watch_named_verifier(
+    args: argparse.Namespace, token: str | None, words: _StartupWords
+) -> None:
+    """While the draft loads: ask a `--verifier` that is warming up for its Stats every
+    second, so the start-up words count its shapes as they compile (what a spawned
+    verifier's log tells); ends once it serves. A failed call is left to `_connect`."""
+    async with GrpcEndpoint(args.verifier, token=token, timeout_s=CHECK_TIMEOUT_S) as ep:
+        while words.remote is not None:
+            await asyncio.sleep(1.0)
+            with contextlib.suppress(Exception):
+                words.remote = _warming(await ep.stats())
 
 
 async def _load_draft_while_the_verifier_starts(
@@ -284,20 +293,24 @@ async def _load_draft_while_the_verifier_starts(
     state: DemoState,
     wait_address: Callable[[], Awaitable[str]],
     words: _StartupWords,
-) -> tuple[Drafter, list[SessionConfig], str]:
-    """Load and compile the draft (in worker threads) while the verifier starts; the drafter,
-    each tenant's session and the verifier's address once it serves."""
-    loop, s = words.loop, state.settings
+) -> tuple[Drafter | None, list[SessionConfig], str]:
+    """Load and compile the draft (in worker threads that a Ctrl-C does not wait for) while
+    the verifier starts; the drafter (None with --gamma 0: only the target's tokenizer is
+    needed), each tenant's session and the verifier's address once it serves."""
+    s, spec = state.settings, draft_spec_from_args(args)
     words.address = address = asyncio.ensure_future(wait_address())
     ticker = asyncio.ensure_future(words.keep_ticking())
     try:
-        words.starting(f"loading the {s.quantize.upper()} draft {s.draft}")
-        drafter = await loop.run_in_executor(
-            None, load_drafter, args.draft, args.quantize, draft_spec_from_args(args)
-        )
-        configs = _configs(args, state, drafter)
-        words.starting("compiling the draft model")
-        await loop.run_in_executor(None, _compile_drafter, drafter, configs, s.depth)
+        drafter = None
+        if spec.speculative:
+            words.starting(f"loading the {s.quantize.upper()} draft {s.draft}")
+            drafter = await in_thread(load_drafter, args.draft, args.quantize, spec)
+            configs = _configs(args, state, drafter.model, spec)
+            words.starting("compiling the draft model")
+            await in_thread(compile_drafter, drafter, configs, s.depth)
+        else:  # --gamma 0: speculation off, nothing drafts; the target's tokenizer only
+            words.starting(f"loading {s.checkpoint} for its tokenizer (--gamma 0: nothing drafts)")
+            configs = _configs(args, state, await in_thread(load, args.checkpoint), spec)
         if not address.done():
             words.starting("draft ready; waiting for the verifier")
         return drafter, configs, await address
@@ -326,6 +339,7 @@ async def _connect(
                 monitor,
                 retry_s=WAIT_SERVING_S,
                 on_retry=lambda notice: words.phase("starting", f"{notice}…"),
+                on_wait=lambda wait: words.phase("starting", f"{wait}…", tick=True),
             )
         )
     except BaseException:
@@ -348,7 +362,7 @@ class _Tenants:
 
     args: argparse.Namespace
     state: DemoState
-    drafter: Drafter
+    drafter: Drafter | None  # None with --gamma 0
     configs: list[SessionConfig]  # tenant i's first sample
     endpoints: list[GrpcEndpoint]  # tenant i's channel
     monitor: GrpcEndpoint  # the Stats poller's channel

@@ -16,6 +16,7 @@ drafts in flight (sent, not yet answered) trail the committed text until their v
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from collections import deque
@@ -27,6 +28,26 @@ from jaxspec.figures import AcceptanceFigures
 PROMPT, ACCEPT, CORRECT, BONUS, REJECT = "prompt", "accept", "correct", "bonus", "reject"
 SEPARATOR = "separator"  # between samples in --seconds mode
 _CONTEXT = 8  # tokens of left context when decoding a piece (merges, leading spaces)
+
+
+def _process_age_s() -> float | None:
+    """Seconds since this process started (Linux: its start time in /proc/self/stat against
+    the boot clock), None where that cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: ticks since boot
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return age if 0.0 <= age < 86400.0 else None
+
+
+# When the command started, on `time.perf_counter`'s clock: the process's start (what the
+# user waited from pressing Enter: interpreter, imports, fetching, building, compiling
+# included), or, where that cannot be read, when this module was imported. The demo's
+# elapsed time and TTFT count from here.
+COMMAND_START_T = time.perf_counter() - (_process_age_s() or 0.0)
 
 
 def decode_delta(
@@ -71,7 +92,9 @@ class TenantView:
     sample_open_t: float | None = None
     first_commit_t: float | None = None
     last_commit_t: float | None = None
-    ttft_s: list[float] = dataclasses.field(default_factory=list)
+    ttft_s: list[float] = dataclasses.field(default_factory=list)  # each from its session's open
+    command_t: float | None = None  # the command's start (`DemoState` sets it)
+    first_token_s: float | None = None  # the first token, seconds from the command's start
     steady_tokens: int = 0  # tokens after each sample's first commit
     steady_s: float = 0.0  # time after each sample's first commit, closed samples
     recent: deque = dataclasses.field(default_factory=lambda: deque(maxlen=512))
@@ -150,6 +173,8 @@ class TenantView:
             self.first_commit_t = now
             if self.sample_open_t is not None:
                 self.ttft_s.append(now - self.sample_open_t)
+            if self.first_token_s is None and self.command_t is not None:
+                self.first_token_s = now - self.command_t
         elif now > self.first_commit_t:  # the first round's tokens carry its latency
             self.steady_tokens += len(toks)
         self.last_commit_t = now
@@ -215,7 +240,8 @@ class DemoState:
     tenants: list[TenantView]
     phase: str = "starting"  # one word for the header: starting, running, done, ...
     detail: str = ""  # what it is waiting for, shown until the verifier's figures arrive
-    started_t: float = dataclasses.field(default_factory=time.perf_counter)
+    started_t: float = COMMAND_START_T  # elapsed time and TTFT count from here
+    serving_s: float | None = None  # when the verifier served, seconds from `started_t`
     stats: dict = dataclasses.field(default_factory=dict)  # the verifier's, verifier-wide
     baseline: dict = dataclasses.field(default_factory=dict)  # its Stats as the tenants began
     stats_error: str = ""
@@ -225,6 +251,10 @@ class DemoState:
     _steps_moved_t: float | None = None
     lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
     _history: deque = dataclasses.field(default_factory=deque)  # (t, tokens, rounds, steps)
+
+    def __post_init__(self) -> None:
+        for view in self.tenants:
+            view.command_t = self.started_t
 
     def total_tokens(self) -> int:
         """Tokens this demo's tenants committed (its own figure, whoever else shares the
@@ -241,6 +271,8 @@ class DemoState:
         with self.lock:
             self.baseline = dict(stats)
             self.set_stats(stats)
+            if self.serving_s is None:  # the baseline is taken once the verifier serves
+                self.serving_s = self.elapsed_s()
 
     def since_start(self, key: str) -> int:
         """A verifier-wide counter (`steps`, `tokens_committed`) since the tenants started
@@ -284,5 +316,6 @@ class DemoState:
             self.stats = dict(stats)
 
     def elapsed_s(self, now: float | None = None) -> float:
+        """Seconds since the command started (`started_t`), wall-clock."""
         now = time.perf_counter() if now is None else now
         return now - self.started_t
