@@ -23,6 +23,10 @@ to `length` the output (committed tokens, then drafts in flight), and each draft
 also counts the block's earlier drafts (`draft_block`). Rolling back the length rolls the
 counts back with it.
 
+An edge session's round is one call, `draft_round`: roll back, append the verifier's token
+and draft the next block, with the state donated, so the KV cache is written in place
+rather than copied once per call (three copies a round when the three ran apart).
+
 The per-step sampling is `jaxspec.speculative.draft_q_for`, so the q returned for each
 encoding (full / sparse top-k / onehot) is exactly the distribution the draft was drawn from.
 """
@@ -122,13 +126,31 @@ def prefill(
     return DrafterState(tokens=tokens, length=length, cache=cache, prompt_len=prompt_len)
 
 
-@jax.jit
-def rollback(state: DrafterState, rows_R: jax.Array, lengths_R: jax.Array) -> DrafterState:
-    """Lower the context of `rows` to `lengths` (never raises one); KV beyond is dropped."""
+def _rolled_back(state: DrafterState, rows_R: jax.Array, lengths_R: jax.Array) -> DrafterState:
+    """`rollback`'s body (traced): a change of lengths, no KV copied or cleared."""
     new = jnp.minimum(state.length[rows_R], lengths_R.astype(jnp.int32))
     return state.replace(
         length=state.length.at[rows_R].set(new), cache=state.cache.rollback(rows_R, new)
     )
+
+
+def _appended(
+    state: DrafterState, rows_R: jax.Array, tokens_RK: jax.Array, counts_R: jax.Array
+) -> DrafterState:
+    """`append`'s body (traced)."""
+    K = tokens_RK.shape[1]
+    cols = jnp.arange(K, dtype=jnp.int32)[None, :]
+    start = state.length[rows_R]
+    write = jnp.where(cols < counts_R[:, None], start[:, None] + cols, state.tokens.shape[1])
+    tokens = state.tokens.at[rows_R[:, None], write].set(tokens_RK.astype(jnp.int32), mode="drop")
+    length = state.length.at[rows_R].set(start + counts_R.astype(jnp.int32))
+    return state.replace(tokens=tokens, length=length)
+
+
+@jax.jit
+def rollback(state: DrafterState, rows_R: jax.Array, lengths_R: jax.Array) -> DrafterState:
+    """Lower the context of `rows` to `lengths` (never raises one); KV beyond is dropped."""
+    return _rolled_back(state, rows_R, lengths_R)
 
 
 @jax.jit
@@ -137,13 +159,7 @@ def append(
 ) -> DrafterState:
     """Append the first `counts[r]` of `tokens[r]` (e.g. a correction or bonus token) to the
     context of `rows[r]`; their KV is written by the next `draft`."""
-    K = tokens_RK.shape[1]
-    cols = jnp.arange(K, dtype=jnp.int32)[None, :]
-    start = state.length[rows_R]
-    write = jnp.where(cols < counts_R[:, None], start[:, None] + cols, state.tokens.shape[1])
-    tokens = state.tokens.at[rows_R[:, None], write].set(tokens_RK.astype(jnp.int32), mode="drop")
-    length = state.length.at[rows_R].set(start + counts_R.astype(jnp.int32))
-    return state.replace(tokens=tokens, length=length)
+    return _appended(state, rows_R, tokens_RK, counts_R)
 
 
 @functools.partial(jax.jit, static_argnames=("module", "spec"))
@@ -159,6 +175,43 @@ def draft(
 ) -> tuple[DrafterState, DraftBatch]:
     """Draft `spec.gamma` tokens for every live row (module doc); returns the state with the
     drafts appended to the live rows' contexts, and the drafts."""
+    return _drafted(module, params, state, sampling, keys_N2, live_N, spec)
+
+
+@functools.partial(jax.jit, static_argnames=("module", "spec"), donate_argnames=("state",))
+def draft_round(
+    module: Llama,
+    params: Any,
+    state: DrafterState,
+    keep_N: jax.Array,
+    next_NK: jax.Array,
+    count_N: jax.Array,
+    sampling: SamplingParams,
+    keys_N2: jax.Array,
+    live_N: jax.Array,
+    *,
+    spec: DraftSpec,
+) -> tuple[DrafterState, DraftBatch]:
+    """One edge round for every row in one call: `rollback` to `keep` (a change of lengths),
+    `append` the first `count` of `next` (the verifier's correction or bonus token), then
+    `draft`. The same state and drafts as those three calls in turn, but `state` is donated:
+    its buffers become the result's (the KV cache is updated in place, never copied), so
+    the caller must not use `state` again."""
+    rows = jnp.arange(state.tokens.shape[0])
+    state = _appended(_rolled_back(state, rows, keep_N), rows, next_NK, count_N)
+    return _drafted(module, params, state, sampling, keys_N2, live_N, spec)
+
+
+def _drafted(
+    module: Llama,
+    params: Any,
+    state: DrafterState,
+    sampling: SamplingParams,
+    keys_N2: jax.Array,
+    live_N: jax.Array,
+    spec: DraftSpec,
+) -> tuple[DrafterState, DraftBatch]:
+    """`draft`'s body (traced)."""
     N, S = state.tokens.shape
     gamma = spec.gamma
     n_N = state.length
@@ -202,6 +255,11 @@ class Drafter:
         st, batch = d.draft(st, SamplingParams.make(8, temperature=0.8), keys)
         st = d.rollback(st, [0], [batch.start[0] + accepted])      # then append the next token
         st = d.append(st, [0], [[next_token]])
+        # or all three in one call, the state donated (what an edge session does each round):
+        st, batch = d.round(st, [batch.start[0] + accepted], [[next_token]], [1], sampling, keys)
+
+    `round` donates its state (an edge session's round: no KV copy); the other methods
+    leave theirs intact, so a caller may keep and reuse it.
     """
 
     def __init__(self, model: Model, spec: DraftSpec) -> None:
@@ -258,12 +316,43 @@ class Drafter:
         length compiles once, shared with a fixed spec of that gamma)."""
         if live is None:
             live = state.length > 0
-        n = self.spec.gamma if gamma is None else gamma
-        if not 1 <= n <= self.spec.gamma:
-            raise ValueError(f"a block drafts 1..{self.spec.gamma} tokens, got {n}")
+        n = self._block_len(gamma)
         spec = self.spec.with_gamma(n)  # equal to `spec` unless adaptive or shorter
         m = self.model
         return draft(m.module, m.params, state, sampling, keys, jnp.asarray(live, bool), spec=spec)
+
+    def round(
+        self,
+        state: DrafterState,
+        keep: Any,
+        tokens: Any,
+        counts: Any,
+        sampling: SamplingParams,
+        keys: jax.Array,
+        live: Any = None,
+        *,
+        gamma: int | None = None,
+    ) -> tuple[DrafterState, DraftBatch]:
+        """`rollback(every row, keep)`, `append(every row, tokens, counts)` and `draft(...,
+        gamma=gamma)` as one jitted call (`draft_round`): an edge session's round. `state`
+        is DONATED: its buffers are reused for the result, and JAX refuses it afterwards.
+        `keep` `[N]` (a length at or above a row's keeps it whole), `tokens` `[N, K]` and
+        `counts` `[N]` may be host arrays; `live` defaults to every row."""
+        n = self._block_len(gamma)
+        keep = np.asarray(keep, np.int32)
+        live = np.ones(keep.shape[0], bool) if live is None else np.asarray(live, bool)
+        m = self.model
+        return draft_round(
+            m.module, m.params, state, keep, np.asarray(tokens, np.int32),
+            np.asarray(counts, np.int32), sampling, keys, live, spec=self.spec.with_gamma(n),
+        )  # fmt: skip
+
+    def _block_len(self, gamma: int | None) -> int:
+        """`gamma` (default `spec.gamma`), checked to be in 1..spec.gamma."""
+        n = self.spec.gamma if gamma is None else gamma
+        if not 1 <= n <= self.spec.gamma:
+            raise ValueError(f"a block drafts 1..{self.spec.gamma} tokens, got {n}")
+        return n
 
     def rollback(self, state: DrafterState, rows: Any, lengths: Any) -> DrafterState:
         return rollback(state, jnp.asarray(rows, jnp.int32), jnp.asarray(lengths, jnp.int32))

@@ -165,6 +165,11 @@ class EdgeSession:
         self.sid = ""
         self.max_len = 0
         self.state: DrafterState | None = None
+        # The drafter's context as the host tracks it (no device reads): the next round
+        # keeps its first `keep` tokens, appends `tail` (the verifier's tokens since), drafts.
+        self.keep = 0
+        self.tail: list[int] = []
+        self.rolled = False  # a rollback awaits the next round (`on_rollback` sees it then)
         self.sampling: SamplingParams | None = None
         self.keys: jax.Array | None = None
         self.committed = list(self.prompt)
@@ -202,6 +207,7 @@ class EdgeSession:
         self.max_len = bucket(need, 64)  # sessions share compilations
         if self.speculative:
             self.state = self.drafter.prefill(self.drafter.init(1, self.max_len), [self.prompt])
+            self.keep = len(self.prompt)
         self.sampling = SamplingParams.of([c.sampling])
         self.keys = session_key(c.seed, 0)[None]
 
@@ -229,14 +235,21 @@ class EdgeSession:
             self.on_event(kind, tuple(int(t) for t in toks))
 
     def _roll_back(self, length: int, token: int | None = None) -> None:
-        """Cut the drafter's context to `length` tokens (then append `token`)."""
+        """Cut the drafter's context to `length` tokens (then append `token`): noted on the
+        host, done by the next round's one call (`_send_drafts`)."""
         if not self.speculative:
             return
-        self.state = self.drafter.rollback(self.state, [0], [length])
+        self._cut(length)
         if token is not None:
-            self.state = self.drafter.append(self.state, [0], [[token]])
-        if self.on_rollback is not None:
-            self.on_rollback(self.state, self.committed)
+            self.tail.append(token)
+        self.rolled = True
+
+    def _cut(self, length: int) -> None:
+        """Note that the drafter's context is cut to `length` tokens (never lengthened)."""
+        if length <= self.keep:
+            self.keep, self.tail = length, []
+        else:
+            del self.tail[length - self.keep :]
 
     # --- sending ----------------------------------------------------------------------------
 
@@ -258,7 +271,7 @@ class EdgeSession:
 
     def _room(self) -> bool:
         """Whether the drafter's context has room for one more longest block."""
-        return int(self.state.length[0]) + self.gamma <= self.max_len
+        return self.keep + len(self.tail) + self.gamma <= self.max_len
 
     def _next_len(self) -> int:
         """The next block's length: `gamma`, or what `block_len()` picks (checked)."""
@@ -279,15 +292,28 @@ class EdgeSession:
             self.state = self.drafter.prefill(
                 self.state, [self.committed], prompt_len=[len(self.prompt)]
             )
-            self.behind = False
+            self.keep, self.tail, self.behind = len(self.committed), [], False
         t_draft = time.perf_counter()
-        self.state, batch = self.drafter.draft(self.state, self.sampling, self.keys, gamma=n)
+        batch = self._round(n)
         block = _to_wire(batch, self.sid, self.epoch)  # waits for the drafts: timed whole
         self.sent_at[id(block)] = time.perf_counter()
         if self.observe_draft is not None:
             self.observe_draft(n, self.sent_at[id(block)] - t_draft)
         self._send(block)
         self._emit("draft", block.tokens)
+
+    def _round(self, n: int) -> DraftBatch:
+        """The drafter's round, one donated call: the noted rollback and tokens, then a block
+        of `n` drafts; the host tracks the context's length (no device value is read)."""
+        tail = [self.tail or [0]]  # [1, K] tokens, the first len(self.tail) appended
+        self.state, batch = self.drafter.round(
+            self.state, [self.keep], tail, [len(self.tail)], self.sampling, self.keys, gamma=n
+        )
+        self.keep, self.tail = self.keep + len(self.tail) + n, []
+        if self.rolled and self.on_rollback is not None:
+            self.on_rollback(self.state, self.committed)
+        self.rolled = False
+        return batch
 
     def _send(self, block: DraftBlock) -> None:
         """Put `block` in flight: its answer is awaited in the order sent."""
@@ -327,7 +353,7 @@ class EdgeSession:
         self.sid = await self._open(dataclasses.replace(self.config, committed=done))
         self.epoch = 0
         if self.speculative:
-            self.state = self.drafter.rollback(self.state, [0], [len(self.committed)])
+            self._cut(len(self.committed))
         self.trace.resumes += 1
         self._emit("resume", ())
 
@@ -383,7 +409,10 @@ async def run_session(
 
     `config.mode` "sync" forces depth 1. `on_event(kind, tokens)` sees "draft", "accept",
     "correct", "bonus", "reject" (drafts thrown away), "stale" and "resume" as they happen;
-    `on_rollback(drafter_state, committed)` sees the drafter right after each rollback.
+    `on_rollback(drafter_state, committed)` sees the drafter after the first round that
+    follows a rollback (the round rolls back, then drafts, in one call): its context is the
+    committed tokens, then that round's drafts. The next round donates that state: read what
+    you need in the call, keep nothing.
     With `resume_timeout_s > 0`, a verifier that becomes unavailable (killed, restarted,
     draining) is retried for that long and the session reopened with its committed tokens:
     the output is exactly that of an uninterrupted run (draws are keyed by position).

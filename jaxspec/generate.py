@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, UInt32
 
+from jaxspec import analytic
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.model import KVCache, Llama, Model, init_cache
 from jaxspec.protocol import MODES, DraftSpec, SamplingSettings
@@ -38,6 +39,36 @@ from jaxspec.traces import traces
 from jaxspec.verification import EXACT, Variant
 
 PromptIds = Sequence[int] | Sequence[Sequence[int]] | np.ndarray
+AUTO = "auto"  # generate(gamma="auto"): measure the pair and pick one gamma
+AUTO_LONGEST_BLOCK = 8  # the longest block gamma="auto" considers (an adaptive spec says)
+PROBE_TOKENS = 16  # new tokens of each measuring run of gamma="auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class GammaChoice:
+    """What `generate(gamma="auto")` measured and the gamma it picked (`GenerateStats.auto`).
+
+    Fields: `gamma` (picked, in 1..`longest`); `draft_s` and `target_s`, each model's seconds
+    per token in a plain run of `probe_tokens` new tokens (compilation excluded; a verify
+    step of a few positions costs about one decode step on a memory-bound model); `alphas`,
+    the acceptance of each draft position given the earlier ones were accepted, and
+    `acceptance_rate`, both from a speculative run at `longest`."""
+
+    gamma: int
+    longest: int
+    draft_s: float
+    target_s: float
+    alphas: tuple[float, ...]
+    acceptance_rate: float
+    probe_tokens: int
+
+    def describe(self) -> str:
+        """The figures in words (what `jaxspec generate --gamma auto` prints)."""
+        return (
+            f"draft {self.draft_s * 1e3:.1f} ms/token, target {self.target_s * 1e3:.1f} "
+            f"ms/token, acceptance {self.acceptance_rate:.2f} over {self.probe_tokens} probe "
+            f"tokens at gamma={self.longest}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +79,9 @@ class GenerateStats:
     tokens over it: the speed a second call with the same shapes gets. `compile_s` is the time
     spent tracing and compiling shapes met for the first time (0.0 when every shape was
     compiled already); `compiled` says whether any was. `figures` holds the speculative-decoding
-    totals (`AcceptanceFigures`) when a draft was used (None for plain decoding)."""
+    totals (`AcceptanceFigures`) when a draft was used (None for plain decoding), `gamma` the
+    drafts per round (None for plain decoding) and `auto` what `gamma="auto"` measured to
+    pick it (`GammaChoice`; its probe runs are not in `wall_s` or `compile_s`)."""
 
     num_rows: int
     new_tokens: int
@@ -56,6 +89,8 @@ class GenerateStats:
     compiled: bool
     figures: AcceptanceFigures | None = None
     compile_s: float = 0.0
+    gamma: int | None = None
+    auto: GammaChoice | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -114,7 +149,7 @@ def generate(
     seeds: Sequence[int] | None = None,
     stop_tokens: Sequence[int] | None = None,
     draft: Model | None = None,
-    gamma: int = 4,
+    gamma: int | str = 4,
     mode: str = "sync",
     encoding: str = "full",
     sparse_k: int = 8,
@@ -152,10 +187,11 @@ def generate(
         `q_dtype="float16"` drafts from q rounded to float16 (times one float32 scale per
         draft), as an edge session of that `q_dtype` does: the same tokens as that session.
         `gamma=0` is speculation off: plain decoding, the draft unused (`stats.figures` None),
-        as an edge session of gamma 0 gets the same tokens from the verifier.
+        as an edge session of gamma 0 gets the same tokens from the verifier. `gamma="auto"`
+        decodes with the gamma in 1..8 (`DraftSpec(gamma=L, adaptive=True)`: 1..L) that
+        `choose_gamma` picks, recorded in `stats.gamma` (the measurements: `stats.auto`).
       max_batch: rows decoded per jitted call; larger batches run in chunks.
     """
-    _refuse_auto(gamma)
     rows, single = normalize_prompts(prompt_ids, model.config.vocab_size)
     _check_length(model, rows, max_new_tokens)
     knobs = dict(
@@ -164,10 +200,8 @@ def generate(
         frequency_penalty=frequency_penalty,
     )  # fmt: skip
     params = _sampling_rows(sampling, knobs, len(rows), model.config.vocab_size)
-    spec = None
-    if draft is not None:
-        kw = dict(gamma=gamma, encoding=encoding, sparse_k=sparse_k, q_dtype=q_dtype)
-        spec = _speculative_spec(model, draft, mode, draft_spec or DraftSpec(**kw))
+    kw = dict(gamma=gamma, encoding=encoding, sparse_k=sparse_k, q_dtype=q_dtype)
+    spec = None if draft is None else _draft_spec(model, draft, mode, draft_spec, kw)
     stops = model.config.eos_token_ids if stop_tokens is None else tuple(stop_tokens)
     keys = session_keys(seed if seeds is None else list(seeds), len(rows))
     out, stats = decode(
@@ -194,9 +228,15 @@ def decode(
 ) -> tuple[np.ndarray, GenerateStats]:
     """`generate` below its checks: the validated objects in, `[B, max_new_tokens]` new tokens
     (-1 padded) and the stats out. `variant` is the tests' hook (`jaxspec.verification.
-    Variant`): a deliberately wrong rule, drafting or counts that a test must catch."""
+    Variant`): a deliberately wrong rule, drafting or counts that a test must catch. An
+    adaptive `spec` (gamma="auto") becomes the fixed one of the gamma `choose_gamma` picks,
+    measured on the first chunk (the batch shape decoded; not timed in the stats)."""
     if draft is not None and (spec is None or not spec.speculative):
         draft, spec = None, None  # gamma 0: speculation off, plain decoding (draft unused)
+    head = rows[:max_batch]
+    spec, auto = _picked(
+        model, draft, head, sampling, keys, stop_tokens, spec, mode, max_new_tokens
+    )
     n = len(rows)
     stop_arr = jnp.asarray(list(stop_tokens) or [-1], jnp.int32)
     out = np.full((n, max_new_tokens), -1, np.int32)
@@ -221,18 +261,93 @@ def decode(
         compiled=compiled,
         figures=figures,
         compile_s=compile_s,
+        gamma=None if draft is None else spec.gamma,
+        auto=auto,
     )
     return out, stats
 
 
-def _refuse_auto(gamma: int | str) -> None:
-    if gamma == "auto":
-        raise ValueError(
-            "gamma='auto' (the edge picks each block's length from the verifier's answers) "
-            "is for edge sessions (edge.run_session, python -m edge generate --gamma auto); "
-            "co-located decoding drafts blocks of one fixed gamma (`jaxspec generate --gamma "
-            "auto` measures the pair and picks one)"
-        )
+def _picked(
+    model: Model,
+    draft: Model | None,
+    rows: list[list[int]],
+    sampling: SamplingParams,
+    keys: UInt32[Array, "B 2"],
+    stop_tokens: Sequence[int],
+    spec: DraftSpec | None,
+    mode: str,
+    max_new: int,
+) -> tuple[DraftSpec | None, GammaChoice | None]:
+    """`spec` as it is, or for an adaptive one (gamma="auto") the fixed spec of the gamma
+    `choose_gamma` picks on `rows` (probes of at most `max_new` tokens), and that choice."""
+    if draft is None or spec is None or not spec.adaptive:
+        return spec, None
+    probe = min(PROBE_TOKENS, max_new)
+    auto = choose_gamma(
+        model, draft, rows, sampling, keys, stop_tokens, spec, mode=mode, probe_tokens=probe
+    )
+    return dataclasses.replace(spec, gamma=auto.gamma, adaptive=False), auto
+
+
+def _draft_spec(
+    model: Model, draft: Model, mode: str, given: DraftSpec | None, kw: dict[str, Any]
+) -> DraftSpec:
+    """The checked `DraftSpec` of `generate`'s keywords `kw` (or `given`): gamma="auto" is an
+    adaptive spec whose gamma is the longest block, `AUTO_LONGEST_BLOCK`."""
+    spec = given
+    if spec is None and kw["gamma"] == AUTO:
+        spec = DraftSpec(**{**kw, "gamma": AUTO_LONGEST_BLOCK}, adaptive=True)
+    elif spec is None:
+        if isinstance(kw["gamma"], str):
+            raise ValueError(f"gamma must be an integer or {AUTO!r}, got {kw['gamma']!r}")
+        spec = DraftSpec(**kw)
+    _speculative_spec(model, draft, mode, dataclasses.replace(spec, adaptive=False))
+    return spec
+
+
+def conditional_alphas(reached: Sequence[float]) -> list[float]:
+    """Per draft position i, P(draft i accepted | drafts before it accepted), from the
+    fraction of rounds whose draft i was accepted (`per_position_acceptance`: every draft up
+    to i accepted) — the acceptance `jaxspec.analytic` takes per position."""
+    out, before = [], 1.0
+    for r in reached:
+        out.append(min(1.0, r / before) if before > 0 else 0.0)
+        before = r
+    return out
+
+
+def choose_gamma(
+    model: Model,
+    draft: Model,
+    rows: list[list[int]],
+    sampling: SamplingParams,
+    keys: UInt32[Array, "B 2"],
+    stop_tokens: Sequence[int],
+    spec: DraftSpec,
+    *,
+    mode: str = "sync",
+    probe_tokens: int = PROBE_TOKENS,
+) -> GammaChoice:
+    """`gamma="auto"`: the gamma in 1..`spec.gamma` with the least expected time per token
+    under the model the edge's adaptive gamma uses (`jaxspec.analytic`, co-located: the sync
+    round without a network), fed with figures measured on these rows: the draft's and the
+    target's seconds per token from a plain run of `probe_tokens` each, and the acceptance
+    per draft position from a speculative run at `spec.gamma` (the longest block). Each
+    run's compilation is excluded from its timing (`GenerateStats.wall_s`). `sampling` and
+    `keys` may have more rows than `rows` (`generate` measures its first chunk)."""
+    head = jax.tree.map(lambda a: a[: len(rows)], (sampling, keys))
+    common = (rows, probe_tokens, *head, stop_tokens)
+    per_token = [decode(m, *common)[1] for m in (draft, model)]
+    t_d, t_v = (s.wall_s / max(1, s.new_tokens) for s in per_token)
+    longest = dataclasses.replace(spec, adaptive=False)
+    probe = decode(model, *common, draft=draft, spec=longest, mode=mode)[1]
+    figures = probe.figures or AcceptanceFigures()
+    alphas = conditional_alphas(figures.per_position_acceptance)
+    gamma = analytic.best_gamma("colocated", alphas, t_d, 0.0, t_v, longest=spec.gamma)
+    return GammaChoice(
+        gamma=gamma, longest=spec.gamma, draft_s=t_d, target_s=t_v, alphas=tuple(alphas),
+        acceptance_rate=figures.acceptance_rate, probe_tokens=probe_tokens,
+    )  # fmt: skip
 
 
 def _check_length(model: Model, rows: list[list[int]], max_new_tokens: int) -> None:

@@ -36,7 +36,9 @@ from rich.progress import (
 )
 
 import jaxspec
-from jaxspec import analytic, floatkernel, int4kernel
+from jaxspec import floatkernel, int4kernel
+from jaxspec.generate import choose_gamma, conditional_alphas  # noqa: F401 (re-exported)
+from jaxspec.sampling import session_keys
 from jaxspec.testing import write_random_checkpoint
 from jaxspec.text import decode_text
 from jaxspec_apps import bench, demo, serve
@@ -106,17 +108,6 @@ def _generate(args: argparse.Namespace) -> int:
 PROBE_TOKENS = 16  # tokens of each measuring run of `--gamma auto`
 
 
-def conditional_alphas(reached: Sequence[float]) -> list[float]:
-    """Per draft position i, P(draft i accepted | drafts before it accepted), from the
-    fraction of rounds whose draft i was accepted (`per_position_acceptance`: every draft up
-    to i accepted) — the acceptance `jaxspec.analytic` takes per position."""
-    out, before = [], 1.0
-    for r in reached:
-        out.append(min(1.0, r / before) if before > 0 else 0.0)
-        before = r
-    return out
-
-
 def choose_colocated_gamma(
     target: jaxspec.Model,
     draft: jaxspec.Model,
@@ -126,25 +117,17 @@ def choose_colocated_gamma(
     seed: int,
     probe_tokens: int = PROBE_TOKENS,
 ) -> tuple[int, str]:
-    """`--gamma auto` for co-located decoding: the block length with the least expected time
-    per token under the same model the edge's adaptive gamma uses (`jaxspec.analytic`,
-    co-located: the sync round without a network), fed with measured figures: the draft's and
-    the target's time per token from a short plain run of each (a verify step of a few
-    positions costs about one decode step on a memory-bound model), and the acceptance per
-    draft position from a short speculative run at `longest`. Returns the gamma and the
-    figures in words. Each probe's compilation is excluded from its timing."""
-    plain = {"sampling": sampling, "seed": seed}
-    t_d = 1.0 / jaxspec.generate(draft, ids, probe_tokens, **plain).stats.tokens_per_s
-    t_v = 1.0 / jaxspec.generate(target, ids, probe_tokens, **plain).stats.tokens_per_s
-    probe = jaxspec.generate(target, ids, probe_tokens, **plain, draft=draft, gamma=longest)
-    figures = probe.stats.figures or jaxspec.AcceptanceFigures()
-    alphas = conditional_alphas(figures.per_position_acceptance)
-    gamma = analytic.best_gamma("colocated", alphas, t_d, 0.0, t_v, longest=longest)
-    words = (
-        f"draft {t_d * 1e3:.1f} ms/token, target {t_v * 1e3:.1f} ms/token, acceptance "
-        f"{figures.acceptance_rate:.2f} over {probe_tokens} probe tokens at gamma={longest}"
-    )
-    return gamma, words
+    """`--gamma auto` for co-located decoding: what `jaxspec.generate(..., gamma="auto")`
+    picks (`jaxspec.generate`'s `choose_gamma`: the draft's and the target's time per token
+    from short plain runs, the acceptance per position from a speculative run at `longest`,
+    the least expected time per token under `jaxspec.analytic`'s co-located model), on the
+    one prompt. Returns the gamma and the figures in words."""
+    choice = choose_gamma(
+        target, draft, [list(ids)], jaxspec.SamplingParams.of([sampling]),
+        session_keys(seed, 1), target.config.eos_token_ids,
+        jaxspec.DraftSpec(gamma=longest, adaptive=True), probe_tokens=probe_tokens,
+    )  # fmt: skip
+    return choice.gamma, choice.describe()
 
 
 @contextlib.contextmanager

@@ -91,6 +91,25 @@ def test_rollback_and_redraft_equals_a_fresh_drafter(drafters, encoding, pipelin
     assert_same_state(st, ref_state)
 
 
+@pytest.mark.parametrize("encoding", ["full", "sparse"])
+def test_a_round_is_rollback_append_and_draft_in_one_donated_call(drafters, encoding):
+    """`round` = rollback + append + draft, bit for bit (state and drafts), per row (row 0
+    rolls back and takes a token, row 1 is kept whole and takes none); its input state is
+    donated: JAX refuses it afterwards, so no caller can read a state the round reused."""
+    d = drafters[encoding]
+    sp, keys = sampling(2), session_keys(4, 2)
+    st, _ = d.draft(fresh(d, PROMPTS), sp, keys)
+    ref = d.draft(d.append(d.rollback(st, [0], [4]), [0], [[9]]), sp, keys, gamma=3)
+    got = d.round(st, [4, 99], [[9], [0]], [1, 0], sp, keys, gamma=3)
+    for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(got[1].start, [5, len(PROMPTS[1]) + GAMMA])
+    with pytest.raises(RuntimeError, match="deleted"):
+        np.asarray(st.cache.k)
+    with pytest.raises(ValueError, match=r"1\.\.4"):
+        d.round(got[0], [4, 4], [[0], [0]], [0, 0], sp, keys, gamma=5)
+
+
 def test_draws_are_keyed_by_position(drafters):
     d = drafters["full"]
     sp, keys = sampling(3), session_keys(7, 3)

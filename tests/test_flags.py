@@ -83,8 +83,8 @@ def test_gamma_auto_is_an_adaptive_spec_and_reaches_the_wire():
         DraftSpec(gamma="auto")
     import jaxspec
 
-    with pytest.raises(ValueError, match="edge sessions"):  # co-located: no round trip
-        jaxspec.generate(None, [1], gamma="auto")
+    with pytest.raises(ValueError, match="integer or 'auto'"):  # "auto" measures and picks
+        jaxspec.generate(jaxspec.load("default"), [1], draft=jaxspec.load("default"), gamma="a")
 
 
 def test_help_overrides_name_real_flags():

@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 
 import jaxspec
+from jaxspec import analytic
 from jaxspec.sampling import SamplingParams, warp
 from jaxspec.testing import tiny_config, to_dtype
 from tests.mutant_helpers import mutated
@@ -177,11 +178,31 @@ def test_stats_and_stop_tokens(hf_pair):
     assert out.tokens[0] == free.tokens[0][: free.tokens[0].index(stop) + 1]
 
 
+def test_gamma_auto_picks_by_measuring_and_decodes_as_that_gamma(hf_pair):
+    """gamma="auto" (here an adaptive spec, longest block 3): the pair is measured (probes of
+    max_new_tokens here: fewer than 16), the gamma in 1..3 the co-located model calls for with
+    those figures is picked and recorded, and the output is exactly generate's at that gamma."""
+    target, draft = hf_pair
+    prompts, kw = [[1, 2, 3], [4, 5]], dict(temperature=0.8, draft=draft, seeds=[4, 5])
+    longest = jaxspec.DraftSpec(gamma=3, adaptive=True)
+    auto = jaxspec.generate(target, prompts, 12, draft_spec=longest, **kw)
+    s, a = auto.stats, auto.stats.auto
+    assert 1 <= s.gamma <= 3 and (a.gamma, a.longest, a.probe_tokens) == (s.gamma, 3, 12)
+    assert a.draft_s > 0 and a.target_s > 0 and len(a.alphas) == 3 and "ms/token" in a.describe()
+    best = analytic.best_gamma("colocated", a.alphas, a.draft_s, 0.0, a.target_s, longest=3)
+    assert s.gamma == best and s.figures.num_draft_tokens == s.gamma * s.figures.rounds
+    fixed = jaxspec.generate(target, prompts, 12, gamma=s.gamma, **kw)
+    assert fixed.tokens == auto.tokens and (fixed.stats.gamma, fixed.stats.auto) == (s.gamma, None)
+    plain = jaxspec.generate(target, prompts, 12, gamma="auto", temperature=0.8, seeds=[4, 5])
+    assert (plain.stats.gamma, plain.stats.auto, plain.stats.figures) == (None, None, None)
+
+
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
         ({"gamma": -1}, "gamma"),  # 0 is speculation off: plain decoding (test_gamma0)
         ({"gamma": 65}, "gamma"),
+        ({"gamma": "often"}, "gamma"),
         ({"mode": "async"}, "mode"),
         ({"encoding": "dense"}, "encoding"),
         ({"encoding": "sparse", "sparse_k": 0}, "sparse_k"),
