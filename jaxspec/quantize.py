@@ -607,38 +607,47 @@ def _quantize_asym(
     spec: QuantSpec, float_params: Any, hessians: dict[tuple[str, ...], Any], progress: Any
 ) -> Any:
     """The served params of an asymmetric method: each quantized float weight replaced by
-    {qweight, scale, minimum} (`jaxspec.quant_methods`), layer by layer, in numpy."""
-    owners = [p for p in _flatten_paths(float_params) if _quantized_leaf(spec, p)]
-    done = 0
+    {qweight, scale, minimum} (`jaxspec.quant_methods`, in numpy, all weights in one
+    `quantize_many` call: shared Hessians once, on every CPU)."""
+    owners: dict[tuple[str, ...], QuantSpec] = {}
+    jobs = []
 
-    def store(path: tuple[str, ...], node: dict[str, Any]) -> dict[str, Any]:
-        nonlocal done
-        embed = "embedding" in node
-        s = spec.head() if embed or path[0] == "lm_head" else spec
-        w = np.asarray(node["embedding"], np.float32).T if embed else np.asarray(node["kernel"])
-        g, _ = s.groups(w.shape[0])
-        qz = quant_methods.quantize_weight(w, spec.method, s.weight_bits, g, hessians.get(path))
-        out = {k: v for k, v in node.items() if k not in ("kernel", "embedding")}
-        q = jnp.asarray(qz.q)
-        out["qweight"] = s.pack(q)
-        out["scale"] = jnp.asarray(qz.scale)
-        out["minimum"] = jnp.asarray(qz.minimum)
-        done += 1
-        if progress:
-            progress("weights", done, len(owners))
-        return out
+    def collect(node: Any, path: tuple[str, ...]) -> None:
+        if _owns_weight(spec, node, path):
+            embed = "embedding" in node
+            s = spec.head() if embed or path[0] == "lm_head" else spec
+            w = np.asarray(node["embedding"], np.float32).T if embed else np.asarray(node["kernel"])
+            owners[path] = s
+            jobs.append(
+                quant_methods.Job(w, hessians.get(path), s.weight_bits, s.groups(w.shape[0])[0])
+            )
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                collect(v, (*path, k))
+
+    collect(dict(float_params), ())
+    report = None if progress is None else (lambda done: progress("weights", done, len(jobs)))
+    done = dict(zip(owners, quant_methods.quantize_many(jobs, spec.method, report), strict=True))
 
     def walk(node: Any, path: tuple[str, ...]) -> Any:
-        if isinstance(node, dict) and (
-            (_quantized_leaf(spec, (*path, "kernel")) and "kernel" in node)
-            or (_quantized_leaf(spec, (*path, "embedding")) and "embedding" in node)
-        ):
-            return store(path, node)
+        if path in done:
+            qz, s = done[path], owners[path]
+            out = {k: v for k, v in node.items() if k not in ("kernel", "embedding")}
+            return out | {"qweight": s.pack(jnp.asarray(qz.q)), "scale": jnp.asarray(qz.scale),
+                          "minimum": jnp.asarray(qz.minimum)}  # fmt: skip
         if isinstance(node, dict):
             return {k: walk(v, (*path, k)) for k, v in node.items()}
         return node
 
     return walk(dict(float_params), ())
+
+
+def _owns_weight(spec: QuantSpec, node: Any, path: tuple[str, ...]) -> bool:
+    """Whether `node` is a layer whose kernel or embedding `spec` quantizes."""
+    return isinstance(node, dict) and (
+        (_quantized_leaf(spec, (*path, "kernel")) and "kernel" in node)
+        or (_quantized_leaf(spec, (*path, "embedding")) and "embedding" in node)
+    )
 
 
 def _flatten_paths(params: Any) -> list[tuple[str, ...]]:
