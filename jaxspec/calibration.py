@@ -110,6 +110,8 @@ def default_sequences(
 
     prompts = [prompt_ids(model, t) for _, t in chat_prompts(plan.prompts, plan.seed)]
     out: list[list[int]] = []
+    if progress:  # the stage has begun (generate reports nothing until its call returns)
+        progress("answers", 0, len(prompts))
     step = 32  # rows per generate call: one compilation for the default plan
     for i in range(0, len(prompts), step):
         chunk = [list(p) for p in prompts[i : i + step]]
@@ -183,6 +185,8 @@ def hessians(
     if len(wins) > plan.batch:  # whole batches only: one compiled shape
         wins = wins[: len(wins) // plan.batch * plan.batch]
     total: dict[tuple[str, ...], np.ndarray] = {}
+    if progress:
+        progress("hessians", 0, len(wins))
     for i in range(0, len(wins), plan.batch):
         sown = _xtx(module, model.params, jnp.asarray(wins[i : i + plan.batch]))
         for path, leaf in jax.tree_util.tree_flatten_with_path(sown)[0]:

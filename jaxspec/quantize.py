@@ -502,7 +502,9 @@ def quantize(
       packed: store int4 two per byte (False: one int4 per byte, for comparison).
       mode: "serve" (frozen ints, no float kernels) or "train" (float kernels, AQT
         fake-quantization at every call: the reference the served "rtn" model must match).
-      progress: called as progress(stage, done, total) ("answers", "hessians", "weights").
+      progress: called as progress(stage, done, total) ("answers", "hessians", "weights"
+        for GPTQ without `calibration`; the others have "weights" only), each stage first with
+        done = 0 as it begins, then as its parts finish (weights one by one).
 
     Returns:
       A `Model` usable wherever a model is (`generate` as target or draft, `save`, ...);
@@ -627,6 +629,8 @@ def _quantize_asym(
 
     collect(dict(float_params), ())
     report = None if progress is None else (lambda done: progress("weights", done, len(jobs)))
+    if report:
+        report(0)
     done = dict(zip(owners, quant_methods.quantize_many(jobs, spec.method, report), strict=True))
 
     def walk(node: Any, path: tuple[str, ...]) -> Any:

@@ -239,6 +239,21 @@ def test_a_gptq_self_draft_keeps_greedy_tokens_and_is_closer_than_min_max(model,
     assert errs["gptq"] < errs["asym"], errs
 
 
+def test_progress_reports_each_stage_from_its_start(model):
+    """GPTQ without calibration: answers, hessians, weights in order, each first at 0 as it
+    begins (the user sees the stage before its first part ends), then up to its total."""
+    seen = []
+    jaxspec.quantize(model, "w4a16", 16, progress=lambda *a: seen.append(a))
+    stages = [s for s, *_ in seen]
+    assert sorted(set(stages), key=stages.index) == ["answers", "hessians", "weights"]
+    for stage in ("answers", "hessians", "weights"):
+        counts = [(d, t) for s, d, t in seen if s == stage]
+        assert counts[0][0] == 0 and counts[-1][0] == counts[-1][1] > 0, (stage, counts)
+        assert [d for d, _ in counts] == sorted(d for d, _ in counts)
+    weights = [d for s, d, _ in seen if s == "weights"]
+    assert weights == list(range(len(weights)))  # one call per weight
+
+
 def test_methods_and_heads_are_checked(model, quantized):
     with pytest.raises(ValueError, match="unknown method"):
         jaxspec.quantize(model, "w4a16", 16, method="awq")
