@@ -30,11 +30,14 @@ All are deterministic: no randomness anywhere.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import ctypes
 import dataclasses
 import hashlib
 import os
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -331,6 +334,40 @@ def _assemble(parts: list[tuple[int, int, Quantized]], c0: int, c1: int, bits: i
     return Quantized(*(cat[f][:, lo : lo + c1 - c0] for f in ("q", "scale", "minimum")), bits)
 
 
+def _openblas_threads() -> Callable[[int], contextlib.AbstractContextManager] | None:
+    """A context manager setting numpy's OpenBLAS to n threads (restored after), or None where
+    numpy's BLAS is not an OpenBLAS this process has loaded (Linux). `quantize_many` runs its
+    own threads with BLAS on one each: OpenBLAS threads spin while they wait, and beside a
+    pool they only fight it for the cores (on 2 busy cores they doubled the CPU time). Its
+    results do not depend on its thread count (checked on the SmolLM2 copy)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {ln.split()[-1] for ln in f if "openblas" in ln.lower() and ".so" in ln}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        lib = ctypes.CDLL(path)
+        for prefix, suffix in (("scipy_", "64_"), ("", "64_"), ("scipy_", ""), ("", "")):
+            get = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
+            put = getattr(lib, f"{prefix}openblas_set_num_threads{suffix}", None)
+            if get is not None and put is not None:
+                return _blas_setter(get, put)
+    return None
+
+
+def _blas_setter(get: Any, put: Any) -> Callable[[int], contextlib.AbstractContextManager]:
+    @contextlib.contextmanager
+    def threads(n: int):
+        before = get()
+        put(n)
+        try:
+            yield
+        finally:
+            put(before)
+
+    return threads
+
+
 def quantize_many(
     jobs: Sequence[Job], method: str, progress: Callable[[int], None] | None = None,
     workers: int | None = None,
@@ -359,8 +396,12 @@ def quantize_many(
     pieces = _pieces(groups)
     parts: dict[int, list[tuple[int, int, Quantized]]] = {id(g): [] for g in groups}
     left = {id(g): sum(p[0] is g for p in pieces) for g in groups}
-    n = workers or min(4, os.cpu_count() or 1)
-    with concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="gptq") as pool:
+    blas = _openblas_threads()
+    n = workers or (min(4, os.cpu_count() or 1) if blas else 1)
+    with (
+        blas(1) if blas and n > 1 else contextlib.nullcontext(),
+        concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="gptq") as pool,
+    ):
         futures = {pool.submit(g.piece, c0, c1): (g, c0, c1) for g, c0, c1 in pieces}
         for f in concurrent.futures.as_completed(futures):
             g, c0, c1 = futures[f]

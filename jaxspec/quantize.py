@@ -35,6 +35,7 @@ gathers the columns of its tokens and unpacks only those.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import json
@@ -593,16 +594,28 @@ def _quantized_params(
     else:
         hessians = {}
         if spec.method == "gptq":
-            from jaxspec import calibration as calib
-
-            seqs = calibration or calib.default_sequences(model, progress=progress)
-            hessians = calib.hessians(model, seqs, progress=progress)
+            hessians = _calibration_hessians(model, calibration, progress)
         served = _quantize_asym(spec, float_params, hessians, progress)
     m = _module(model, spec, "serve")
     expected = jax.tree.map(_shape_and_int_dtype, jax.eval_shape(lambda: _init(m, model.config)))
     if expected != jax.tree.map(_shape_and_int_dtype, served):
         raise AssertionError("the served params do not match the SERVE module")
     return served
+
+
+def _calibration_hessians(
+    model: Model, calibration: Sequence[Sequence[int]] | None, progress: Any
+) -> dict[tuple[str, ...], Any]:
+    """GPTQ's Hessians on `calibration`, or on the default answers; while those are generated,
+    a second thread compiles the Hessians' probe (compilation is one core's work)."""
+    from jaxspec import calibration as calib
+
+    if calibration:
+        return calib.hessians(model, calibration, progress=progress)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="probe") as pool:
+        probe = pool.submit(calib.compiled_probe, model)
+        seqs = calib.default_sequences(model, progress=progress)
+        return calib.hessians(model, seqs, progress=progress, probe=probe.result())
 
 
 def _quantize_asym(

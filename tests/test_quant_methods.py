@@ -282,3 +282,36 @@ def test_hessians_cover_every_linear_layer(model, calib):
     assert h.shape == (72, 72)
     np.testing.assert_allclose(h, h.T, rtol=1e-5, atol=1e-8)
     assert np.all(np.linalg.eigvalsh(h) > -1e-6)  # X^T X is positive semi-definite
+
+
+def test_the_probe_compiled_ahead_gives_the_same_hessians(model, calib):
+    """quantize() compiles the probe on a second thread during the answers: the same H."""
+    plan = calibration.Plan(window=16, batch=2)
+    compiled = calibration.compiled_probe(model, plan)
+    calls = []
+
+    def probe(params, toks):
+        calls.append(toks.shape)
+        return compiled(params, toks)
+
+    got = calibration.hessians(model, calib, plan, probe=probe)
+    want = calibration.hessians(model, calib, plan)
+    assert calls and set(calls) == {(2, 16)}
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_blas_runs_on_one_thread_per_worker_and_is_restored(monkeypatch):
+    """quantize_many's pool keeps numpy's OpenBLAS to one thread while it runs."""
+    blas = quant_methods._openblas_threads()
+    if blas is None:
+        pytest.skip("numpy's BLAS is not a loaded OpenBLAS here")
+    seen = []
+    monkeypatch.setattr(quant_methods, "_blas_setter", lambda get, put: seen.append(get) or None)
+    quant_methods._openblas_threads()
+    get = seen[0]
+    before = get()
+    with blas(1):
+        assert get() == 1
+    assert get() == before
