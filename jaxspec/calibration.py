@@ -110,6 +110,8 @@ def default_sequences(
 
     prompts = [prompt_ids(model, t) for _, t in chat_prompts(plan.prompts, plan.seed)]
     out: list[list[int]] = []
+    if progress:  # the stage has begun (generate reports nothing until its call returns)
+        progress("answers", 0, len(prompts))
     step = 32  # rows per generate call: one compilation for the default plan
     for i in range(0, len(prompts), step):
         chunk = [list(p) for p in prompts[i : i + step]]
@@ -171,20 +173,37 @@ def _xtx(module: Any, params: Any, toks: jax.Array) -> Any:
     return out
 
 
+def compiled_probe(model: Model, plan: Plan = Plan()) -> Callable[[Any, jax.Array], Any]:
+    """The probe forward of one whole batch (`plan.batch` windows) that `hessians` runs,
+    compiled ahead: `jaxspec.quantize` compiles it on a second thread while the answers are
+    being generated (XLA compiles on one core). The same program as `hessians` compiles."""
+    shape = jax.ShapeDtypeStruct((plan.batch, plan.window), jnp.int32)
+    return _xtx.lower(_probe_module(model), model.params, shape).compile()
+
+
+def _probe_module(model: Model) -> Llama:
+    return Llama(model.config, model.dtype, None, _probe_factory, None)
+
+
 def hessians(
     model: Model, seqs: Sequence[Sequence[int]], plan: Plan = Plan(),
-    progress: Progress | None = None,
+    progress: Progress | None = None, probe: Callable[[Any, jax.Array], Any] | None = None,
 ) -> dict[tuple[str, ...], np.ndarray]:  # fmt: skip
     """Each linear layer's H = X^T X / tokens (float64 [K, K]) over `seqs` packed into
     windows, keyed by the layer's param path (e.g. ("layers_0", "mlp", "up_proj")); a tied
-    head's (the final norm's output) under ("embed_tokens",)."""
-    module = Llama(model.config, model.dtype, None, _probe_factory, None)
+    head's (the final norm's output) under ("embed_tokens",). `probe`: `compiled_probe`'s
+    result for this model and plan, used for whole batches."""
+    module = _probe_module(model)
     wins = windows(seqs, plan.window)
     if len(wins) > plan.batch:  # whole batches only: one compiled shape
         wins = wins[: len(wins) // plan.batch * plan.batch]
     total: dict[tuple[str, ...], np.ndarray] = {}
+    if progress:
+        progress("hessians", 0, len(wins))
     for i in range(0, len(wins), plan.batch):
-        sown = _xtx(module, model.params, jnp.asarray(wins[i : i + plan.batch]))
+        toks = jnp.asarray(wins[i : i + plan.batch])
+        whole = probe is not None and toks.shape == (plan.batch, plan.window)
+        sown = probe(model.params, toks) if whole else _xtx(module, model.params, toks)
         for path, leaf in jax.tree_util.tree_flatten_with_path(sown)[0]:
             keys = tuple(str(p.key) for p in path)[:-1]  # drop the "xtx" leaf name
             total[keys] = total.get(keys, 0.0) + np.asarray(leaf, np.float64)

@@ -29,7 +29,15 @@ All are deterministic: no randomness anywhere.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import ctypes
 import dataclasses
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +47,7 @@ PARAM_DTYPE = np.float16  # stored scale and offset
 DAMP = 0.01  # GPTQ's dampening, a fraction of the mean diagonal of H
 BLOCK = 128  # GPTQ's lazy-batch width (columns of K updated together)
 MIN_SCALE = np.float32(2.0**-24)  # the smallest float16 (subnormal)
+PIECE_COLUMNS = 3072  # output columns per GPTQ work piece (`quantize_many`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +118,38 @@ def group_params(
     return best_s.astype(PARAM_DTYPE), best_o.astype(PARAM_DTYPE)
 
 
+def _clip_search(
+    w_gM: np.ndarray, bits: int, weight_g: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`group_params(w.T, bits, weight_g, clip=True)` of float32 rows `w [g, M]`: the same
+    arithmetic in the same order (each column's error summed over g one row after another, as
+    numpy reduces the transposed view), in place in one buffer: GPTQ's hot spot."""
+    lo, hi = w_gM.min(axis=0), w_gM.max(axis=0)
+    mid = (lo + hi) / 2
+    best_s, best_o = _grid(lo, hi, bits)
+    best_err = np.full(lo.shape, np.inf, np.float32)
+    h = 2 ** (bits - 1)
+    t = np.empty_like(w_gM)
+    for r in CLIP_GRID:
+        s, o = _grid(mid + (lo - mid) * r, mid + (hi - mid) * r, bits)
+        s32 = s.astype(np.float32)
+        np.subtract(w_gM, o.astype(np.float32), out=t)
+        np.divide(t, s32, out=t)
+        np.rint(t, out=t)
+        np.clip(t, 0, 2 * h - 1, out=t)
+        np.subtract(t, h, out=t)  # q, exact in float32
+        np.multiply(t, s32, out=t)
+        np.add(t, offset(s, o, bits), out=t)  # dequant(q)
+        np.subtract(w_gM, t, out=t)
+        np.multiply(t, t, out=t)
+        np.multiply(t, weight_g[:, None], out=t)
+        err = t.sum(axis=0)
+        better = err < best_err
+        best_s, best_o = np.where(better, s, best_s), np.where(better, o, best_o)
+        best_err = np.where(better, err, best_err)
+    return best_s.astype(PARAM_DTYPE), best_o.astype(PARAM_DTYPE)
+
+
 def quantize_rtn(
     w_KM: np.ndarray, bits: int, group: int, clip: bool, hdiag_K: np.ndarray | None = None
 ) -> Quantized:
@@ -141,36 +182,69 @@ def quantize_gptq(w_KM: np.ndarray, h_KK: np.ndarray, bits: int, group: int) -> 
     """GPTQ with lazy batch updates (the reference algorithm, in our [K, M] layout): rows of
     K are quantized in order; each group's grid is chosen by the clipping search on the
     error-updated rows when the group starts."""
-    K, M = w_KM.shape
-    G = -(-K // group)
+    W = _live_rows(np.asarray(w_KM, np.float64), h_KK)
+    hdiag = np.diag(h_KK).astype(np.float32)
+    return _gptq_columns(W, _inverse_cholesky(h_KK), hdiag, bits, group)
+
+
+def _live_rows(w_KM: np.ndarray, h_KK: np.ndarray) -> np.ndarray:
+    """float64 copy of `w` with the rows no calibration input reaches (H's diagonal 0) zeroed."""
     W = np.array(w_KM, np.float64)
     W[np.diag(h_KK) == 0] = 0.0
-    U = _inverse_cholesky(h_KK)
-    hdiag = np.diag(h_KK).astype(np.float32)
-    q = np.empty((K, M), np.int8)
-    scale = np.empty((G, M), PARAM_DTYPE)
-    minimum = np.empty((G, M), PARAM_DTYPE)
+    return W
+
+
+def _gptq_columns(
+    W: np.ndarray, U: np.ndarray, hdiag: np.ndarray, bits: int, group: int
+) -> Quantized:
+    """GPTQ of the columns `W [K, M]` (float64, updated in place) given H's upper inverse
+    Cholesky factor `U` and float32 diag(H). Every column's arithmetic is its own (the block
+    update's matmul included), so any split of M into pieces gives the same ints."""
+    K, M = W.shape
+    G = -(-K // group)
+    out = Quantized(
+        np.empty((K, M), np.int8), np.empty((G, M), PARAM_DTYPE), np.empty((G, M), PARAM_DTYPE),
+        bits,
+    )  # fmt: skip
     for b0 in range(0, K, BLOCK):
         b1 = min(K, b0 + BLOCK)
-        Wb = W[b0:b1].copy()
-        Eb = np.zeros_like(Wb)
-        for i in range(b1 - b0):
-            k = b0 + i
-            if k % group == 0:
-                gi, ge = k // group, min(K, k + group)
-                rows = Wb[i : i + (ge - k)] if ge <= b1 else np.concatenate([Wb[i:], W[b1:ge]])
-                scale[gi], minimum[gi] = group_params(
-                    rows.T.astype(np.float32), bits, hdiag[k:ge], clip=True
-                )
-            gi = k // group
-            row = Wb[i][:, None].astype(np.float32)
-            q[k] = _round(row, scale[gi], minimum[gi], bits)[:, 0]
-            deq = _dequant_rows(q[k][:, None], scale[gi], minimum[gi], bits)[:, 0]
-            err = (Wb[i] - deq) / U[k, k]
-            Wb[i:] -= np.outer(U[k, k:b1], err)
-            Eb[i] = err
+        Eb = _gptq_block(W, U, hdiag, b0, b1, group, out)
         W[b1:] -= U[b0:b1, b1:].T @ Eb
-    return Quantized(q, scale, minimum, bits)
+    return out
+
+
+def _gptq_block(
+    W: np.ndarray, U: np.ndarray, hdiag: np.ndarray, b0: int, b1: int, group: int,
+    out: Quantized,
+) -> np.ndarray:  # fmt: skip
+    """Rows b0..b1 of GPTQ: each row rounded on its group's grid, its error spread over the
+    block's later rows; fills `out` and returns the block's scaled errors (float64)."""
+    K = W.shape[0]
+    h = 2 ** (out.bits - 1)
+    Wb = W[b0:b1].copy()
+    Eb = np.zeros_like(Wb)
+    tmp = np.empty_like(Wb)
+    for i in range(b1 - b0):
+        k = b0 + i
+        gi = k // group
+        if k % group == 0 or i == 0:
+            if k % group == 0:
+                ge = min(K, k + group)
+                rows = Wb[i : i + (ge - k)] if ge <= b1 else np.concatenate([Wb[i:], W[b1:ge]])
+                out.scale[gi], out.minimum[gi] = _clip_search(
+                    rows.astype(np.float32), out.bits, hdiag[k:ge]
+                )
+            s = out.scale[gi].astype(np.float32)
+            lo = out.minimum[gi].astype(np.float32)
+            off = offset(out.scale[gi], out.minimum[gi], out.bits)
+        q = np.rint((Wb[i].astype(np.float32) - lo) / s)
+        out.q[k] = (np.clip(q, 0, 2 * h - 1) - h).astype(np.int8)
+        err = (Wb[i] - (out.q[k] * s + off)) / U[k, k]
+        n = b1 - k - 1
+        np.multiply(U[k, k + 1 : b1, None], err[None, :], out=tmp[:n])
+        Wb[i + 1 :] -= tmp[:n]
+        Eb[i] = err
+    return Eb
 
 
 def quantize_weight(
@@ -184,3 +258,161 @@ def quantize_weight(
         return quantize_gptq(w, h_KK, bits, group)
     hdiag = None if h_KK is None else np.diag(h_KK)
     return quantize_rtn(w, bits, group, clip=method != "asym", hdiag_K=hdiag)
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One weight for `quantize_many`: `w [K, M]`, its Hessian (None: none), bits, group."""
+
+    w: np.ndarray
+    h: np.ndarray | None
+    bits: int
+    group: int
+
+
+class _Shared:
+    """GPTQ weights that share one Hessian (q/k/v, gate/up: the same input X), their columns
+    side by side; H's inverse Cholesky factor computed once, by whichever piece needs it first."""
+
+    def __init__(self, jobs: list[tuple[int, Job]]):
+        first = jobs[0][1]
+        self.h, self.bits, self.group = first.h, first.bits, first.group
+        self.members = [i for i, _ in jobs]
+        self.W = np.concatenate([_live_rows(j.w, self.h) for _, j in jobs], axis=1)
+        self.cuts = np.cumsum([0] + [j.w.shape[1] for _, j in jobs])
+        self.hdiag = np.diag(self.h).astype(np.float32)
+        self._u: np.ndarray | None = None
+        self._lock = threading.Lock()
+
+    def u(self) -> np.ndarray:
+        with self._lock:
+            if self._u is None:
+                self._u = _inverse_cholesky(self.h)
+            return self._u
+
+    def piece(self, c0: int, c1: int) -> Quantized:
+        """GPTQ of columns c0..c1 (column-independent: `_gptq_columns`)."""
+        return _gptq_columns(self.W[:, c0:c1].copy(), self.u(), self.hdiag, self.bits, self.group)
+
+
+def _shared_groups(jobs: Sequence[Job]) -> list[_Shared]:
+    """The GPTQ jobs grouped by identical (Hessian, bits, group), in order of first appearance."""
+    by_key: dict[tuple, list[tuple[int, Job]]] = {}
+    for i, j in enumerate(jobs):
+        if j.h is not None:
+            digest = hashlib.sha256(np.ascontiguousarray(j.h).tobytes()).digest()
+            key = (digest, j.h.shape, j.h.dtype.str, j.bits, j.group)
+            by_key.setdefault(key, []).append((i, j))
+    return [_Shared(members) for members in by_key.values()]
+
+
+def _pieces(groups: list[_Shared]) -> list[tuple[_Shared, int, int]]:
+    """(group, c0, c1) work pieces of at most `PIECE_COLUMNS` columns, a group with many
+    pieces (the embedding) spread evenly among the others, so weights finish at a steady
+    pace rather than the big one last."""
+    keyed = []
+    singles = [g for g in groups if g.W.shape[1] <= PIECE_COLUMNS]
+    rank = {id(g): r for r, g in enumerate(singles)}
+    for g in groups:
+        M = g.W.shape[1]
+        n = -(-M // PIECE_COLUMNS)
+        for p in range(n):
+            pos = (rank[id(g)] + 0.5) / len(singles) if n == 1 else (p + 0.5) / n
+            piece = (g, p * M // n, (p + 1) * M // n)
+            keyed.append((pos, len(keyed), piece))
+    return [piece for *_, piece in sorted(keyed, key=lambda t: t[:2])]
+
+
+def _assemble(parts: list[tuple[int, int, Quantized]], c0: int, c1: int, bits: int) -> Quantized:
+    """Columns c0..c1 of a group's pieces ((start, end, Quantized) sorted by start)."""
+    got = [(a, b, qz) for a, b, qz in parts if a < c1 and b > c0]
+    cat = {
+        f: np.concatenate([getattr(qz, f) for *_, qz in got], axis=1)
+        for f in ("q", "scale", "minimum")
+    }
+    lo = c0 - got[0][0]
+    return Quantized(*(cat[f][:, lo : lo + c1 - c0] for f in ("q", "scale", "minimum")), bits)
+
+
+def _openblas_threads() -> Callable[[int], contextlib.AbstractContextManager] | None:
+    """A context manager setting numpy's OpenBLAS to n threads (restored after), or None where
+    numpy's BLAS is not an OpenBLAS this process has loaded (Linux). `quantize_many` runs its
+    own threads with BLAS on one each: OpenBLAS threads spin while they wait, and beside a
+    pool they only fight it for the cores (on 2 busy cores they doubled the CPU time). Its
+    results do not depend on its thread count (checked on the SmolLM2 copy)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {ln.split()[-1] for ln in f if "openblas" in ln.lower() and ".so" in ln}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        lib = ctypes.CDLL(path)
+        for prefix, suffix in (("scipy_", "64_"), ("", "64_"), ("scipy_", ""), ("", "")):
+            get = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
+            put = getattr(lib, f"{prefix}openblas_set_num_threads{suffix}", None)
+            if get is not None and put is not None:
+                return _blas_setter(get, put)
+    return None
+
+
+def _blas_setter(get: Any, put: Any) -> Callable[[int], contextlib.AbstractContextManager]:
+    @contextlib.contextmanager
+    def threads(n: int):
+        before = get()
+        put(n)
+        try:
+            yield
+        finally:
+            put(before)
+
+    return threads
+
+
+def quantize_many(
+    jobs: Sequence[Job], method: str, progress: Callable[[int], None] | None = None,
+    workers: int | None = None,
+) -> list[Quantized]:  # fmt: skip
+    """`quantize_weight` of every job, the same ints, faster: GPTQ weights that share a
+    Hessian run as one (their columns side by side), every weight is cut into pieces of
+    columns, and the pieces run on `workers` threads (numpy's big loops release the GIL;
+    default: the CPUs, at most 4). `progress(done)` is called on this thread as each weight
+    completes."""
+    if method != "gptq":
+        out = []
+        for j in jobs:
+            out.append(quantize_weight(j.w, method, j.bits, j.group, j.h))
+            if progress:
+                progress(len(out))
+        return out
+    result: list[Quantized | None] = [None] * len(jobs)
+    done = 0
+    for i, j in enumerate(jobs):  # without a Hessian GPTQ is the clipping search
+        if j.h is None:
+            result[i] = quantize_weight(j.w, "clip", j.bits, j.group)
+            done += 1
+            if progress:
+                progress(done)
+    groups = _shared_groups(jobs)
+    pieces = _pieces(groups)
+    parts: dict[int, list[tuple[int, int, Quantized]]] = {id(g): [] for g in groups}
+    left = {id(g): sum(p[0] is g for p in pieces) for g in groups}
+    blas = _openblas_threads()
+    n = workers or (min(4, os.cpu_count() or 1) if blas else 1)
+    with (
+        blas(1) if blas and n > 1 else contextlib.nullcontext(),
+        concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="gptq") as pool,
+    ):
+        futures = {pool.submit(g.piece, c0, c1): (g, c0, c1) for g, c0, c1 in pieces}
+        for f in concurrent.futures.as_completed(futures):
+            g, c0, c1 = futures[f]
+            parts[id(g)].append((c0, c1, f.result()))
+            left[id(g)] -= 1
+            if left[id(g)]:
+                continue
+            got = sorted(parts.pop(id(g)), key=lambda t: t[0])
+            for m, i in enumerate(g.members):
+                result[i] = _assemble(got, int(g.cuts[m]), int(g.cuts[m + 1]), g.bits)
+                done += 1
+                if progress:
+                    progress(done)
+    return result  # type: ignore[return-value]

@@ -35,6 +35,7 @@ gathers the columns of its tokens and unpacks only those.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import json
@@ -502,7 +503,9 @@ def quantize(
       packed: store int4 two per byte (False: one int4 per byte, for comparison).
       mode: "serve" (frozen ints, no float kernels) or "train" (float kernels, AQT
         fake-quantization at every call: the reference the served "rtn" model must match).
-      progress: called as progress(stage, done, total) ("answers", "hessians", "weights").
+      progress: called as progress(stage, done, total) ("answers", "hessians", "weights"
+        for GPTQ without `calibration`; the others have "weights" only), each stage first with
+        done = 0 as it begins, then as its parts finish (weights one by one).
 
     Returns:
       A `Model` usable wherever a model is (`generate` as target or draft, `save`, ...);
@@ -591,10 +594,7 @@ def _quantized_params(
     else:
         hessians = {}
         if spec.method == "gptq":
-            from jaxspec import calibration as calib
-
-            seqs = calibration or calib.default_sequences(model, progress=progress)
-            hessians = calib.hessians(model, seqs, progress=progress)
+            hessians = _calibration_hessians(model, calibration, progress)
         served = _quantize_asym(spec, float_params, hessians, progress)
     m = _module(model, spec, "serve")
     expected = jax.tree.map(_shape_and_int_dtype, jax.eval_shape(lambda: _init(m, model.config)))
@@ -603,42 +603,68 @@ def _quantized_params(
     return served
 
 
+def _calibration_hessians(
+    model: Model, calibration: Sequence[Sequence[int]] | None, progress: Any
+) -> dict[tuple[str, ...], Any]:
+    """GPTQ's Hessians on `calibration`, or on the default answers; while those are generated,
+    a second thread compiles the Hessians' probe (compilation is one core's work)."""
+    from jaxspec import calibration as calib
+
+    if calibration:
+        return calib.hessians(model, calibration, progress=progress)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="probe") as pool:
+        probe = pool.submit(calib.compiled_probe, model)
+        seqs = calib.default_sequences(model, progress=progress)
+        return calib.hessians(model, seqs, progress=progress, probe=probe.result())
+
+
 def _quantize_asym(
     spec: QuantSpec, float_params: Any, hessians: dict[tuple[str, ...], Any], progress: Any
 ) -> Any:
     """The served params of an asymmetric method: each quantized float weight replaced by
-    {qweight, scale, minimum} (`jaxspec.quant_methods`), layer by layer, in numpy."""
-    owners = [p for p in _flatten_paths(float_params) if _quantized_leaf(spec, p)]
-    done = 0
+    {qweight, scale, minimum} (`jaxspec.quant_methods`, in numpy, all weights in one
+    `quantize_many` call: shared Hessians once, on every CPU)."""
+    owners: dict[tuple[str, ...], QuantSpec] = {}
+    jobs = []
 
-    def store(path: tuple[str, ...], node: dict[str, Any]) -> dict[str, Any]:
-        nonlocal done
-        embed = "embedding" in node
-        s = spec.head() if embed or path[0] == "lm_head" else spec
-        w = np.asarray(node["embedding"], np.float32).T if embed else np.asarray(node["kernel"])
-        g, _ = s.groups(w.shape[0])
-        qz = quant_methods.quantize_weight(w, spec.method, s.weight_bits, g, hessians.get(path))
-        out = {k: v for k, v in node.items() if k not in ("kernel", "embedding")}
-        q = jnp.asarray(qz.q)
-        out["qweight"] = s.pack(q)
-        out["scale"] = jnp.asarray(qz.scale)
-        out["minimum"] = jnp.asarray(qz.minimum)
-        done += 1
-        if progress:
-            progress("weights", done, len(owners))
-        return out
+    def collect(node: Any, path: tuple[str, ...]) -> None:
+        if _owns_weight(spec, node, path):
+            embed = "embedding" in node
+            s = spec.head() if embed or path[0] == "lm_head" else spec
+            w = np.asarray(node["embedding"], np.float32).T if embed else np.asarray(node["kernel"])
+            owners[path] = s
+            jobs.append(
+                quant_methods.Job(w, hessians.get(path), s.weight_bits, s.groups(w.shape[0])[0])
+            )
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                collect(v, (*path, k))
+
+    collect(dict(float_params), ())
+    report = None if progress is None else (lambda done: progress("weights", done, len(jobs)))
+    if report:
+        report(0)
+    done = dict(zip(owners, quant_methods.quantize_many(jobs, spec.method, report), strict=True))
 
     def walk(node: Any, path: tuple[str, ...]) -> Any:
-        if isinstance(node, dict) and (
-            (_quantized_leaf(spec, (*path, "kernel")) and "kernel" in node)
-            or (_quantized_leaf(spec, (*path, "embedding")) and "embedding" in node)
-        ):
-            return store(path, node)
+        if path in done:
+            qz, s = done[path], owners[path]
+            out = {k: v for k, v in node.items() if k not in ("kernel", "embedding")}
+            return out | {"qweight": s.pack(jnp.asarray(qz.q)), "scale": jnp.asarray(qz.scale),
+                          "minimum": jnp.asarray(qz.minimum)}  # fmt: skip
         if isinstance(node, dict):
             return {k: walk(v, (*path, k)) for k, v in node.items()}
         return node
 
     return walk(dict(float_params), ())
+
+
+def _owns_weight(spec: QuantSpec, node: Any, path: tuple[str, ...]) -> bool:
+    """Whether `node` is a layer whose kernel or embedding `spec` quantizes."""
+    return isinstance(node, dict) and (
+        (_quantized_leaf(spec, (*path, "kernel")) and "kernel" in node)
+        or (_quantized_leaf(spec, (*path, "embedding")) and "embedding" in node)
+    )
 
 
 def _flatten_paths(params: Any) -> list[tuple[str, ...]]:

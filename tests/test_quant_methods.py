@@ -86,6 +86,104 @@ def test_int8_groups_are_much_finer_than_int4():
     assert e8 < e4 / 10
 
 
+def _reference_gptq(w_KM, h_KK, bits, group):
+    """GPTQ as it was first written (one row's full outer update at a time, the clipping
+    search of `group_params`): what the faster `quantize_gptq` / `quantize_many` must equal
+    bit for bit, so that a rebuilt W4A16 copy is the same file."""
+    K, M = w_KM.shape
+    G = -(-K // group)
+    W = np.array(w_KM, np.float64)
+    W[np.diag(h_KK) == 0] = 0.0
+    U = quant_methods._inverse_cholesky(h_KK)
+    hdiag = np.diag(h_KK).astype(np.float32)
+    q = np.empty((K, M), np.int8)
+    scale = np.empty((G, M), np.float16)
+    minimum = np.empty((G, M), np.float16)
+    for b0 in range(0, K, quant_methods.BLOCK):
+        b1 = min(K, b0 + quant_methods.BLOCK)
+        Wb, Eb = W[b0:b1].copy(), np.zeros((b1 - b0, M))
+        for i in range(b1 - b0):
+            k = b0 + i
+            if k % group == 0:
+                gi, ge = k // group, min(K, k + group)
+                rows = Wb[i : i + (ge - k)] if ge <= b1 else np.concatenate([Wb[i:], W[b1:ge]])
+                scale[gi], minimum[gi] = quant_methods.group_params(
+                    rows.T.astype(np.float32), bits, hdiag[k:ge], clip=True
+                )
+            gi = k // group
+            s, o = scale[gi].astype(np.float32), quant_methods.offset(scale[gi], minimum[gi], bits)
+            row = Wb[i].astype(np.float32)
+            q[k] = np.clip(np.rint((row - minimum[gi].astype(np.float32)) / s), 0, 15) - 8
+            err = (Wb[i] - (q[k] * s + o)) / U[k, k]
+            Wb[i:] -= np.outer(U[k, k:b1], err)
+            Eb[i] = err
+        W[b1:] -= U[b0:b1, b1:].T @ Eb
+    return q, scale, minimum
+
+
+def _hessian(K: int, seed: int, dead: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((3 * K, K)) @ (np.eye(K) + 0.3 * rng.standard_normal((K, K)))
+    x[:, :dead] = 0.0  # inputs no calibration token reaches
+    return x.T @ x / len(x)
+
+
+def _same(got, want):
+    for a, b in zip((got.q, got.scale, got.minimum), want, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(("K", "M", "group"), [(160, 24, 32), (200, 9, 48), (64, 40, 64)])
+def test_gptq_is_the_reference_algorithm_bit_for_bit(K, M, group):
+    """Blocks of 128 cut short (K 160, 200), a group across a block's end (48), dead inputs."""
+    w = np.random.default_rng(K).standard_normal((K, M)).astype(np.float32) * 0.05
+    h = _hessian(K, seed=M, dead=3)
+    _same(quant_methods.quantize_gptq(w, h, 4, group), _reference_gptq(w, h, 4, group))
+
+
+def test_the_clipping_search_in_place_is_group_params():
+    rng = np.random.default_rng(5)
+    for g, M in ((32, 300), (7, 5)):
+        w = rng.standard_normal((g, M)).astype(np.float32)
+        w[:, 0] = 0.25  # a flat column
+        wk = rng.random(g).astype(np.float32)
+        want = quant_methods.group_params(w.T, 4, wk, clip=True)
+        for a, b in zip(quant_methods._clip_search(w, 4, wk), want, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_quantize_many_is_each_weight_alone(monkeypatch):
+    """Weights sharing a Hessian run as one, a wide one in pieces, on two threads; a weight
+    without a Hessian is the clipping search; progress counts weights as they finish."""
+    monkeypatch.setattr(quant_methods, "PIECE_COLUMNS", 16)
+    rng = np.random.default_rng(3)
+    h, h2 = _hessian(96, seed=1, dead=2), _hessian(64, seed=2)
+    shapes = [(96, 24, h), (96, 8, h.copy()), (64, 70, h2), (96, 5, None), (96, 40, h)]
+    jobs = [
+        quant_methods.Job(rng.standard_normal((K, M)).astype(np.float32), hk, 4, 32)
+        for K, M, hk in shapes
+    ]
+    seen = []
+    got = quant_methods.quantize_many(jobs, "gptq", seen.append, workers=2)
+    for j, qz in zip(jobs, got, strict=True):
+        want = quant_methods.quantize_weight(j.w, "gptq", 4, 32, j.h)
+        _same(qz, (want.q, want.scale, want.minimum))
+    assert sorted(seen) == seen == list(range(1, len(jobs) + 1))
+    assert len(quant_methods._shared_groups(jobs)) == 2  # h three times (one a copy), h2
+
+
+def test_the_reference_catches_a_wrong_gptq(monkeypatch):
+    """The bit-for-bit check can fail: GPTQ whose blocks lose their errors' update of the
+    rows after them (the matmul after each block of 128) is caught."""
+    block = quant_methods._gptq_block
+    monkeypatch.setattr(quant_methods, "_gptq_block", lambda *a: 0 * block(*a))
+    w = np.random.default_rng(0).standard_normal((160, 8)).astype(np.float32)
+    h = _hessian(160, seed=0)
+    got = quant_methods.quantize_gptq(w, h, 4, 32)
+    assert not np.array_equal(got.q, _reference_gptq(w, h, 4, 32)[0])
+
+
 # ----------------------------------------------------------------------------- models
 
 
@@ -141,6 +239,21 @@ def test_a_gptq_self_draft_keeps_greedy_tokens_and_is_closer_than_min_max(model,
     assert errs["gptq"] < errs["asym"], errs
 
 
+def test_progress_reports_each_stage_from_its_start(model):
+    """GPTQ without calibration: answers, hessians, weights in order, each first at 0 as it
+    begins (the user sees the stage before its first part ends), then up to its total."""
+    seen = []
+    jaxspec.quantize(model, "w4a16", 16, progress=lambda *a: seen.append(a))
+    stages = [s for s, *_ in seen]
+    assert sorted(set(stages), key=stages.index) == ["answers", "hessians", "weights"]
+    for stage in ("answers", "hessians", "weights"):
+        counts = [(d, t) for s, d, t in seen if s == stage]
+        assert counts[0][0] == 0 and counts[-1][0] == counts[-1][1] > 0, (stage, counts)
+        assert [d for d, _ in counts] == sorted(d for d, _ in counts)
+    weights = [d for s, d, _ in seen if s == "weights"]
+    assert weights == list(range(len(weights)))  # one call per weight
+
+
 def test_methods_and_heads_are_checked(model, quantized):
     with pytest.raises(ValueError, match="unknown method"):
         jaxspec.quantize(model, "w4a16", 16, method="awq")
@@ -169,3 +282,36 @@ def test_hessians_cover_every_linear_layer(model, calib):
     assert h.shape == (72, 72)
     np.testing.assert_allclose(h, h.T, rtol=1e-5, atol=1e-8)
     assert np.all(np.linalg.eigvalsh(h) > -1e-6)  # X^T X is positive semi-definite
+
+
+def test_the_probe_compiled_ahead_gives_the_same_hessians(model, calib):
+    """quantize() compiles the probe on a second thread during the answers: the same H."""
+    plan = calibration.Plan(window=16, batch=2)
+    compiled = calibration.compiled_probe(model, plan)
+    calls = []
+
+    def probe(params, toks):
+        calls.append(toks.shape)
+        return compiled(params, toks)
+
+    got = calibration.hessians(model, calib, plan, probe=probe)
+    want = calibration.hessians(model, calib, plan)
+    assert calls and set(calls) == {(2, 16)}
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_blas_runs_on_one_thread_per_worker_and_is_restored(monkeypatch):
+    """quantize_many's pool keeps numpy's OpenBLAS to one thread while it runs."""
+    blas = quant_methods._openblas_threads()
+    if blas is None:
+        pytest.skip("numpy's BLAS is not a loaded OpenBLAS here")
+    seen = []
+    monkeypatch.setattr(quant_methods, "_blas_setter", lambda get, put: seen.append(get) or None)
+    quant_methods._openblas_threads()
+    get = seen[0]
+    before = get()
+    with blas(1):
+        assert get() == 1
+    assert get() == before
