@@ -33,7 +33,6 @@ encoding (full / sparse top-k / onehot) is exactly the distribution the draft wa
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec import trace_cache
 from jaxspec.checkpoint import load
 from jaxspec.model import KVCache, Llama, Model, init_cache
 from jaxspec.protocol import DraftSpec, InvalidArgument
@@ -99,7 +99,7 @@ def init_state(model: Model, rows: int, max_len: int) -> DrafterState:
     )
 
 
-@functools.partial(jax.jit, static_argnames=("module",))
+@trace_cache.jit(static_argnames=("module",))
 def prefill(
     module: Llama,
     params: Any,
@@ -147,13 +147,13 @@ def _appended(
     return state.replace(tokens=tokens, length=length)
 
 
-@jax.jit
+@trace_cache.jit
 def rollback(state: DrafterState, rows_R: jax.Array, lengths_R: jax.Array) -> DrafterState:
     """Lower the context of `rows` to `lengths` (never raises one); KV beyond is dropped."""
     return _rolled_back(state, rows_R, lengths_R)
 
 
-@jax.jit
+@trace_cache.jit
 def append(
     state: DrafterState, rows_R: jax.Array, tokens_RK: jax.Array, counts_R: jax.Array
 ) -> DrafterState:
@@ -162,7 +162,7 @@ def append(
     return _appended(state, rows_R, tokens_RK, counts_R)
 
 
-@functools.partial(jax.jit, static_argnames=("module", "spec"))
+@trace_cache.jit(static_argnames=("module", "spec"))
 def draft(
     module: Llama,
     params: Any,
@@ -178,7 +178,7 @@ def draft(
     return _drafted(module, params, state, sampling, keys_N2, live_N, spec)
 
 
-@functools.partial(jax.jit, static_argnames=("module", "spec"), donate_argnames=("state",))
+@trace_cache.jit(static_argnames=("module", "spec"), donate_argnames=("state",))
 def draft_round(
     module: Llama,
     params: Any,

@@ -10,7 +10,6 @@ the batch it is decoded in (up to floating-point near-ties, docs/design.md §2).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, UInt32
 
-from jaxspec import analytic
+from jaxspec import analytic, trace_cache
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.model import KVCache, Llama, Model, init_cache
 from jaxspec.protocol import MODES, DraftSpec, SamplingSettings
@@ -481,7 +480,7 @@ class DecodeState:
     counts: TokenCounts
 
 
-@functools.partial(jax.jit, static_argnames=("module", "buffer"))
+@trace_cache.jit(static_argnames=("module", "buffer"))
 def _decode(
     module: Llama,
     params: Any,

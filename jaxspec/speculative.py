@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec import trace_cache
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.model import KVCache, Llama, init_cache
 from jaxspec.protocol import DraftSpec
@@ -249,7 +250,7 @@ def draft_block(
     return d_GB.T, pack_q(spec.encoding, qs), cache
 
 
-@functools.partial(jax.jit, static_argnames=("target", "draft", "spec", "buffer", "variant"))
+@trace_cache.jit(static_argnames=("target", "draft", "spec", "buffer", "variant"))
 def speculative_decode(
     target: Llama,
     draft: Llama,

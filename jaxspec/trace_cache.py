@@ -165,6 +165,12 @@ class CachedJit:
         entry, leaves = found
         return jax.tree.unflatten(entry.out_tree, entry.call(*leaves))
 
+    def __getattr__(self, name: str) -> Any:
+        """Everything else of the plain jitted function (e.g. its in-memory cache's size)."""
+        if name == "jitted":  # not set yet (during construction)
+            raise AttributeError(name)
+        return getattr(self.jitted, name)
+
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """`jax.jit(...).lower`: of the saved program where the cache applies."""
         found = self._entry(args, kwargs)

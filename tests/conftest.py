@@ -50,6 +50,19 @@ def hf_checkpoints(tmp_path_factory):
     return out
 
 
+@pytest.fixture(autouse=True)
+def _no_kept_traces():
+    """Every test traces its own code: a command run in-process (its `main`) turns on the
+    kept traces (`jaxspec.trace_cache`) with the compilation cache, and a later test that
+    swaps in a deliberately wrong function (a mutant) must not be served the right one's
+    trace from disk. Only tests/test_trace_cache.py turns them on, in a directory of its own."""
+    from jaxspec import trace_cache
+
+    trace_cache.configure(None)
+    yield
+    trace_cache.configure(None)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _free_compiled_code():
     """Drop compiled executables after each module. Every XLA CPU executable maps code pages;

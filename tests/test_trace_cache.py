@@ -114,3 +114,34 @@ def test_a_loaded_trace_donates_what_jit_would(cache_dir):
         f(x, y, power=2)
         assert y.is_deleted() and not x.is_deleted()
     assert len(TRACED) == 1
+
+
+def test_an_edge_drafter_round_is_the_same_from_a_kept_trace(cache_dir):
+    """The drafter's jitted functions (prefill, the donated round) through kept traces: the
+    same drafts and state as with the cache off."""
+    from edge.drafter import Drafter
+    from jaxspec.model import Model
+    from jaxspec.protocol import DraftSpec
+    from jaxspec.sampling import SamplingParams, session_key
+    from jaxspec.testing import tiny_config
+
+    cfg = tiny_config()
+    model = Model(config=cfg, params=init_params(cfg, 3))
+    drafter = Drafter(model, DraftSpec(gamma=3, encoding="full"))
+
+    def run():
+        jax.clear_caches()
+        st = drafter.prefill(drafter.init(2, 64), [[1, 2, 3, 4, 5]])
+        keys = jnp.stack([session_key(7, 0)] * 2)
+        sampling = SamplingParams.make(2, 0.8)
+        st, blk = drafter.draft(st, sampling, keys)
+        st, again = drafter.round(st, [6, 0], [[9], [0]], [1, 0], sampling, keys)  # donated
+        return jax.tree.leaves((st, blk, again))
+
+    kept = [run(), run()]  # traced and saved, then loaded
+    trace_cache.configure(None)
+    plain = run()
+    assert len(list(cache_dir.iterdir())) >= 2
+    for got in kept:
+        for a, b in zip(got, plain, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
