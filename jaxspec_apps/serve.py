@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 
 import jaxspec
 from edge.drafter import load_drafter
@@ -24,7 +25,14 @@ from edge.openai_server import (
     serve_app,
     with_chat_template,
 )
-from jaxspec_host.flags import add_cache_flag, add_draft_flags, check_args, use_compilation_cache
+from jaxspec_host.flags import (
+    add_cache_flag,
+    add_draft_flags,
+    check_args,
+    refuse_draft_without_speculation,
+    use_compilation_cache,
+)
+from jaxspec_host.pairs import TINY, add_pair_flag, choose_saying
 from verify import LocalVerifier, SchedulerConfig
 
 
@@ -32,10 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The target, the draft, the verifier's sizes and the HTTP flags (`add_serve_flags`)."""
     p.add_argument(
         "--checkpoint",
-        default="default",
-        help="the target: HF checkpoint dir, .gguf file, or a name (default, smollm2)",
+        default=None,
+        help="the target: HF checkpoint dir, .gguf file, or a name (default: --pair's)",
     )
-    p.add_argument("--draft", default="default-draft", help="draft checkpoint or built-in name")
+    p.add_argument("--draft", default=None, help="draft checkpoint or name (default: --pair's)")
+    add_pair_flag(p)
     p.add_argument(
         "--quantize",
         default="w4a16",
@@ -78,10 +87,24 @@ async def _serve(args: argparse.Namespace, spec: jaxspec.DraftSpec) -> int:
     return 0
 
 
+def _fill_pair(args: argparse.Namespace, spec: jaxspec.DraftSpec) -> None:
+    """Models not named come from `--pair` (SmolLM2 and its W4A16 copy, or the tiny pair),
+    as for `python -m verify serve` and `python -m edge serve`; a draft named alone goes
+    with the tiny target, as before."""
+    if args.checkpoint is None and args.draft is None:
+        say = lambda text: print(f"jaxspec serve: {text}", file=sys.stderr, flush=True)  # noqa: E731
+        pair = choose_saying(args.pair, say, draft=spec.speculative)
+        args.checkpoint, args.draft = pair.target, pair.draft
+    args.checkpoint = args.checkpoint or TINY[0]
+    args.draft = args.draft or TINY[1]
+
+
 def main(args: argparse.Namespace) -> int:
     """Check every flag, load the pair, serve until SIGINT/SIGTERM."""
     spec = check_args(args)
+    refuse_draft_without_speculation(args)  # --gamma 0: plain decoding, no draft
     check_serve_args(args)
+    _fill_pair(args, spec)
     SchedulerConfig(max_sessions=args.max_sessions, max_len=args.max_len)  # ValueError early
     use_compilation_cache(args)
     return asyncio.run(_serve(args, spec))

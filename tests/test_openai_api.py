@@ -341,6 +341,7 @@ def test_colocated_jaxspec_serve_gives_the_same_text(stack, client):
     the same tokens as the edge endpoint in front of the verifier."""
     env, template = stack[2], stack[3]
     flags = ["--port", "0", "--max-len", "128", "--max-sessions", "8", "--longest-block", "4"]
+    flags += ["--pair", "tiny"]  # (by default it serves SmolLM2, like the service commands)
     server = HttpServer("jaxspec_apps.cli", [*flags, "--chat-template", str(template)], env)
     try:
         local = openai.OpenAI(base_url=server.wait(180), api_key="-", max_retries=0, timeout=WAIT_S)
