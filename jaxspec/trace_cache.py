@@ -151,9 +151,9 @@ class CachedJit:
         self.signature = inspect.signature(fun)
         names = list(self.signature.parameters)
         self.donated = {names[i] for i in donate_argnums} | set(donate_argnames)
-        self.jitted = jax.jit(
-            fun, static_argnames=self.static, donate_argnums=tuple(donate_argnums),
-            donate_argnames=tuple(donate_argnames),
+        self.jitted = jax.jit(  # (None, not (): jit then maps names to positions itself)
+            fun, static_argnames=self.static, donate_argnums=tuple(donate_argnums) or None,
+            donate_argnames=tuple(donate_argnames) or None,
         )  # fmt: skip
         self.entries: dict[Any, _Entry] = {}
         functools.update_wrapper(self, fun)

@@ -107,13 +107,14 @@ def test_the_verifier_prefill_gives_the_same_cache_bits(cache_dir):
 def test_a_loaded_trace_donates_what_jit_would(cache_dir):
     """Donation by name or position survives the cache: the donated input is consumed (the
     KV cache written in place), traced or loaded."""
-    for _ in range(2):  # traced and saved, then loaded in a fresh wrapper
+    for on in (False, True, True):  # plain jit; traced and saved; loaded in a fresh wrapper
+        trace_cache.configure(cache_dir if on else None)
         jax.clear_caches()
         f = trace_cache.jit(scaled, static_argnames=("power",), donate_argnames=("y",))
         x, y = jnp.ones(4), jnp.ones(4)
         f(x, y, power=2)
         assert y.is_deleted() and not x.is_deleted()
-    assert len(TRACED) == 1
+    assert len(TRACED) == 2
 
 
 def test_an_edge_drafter_round_is_the_same_from_a_kept_trace(cache_dir):
