@@ -296,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"jaxspec {args.command}: error: {e}", file=sys.stderr)
         code = 2
     # Ctrl-C while the demo's draft was loading or compiling: exit now, not at its end.
-    return exit_if_abandoned(code)
+    return exit_if_abandoned(code, force=code == 130)  # 130: interrupted
 
 
 if __name__ == "__main__":

@@ -66,11 +66,14 @@ def abandoned() -> list[str]:
     return sorted(t.name for t in list(_RUNNING) if t.is_alive())
 
 
-def exit_if_abandoned(code: int) -> int:
+def exit_if_abandoned(code: int, *, force: bool = False) -> int:
     """A command's last step: `code` back when no worker runs any more; else the output
     flushed and the process ended at once with `code` (`os._exit`: the interpreter's
-    finalization would abort in the worker's XLA call, see the module's docstring)."""
-    if not abandoned():
+    finalization would abort in the worker's XLA call, see the module's docstring). `force`:
+    end that way even with no worker left (an interrupted command, whose half-run event
+    loops would otherwise print "Exception ignored" tracebacks as the interpreter collects
+    them)."""
+    if not force and not abandoned():
         return code
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
