@@ -198,7 +198,8 @@ class CachedJit:
         if any(a is None for a in avals):
             return None
         shapes = tuple((a.shape, a.dtype, a.weak_type) for a in avals)
-        memo = (in_tree, shapes, tuple(fingerprint(static[k]) for k in sorted(static)))
+        # In memory, the static values themselves (hashable, as jit requires): no repr per call.
+        memo = (in_tree, shapes, tuple(static[k] for k in sorted(static)))
         if memo not in self.entries:
             try:
                 self.entries[memo] = self._load_or_trace(static, names, values, in_tree, avals)
