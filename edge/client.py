@@ -309,8 +309,19 @@ class GrpcEndpoint:
 
     async def close_session(self, session_id: str) -> None:
         """End the session's stream, which frees its slot (the session lives in the stream; a
-        CloseSession call could reach another replica). A verifier that is gone has freed it
-        already."""
+        CloseSession call could reach another replica), and return once the verifier has
+        freed it: a half-close, after which the verifier answers the blocks still in flight,
+        closes the session and ends the stream; a verifier that does not end it within
+        `timeout_s` (or is gone, and has freed it already) has the stream cancelled."""
+        stream = self._streams.get(session_id)
+        if stream is not None and stream.error is None:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    async with stream.lock:  # after the last block's write
+                        await stream.call.done_writing()
+                    await asyncio.shield(stream.reader)
+            except (TimeoutError, grpc.RpcError, asyncio.InvalidStateError):
+                pass  # cancelled below
         await self._end_stream(session_id)
 
     async def _end_stream(self, session_id: str) -> None:

@@ -261,6 +261,19 @@ def test_per_tenant_session_limit_and_rate_limit(world):
     assert time.monotonic() - t0 >= (cost - 40) / 40 * 0.95
 
 
+def test_a_closed_session_has_freed_its_slot(world):
+    """close_session returns once the verifier has freed the slot: carol (one live session)
+    opens again at once, every time (a cancel-only close raced the verifier's release)."""
+
+    async def go():
+        for _ in range(10):  # a new channel each time: the next open takes another connection
+            async with h.endpoint(world["address"], h.TOKENS["carol"], world["ca"]) as ep:
+                info = await ep.open_session(h.config())
+                await ep.close_session(info.session_id)
+
+    h.run(go())
+
+
 def test_oversized_messages_are_refused(world):
     s = stub(world)
     sid = s.OpenSession(
