@@ -16,6 +16,14 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# XLA:CPU without LLVM's expensive optimizations: the suite is mostly compiling small
+# programs once and running them a few times (measured: tests/test_speculative.py alone
+# 150 s -> 108 s; the SmolLM2 tests, whose matmuls run in our kernels, within 4%). Every
+# comparison in the suite is between programs compiled the same way, and subprocesses
+# inherit it. JAXSPEC_TEST_XLA_OPT=1 keeps XLA's defaults.
+if os.environ.get("JAXSPEC_TEST_XLA_OPT") != "1":
+    _fast = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_fast}".strip()
 # Models fetched by name (`jaxspec.load("smollm2")`) go to a fresh directory per run, so the
 # tests fetch and convert them as a user's first use does (once per run; workers and servers
 # inherit it). Set JAXSPEC_HOME to reuse a cache across runs.

@@ -455,7 +455,10 @@ def test_sharded_over_8_devices_gives_the_same_tokens():
     devices (a subprocess: the device count is fixed at JAX start-up)."""
 
     def run(data, model, devices):
-        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+        flags = (
+            f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+        )
+        env = dict(os.environ, XLA_FLAGS=flags)
         r = subprocess.run(
             [sys.executable, "-c", _SHARDED, str(data), str(model)],
             capture_output=True,
