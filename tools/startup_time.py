@@ -66,8 +66,11 @@ print(json.dumps({"trace_lower_s": round(t1 - t0, 2), "compile_s": round(t2 - t1
 BUILD = """\
 import json, sys, time
 from jaxspec_host import hub
-t0 = time.perf_counter(); hub.ensure_copy("smollm2-w4a16")
-print(json.dumps({"build_s": round(time.perf_counter() - t0, 1)}))
+ends = {}  # stage -> seconds from the start to its last progress event
+def progress(stage, done, total):
+    ends[stage] = round(time.perf_counter() - t0, 1)
+t0 = time.perf_counter(); hub.ensure_copy("smollm2-w4a16", progress=progress)
+print(json.dumps({"build_s": round(time.perf_counter() - t0, 1), "stage_ends_s": ends}))
 """
 
 
