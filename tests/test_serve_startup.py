@@ -343,3 +343,43 @@ def test_serves_after_the_first_bucket_and_compiles_the_rest_in_the_background(t
     assert "fully warm: 4 shapes" in after
     want = h.run(h.local_session(target, draft, cfg))
     assert got.tokens == want.tokens and len(got.tokens) > 0
+
+
+def test_close_session_returns_once_the_verifier_has_freed_the_slot(monkeypatch):
+    """`GrpcEndpoint.close_session` half-closes and waits for the stream's end, which the
+    verifier sends after freeing the slot: a tenant at its limit (1 live session) opens
+    again at once even when the release is slow (here 0.5 s). A close that only cancels the
+    stream (the mutant, what the client did before) returns first and the open is refused."""
+    from edge.client import GrpcEndpoint
+    from jaxspec.protocol import ResourceExhausted
+    from verify.local import TenantEndpoint
+
+    config = SchedulerConfig(max_sessions=2, max_len=64, max_gamma=2)
+    tenants = Tenants([Tenant("carol", token_sha256(TENANTS["alice"]), max_sessions=1)])
+    release = TenantEndpoint.close_session
+
+    async def slow_release(self, session_id):
+        await asyncio.sleep(0.5)
+        await release(self, session_id)
+
+    monkeypatch.setattr(TenantEndpoint, "close_session", slow_release)
+
+    async def cancel_only(self, session_id):
+        await self._end_stream(session_id)
+
+    async def go(close):
+        server = await bind(config, tiny_config().vocab_size, tenants=tenants)
+        await server.ready(tiny_verifier(config))
+        try:
+            address = f"127.0.0.1:{server.port}"
+            async with GrpcEndpoint(address, token=TENANTS["alice"], timeout_s=30) as ep:
+                cfg = h.config(prompt=(1, 2), gamma=2)
+                for _ in range(2):
+                    info = await ep.open_session(cfg)
+                    await close(ep, info.session_id)
+        finally:
+            await server.stop(0)
+
+    asyncio.run(go(GrpcEndpoint.close_session))
+    with pytest.raises(ResourceExhausted, match="tenant limit of 1"):
+        asyncio.run(go(cancel_only))
