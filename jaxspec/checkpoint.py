@@ -29,7 +29,7 @@ from jaxspec.gguf_import import (
     has_tokenizer,
     read_gguf,
 )
-from jaxspec.model import Model, init_params
+from jaxspec.model import Model, param_shapes
 
 PathLike = str | os.PathLike[str]
 
@@ -181,7 +181,7 @@ def params_from_hf(
 ) -> Any:
     """The model's param pytree from HF-named tensors (`[out, in]` linear weights): every
     tensor the config implies must be there with its shape, and nothing else."""
-    expected = jax.eval_shape(lambda: init_params(config))
+    expected = param_shapes(config)
     used: set[str] = set()
 
     def take(path: tuple[Any, ...], leaf: jax.ShapeDtypeStruct) -> jax.Array:

@@ -856,7 +856,8 @@ def load_quantized(
     config = LlamaConfig.from_hf(raw_cfg)
     shell = Model(config=config, params=None, dtype=dtype)
     module = _module(shell, spec, "serve")
-    expected = _flatten(jax.eval_shape(lambda: _init(module, config)))
+    shapes = jax.eval_shape(lambda: _init(module, config))  # traced once: seconds via AQT
+    expected = _flatten(shapes)
     f = d / "model.safetensors"
     if not f.is_file():
         raise CheckpointError(f"{d} has no model.safetensors")
@@ -882,8 +883,9 @@ def load_quantized(
     if spec.weight_bits == 4 and spec.packed and spec.layout == "rows":
         spec = dataclasses.replace(spec, layout="tiles")  # what the int4 kernel reads
         module = _module(shell, spec, "serve")
-        flat = _rows_to_tiles(flat, _flatten(jax.eval_shape(lambda: _init(module, config))))
-    treedef = jax.tree.structure(jax.eval_shape(lambda: _init(module, config)))
+        shapes = jax.eval_shape(lambda: _init(module, config))
+        flat = _rows_to_tiles(flat, _flatten(shapes))
+    treedef = jax.tree.structure(shapes)
     params = jax.tree.unflatten(treedef, [flat[k] for k in expected])
     return Model(
         config=config,

@@ -117,3 +117,16 @@ def test_param_count_matches_transformers(loaded):
         assert model.num_params() == sum(p.numel() for p in oracle.parameters()), name
         assert model.config.num_params == model.num_params(), name
         assert model.nbytes() == 4 * model.num_params()
+
+
+@pytest.mark.parametrize("name", sorted(config_variants()))
+def test_param_shapes_are_what_init_params_makes(name):
+    """`param_shapes` (what `jaxspec.load` checks tensors against, read from the config) is
+    the tree, shapes and dtypes that tracing `init_params` gives, for every architecture."""
+    import jax
+
+    cfg = config_variants()[name]
+    got = jaxspec.model.param_shapes(cfg)
+    want = jax.eval_shape(lambda: jaxspec.init_params(cfg))
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    assert jax.tree.leaves(got) == jax.tree.leaves(want)
