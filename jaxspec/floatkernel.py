@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from jaxspec import int4kernel
+from jaxspec import int4kernel, trace_cache
 
 TARGET = "jaxspec_float_matmul"
 ATTENTION = "jaxspec_attention"
@@ -81,6 +81,9 @@ def available() -> bool:
         return _lib() is not None
     except Exception:
         return False
+
+
+trace_cache.before_load(available)  # a loaded trace may call this kernel untraced
 
 
 def enabled() -> bool:

@@ -42,6 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec import trace_cache
+
 TILE = 64  # output columns per tile of the prepared layout
 TARGET = "jaxspec_int4_matmul"
 _HERE = pathlib.Path(__file__).resolve().parent
@@ -120,6 +122,9 @@ def available() -> bool:
         return _load()["lib"] is not None
     except Exception:
         return False
+
+
+trace_cache.before_load(available)  # a loaded trace may call this kernel untraced
 
 
 def isa() -> str | None:

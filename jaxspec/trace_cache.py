@@ -53,6 +53,16 @@ _lock = threading.Lock()
 log = logging.getLogger("jaxspec.trace_cache")
 
 
+_before_load: list[Callable[[], Any]] = []  # e.g. FFI kernels' registration
+
+
+def before_load(hook: Callable[[], Any]) -> None:
+    """Run `hook` before any kept trace is loaded: a loaded program calls the FFI targets
+    its trace named, and nothing in this process may have traced (so registered) them yet
+    (`jaxspec.floatkernel` and `jaxspec.int4kernel` register theirs here)."""
+    _before_load.append(hook)
+
+
 def configure(path: str | os.PathLike | None) -> pathlib.Path | None:
     """Keep traces in `path` (created), or nowhere (None: every `jit` is plain `jax.jit`)."""
     global _dir
@@ -238,6 +248,8 @@ class CachedJit:
         path = _dir / f"{_name(self.fun)}-{self._key(static, in_tree, avals)}"
         try:
             exported_bytes, out_tree = pickle.loads(path.read_bytes())
+            for hook in _before_load:
+                hook()
             return _Entry(jax.export.deserialize(exported_bytes), out_tree, donate)
         except (OSError, ValueError, pickle.UnpicklingError, EOFError, TypeError):
             pass  # not saved yet (or unreadable): trace it now
