@@ -48,8 +48,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import aqt_compat, int4kernel, quant_methods
+from jaxspec import aqt_compat, kernels, quant_methods
 from jaxspec.config import CheckpointError
+from jaxspec.kernels import int4 as int4kernel
 from jaxspec.model import Llama, Model, init_cache
 
 SCHEMES: dict[str, tuple[int, int | None] | None] = {
@@ -96,7 +97,7 @@ KERNEL_MAX_ROWS = 16  # rows (tokens) up to which a served int4 matmul uses the 
 
 def pack_tiles(q_KM: jax.Array) -> jax.Array:
     """int values in [-8, 7] `[K, M]` -> the tiled layout uint8 `[ceil(M/64), K, 32]` that
-    the int4 kernel reads (`jaxspec.int4kernel`): for tile t and row k, 8 little-endian
+    the int4 kernel reads (`jaxspec.kernels.int4`): for tile t and row k, 8 little-endian
     uint32 words, nibble i of word j = q + 8 of column 64 t + 8 i + j (M padded with q = 0)."""
     K, M = q_KM.shape
     T = -(-M // TILE)
@@ -203,7 +204,7 @@ class QuantSpec:
         """Whether a served matmul of `rows` rows runs on the int4 kernel (decided at trace)."""
         return (
             self.kernel and self.tiled and self.act_bits is None and rows <= KERNEL_MAX_ROWS
-            and int4kernel.available() and jax.default_backend() == "cpu"
+            and kernels.available() and jax.default_backend() == "cpu"
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:

@@ -59,7 +59,7 @@ _before_load: list[Callable[[], Any]] = []  # e.g. FFI kernels' registration
 def before_load(hook: Callable[[], Any]) -> None:
     """Run `hook` before any kept trace is loaded: a loaded program calls the FFI targets
     its trace named, and nothing in this process may have traced (so registered) them yet
-    (`jaxspec.floatkernel` and `jaxspec.int4kernel` register theirs here)."""
+    (`jaxspec.kernels` registers its library's here)."""
     _before_load.append(hook)
 
 

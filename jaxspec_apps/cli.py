@@ -36,7 +36,7 @@ from rich.progress import (
 )
 
 import jaxspec
-from jaxspec import floatkernel, int4kernel
+from jaxspec import kernels
 from jaxspec.generate import choose_gamma, conditional_alphas  # noqa: F401 (re-exported)
 from jaxspec.sampling import session_keys
 from jaxspec.testing import write_random_checkpoint
@@ -195,9 +195,11 @@ def _doctor(args: argparse.Namespace) -> int:
     (float32 and bfloat16, int4, int8), and which fetchable models are cached."""
     print(f"jax {jax.__version__}: backend {jax.default_backend()}, {jax.device_count()} devices")
     on_cpu = jax.default_backend() == "cpu"
-    float_path = floatkernel.status() if on_cpu else "float kernel: not used off the CPU - XLA"
+    print(kernels.status())
+    kernel = "the CPU kernels" if kernels.available() else "XLA"
+    float_path = kernel if on_cpu else "XLA (the CPU kernels are not used off the CPU)"
     print(f"float32/bfloat16 weights and attention: {float_path}")
-    print(f"int4 weights (W4A16): {int4kernel.status()}")
+    print(f"int4 weights (W4A16): {kernel if on_cpu else 'XLA'}")
     print("int8 weights (a head kept at 8 bits): XLA (AQT's int dot)")
     for spec in hub.REMOTE.values():
         state = f"cached in {hub.model_dir(spec)}" if hub.is_pulled(spec) else "not fetched yet"

@@ -1,11 +1,11 @@
-"""Batch invariance on the CPU (jaxspec.floatkernel): a position's K/V and logits are the same
+"""Batch invariance on the CPU (jaxspec.kernels): a position's K/V and logits are the same
 bits however the call that computed it was shaped (prefill, verify block, decode; alone or
 with batch mates; any KV bucket), so a resumed session continues exactly as an uninterrupted
 one, sampled or not (issue 40, break F).
 
 The kernels are held to XLA's output within float32 rounding over Hypothesis-drawn shapes, to
-themselves across row subsets bit for bit, and their AVX2 and scalar paths to each other. The
-mutant is today's XLA path (`floatkernel.disabled()`): the same model-level checks must find a
+themselves across row subsets bit for bit, and their AVX-512, AVX2 and scalar paths to each
+other. The mutant is XLA's path (`Model.kernels=False`): the same model-level checks must find a
 difference there, which shows they can fail."""
 
 from __future__ import annotations
@@ -25,13 +25,16 @@ from hypothesis import strategies as st
 import jaxspec
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec import floatkernel
-from jaxspec.model import _attend_einsum, forward
+from jaxspec import kernels
+from jaxspec.kernels import attention as attention_kernel
+from jaxspec.kernels import dense as floatkernel
+from jaxspec.kernels.attention import einsum_attention
+from jaxspec.model import forward
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig, Unavailable
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 needs_kernel = pytest.mark.skipif(
-    not floatkernel.available(), reason=f"{floatkernel.status()} (XLA's path is not invariant)"
+    not kernels.available(), reason=f"{kernels.status()} (XLA's path is not invariant)"
 )
 
 
@@ -40,7 +43,7 @@ def test_float_kernel_was_built_when_required():
     below must not skip there."""
     if os.environ.get("JAXSPEC_REQUIRE_KERNEL") != "1":
         pytest.skip("JAXSPEC_REQUIRE_KERNEL=1 not set (.ci/run sets it)")
-    assert floatkernel.available(), floatkernel.status()
+    assert kernels.available(), kernels.status()
 
 
 ROWS = (1, 2, 3, 5, 7, 16, 33)
@@ -49,11 +52,11 @@ SIZES = ((8, 64), (37, 100), (64, 130), (96, 64))
 
 @contextlib.contextmanager
 def isa(name: str):
-    floatkernel.set_isa(name)
+    kernels.set_isa(name)
     try:
         yield
     finally:
-        floatkernel.set_isa("best")
+        kernels.set_isa("best")
 
 
 # ------------------------------------------------------------------------------ the matmul
@@ -84,7 +87,7 @@ def test_matmul_equals_xla_and_is_invariant_to_its_rows(n, size, dtype, transpos
     lo = int(rng.integers(0, n))
     part = np.asarray(floatkernel.matmul(x[lo:], w, transpose_w=transpose))
     np.testing.assert_array_equal(part, y[lo:])
-    for path in ("scalar", "AVX2"):
+    for path in ("scalar", "AVX2", "AVX-512"):
         with isa(path):
             other = np.asarray(floatkernel.matmul(x, w, transpose_w=transpose))
         np.testing.assert_array_equal(other, y, err_msg=path)
@@ -132,18 +135,18 @@ def test_attention_equals_xla_and_is_invariant(b, t, s, seed):
     k = jnp.asarray(rng.standard_normal((b, 2 * s, 2, 16)), jnp.float32)
     v = jnp.asarray(rng.standard_normal((b, 2 * s, 2, 16)), jnp.float32)
     pos = jnp.asarray(rng.integers(-1, s, (b, t)), jnp.int32)
-    out = np.asarray(floatkernel.attention(q, k[:, :s], v[:, :s], pos))
+    out = np.asarray(attention_kernel.attention(q, k[:, :s], v[:, :s], pos))
     visible = jnp.arange(s)[None, None, :] <= pos[:, :, None]
-    ref = np.asarray(_attend_einsum(q, k[:, :s], v[:, :s], visible, jnp.float32))
+    ref = np.asarray(einsum_attention(q, k[:, :s], v[:, :s], visible, jnp.float32))
     seen = np.asarray(pos >= 0)  # a query that sees nothing: zeros (XLA: NaN)
     np.testing.assert_allclose(out[seen], ref[seen], rtol=2e-5, atol=2e-5)
     assert np.all(out[~seen] == 0)
-    wider = np.asarray(floatkernel.attention(q, k, v, pos))  # a larger KV bucket
+    wider = np.asarray(attention_kernel.attention(q, k, v, pos))  # a larger KV bucket
     np.testing.assert_array_equal(wider, out)
-    last = np.asarray(floatkernel.attention(q[:, -1:], k[:, :s], v[:, :s], pos[:, -1:]))
+    last = np.asarray(attention_kernel.attention(q[:, -1:], k[:, :s], v[:, :s], pos[:, -1:]))
     np.testing.assert_array_equal(last, out[:, -1:])
     with isa("scalar"):
-        scalar = np.asarray(floatkernel.attention(q, k[:, :s], v[:, :s], pos))
+        scalar = np.asarray(attention_kernel.attention(q, k[:, :s], v[:, :s], pos))
     np.testing.assert_array_equal(scalar, out)
 
 
@@ -279,10 +282,10 @@ def test_attention_gradient_is_xlas():
     visible = jnp.arange(8)[None, None, :] <= pos[:, :, None]
 
     def kernel(q, k, v):
-        return jnp.sum(jnp.sin(floatkernel.attention(q, k, v, pos)))
+        return jnp.sum(jnp.sin(attention_kernel.attention(q, k, v, pos)))
 
     def xla(q, k, v):
-        return jnp.sum(jnp.sin(_attend_einsum(q, k, v, visible, jnp.float32)))
+        return jnp.sum(jnp.sin(einsum_attention(q, k, v, visible, jnp.float32)))
 
     got, want = jax.grad(kernel, (0, 1, 2))(q, k, v), jax.grad(xla, (0, 1, 2))(q, k, v)
     for g, e in zip(got, want, strict=True):

@@ -364,15 +364,15 @@ def test_the_cli_parses_bench_options():
 def test_the_kernels_section_times_both_paths_in_one_run(monkeypatch):
     """`kernels` (real pair): every format x layout x row count and every model shape, the
     float kernel and XLA's ops each timed; its table names them all."""
-    from jaxspec import floatkernel
+    from jaxspec import kernels as cpu_kernels
     from jaxspec_apps.bench import kernels
 
     # two row counts and two model shapes (each is a compilation of both paths)
     monkeypatch.setattr(kernels, "ROWS", (1, 16))
     monkeypatch.setattr(kernels, "SHAPES", ((1, 1), (16, 5)))
     res = kernels.run(jaxspec.load("default"), repeats=1, chain=2)
-    if not floatkernel.available():
-        assert res == {"skipped": floatkernel.status()}
+    if not cpu_kernels.available():
+        assert res == {"skipped": cpu_kernels.status()}
         return
     assert len(res["matmul"]) == 2 * 2 * len(kernels.ROWS)
     assert [(r["rows"], r["positions"]) for r in res["model"]] == list(kernels.SHAPES)

@@ -173,7 +173,7 @@ def test_packed_and_unpacked_int4_give_identical_matmuls(quantized):
 
 
 def test_the_tiled_layout_is_the_kernels():
-    from jaxspec import int4kernel
+    from jaxspec.kernels import int4 as int4kernel
 
     q = np.random.RandomState(3).randint(-8, 8, (37, 150)).astype(np.int8)
     tiles = np.asarray(pack_tiles(jnp.asarray(q)))

@@ -1,0 +1,89 @@
+"""Grouped-query attention over a KV cache: the batch-invariant CPU kernel
+(csrc/body_attention.inc) and its XLA form.
+
+`attention` runs on the kernel: query (b, t) sees cache indices `s <= positions[b, t]`, and
+every number is summed in an order fixed by D and the query's position alone, so a position's
+output does not depend on T, B or the KV bucket S. `einsum_attention` is the same attention in
+XLA's ops: the model's form where the kernel is not used (accelerators, float64, no library)
+and the kernel's gradient (a custom JVP).
+
+Pure module: imports only jax, numpy and `jaxspec.kernels`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float
+
+from jaxspec import kernels
+
+TARGET = "jaxspec_attention"
+
+
+def _acc(dtype) -> jnp.dtype:
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def einsum_attention(
+    q_BTKGD: Float[Array, "B T K G D"],
+    keys_BSKD: Float[Array, "B S K D"],
+    vals_BSKD: Float[Array, "B S K D"],
+    visible_BTS: Bool[Array, "B T S"],
+    dtype=jnp.float32,
+) -> Float[Array, "B T K G D"]:
+    """Grouped-query attention as two dot_generals (the fast form on accelerators); scores
+    and softmax in float32 (float64 for a float64 model), the rest in `dtype`."""
+    acc = _acc(dtype)
+    scores_BKGTS = jnp.einsum("btkgd,bskd->bkgts", q_BTKGD, keys_BSKD.astype(dtype)).astype(
+        acc
+    ) / np.sqrt(q_BTKGD.shape[-1]).astype(acc)
+    scores_BKGTS = jnp.where(visible_BTS[:, None, None], scores_BKGTS, -jnp.inf)
+    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs_BKGTS, vals_BSKD.astype(dtype))
+
+
+def attention(
+    q_BTKGD: Float[Array, "B T K G D"],
+    keys_BSKD: Float[Array, "B S K D"],
+    vals_BSKD: Float[Array, "B S K D"],
+    positions_BT: jax.Array,
+) -> Float[Array, "B T K G D"]:
+    """Attention on the kernel; float32 in and out. Gradients: `einsum_attention`'s."""
+    if not kernels.available():
+        raise RuntimeError(kernels.status())
+    f32 = jnp.float32
+    return _attention(
+        q_BTKGD.astype(f32),
+        keys_BSKD.astype(f32),
+        vals_BSKD.astype(f32),
+        jnp.asarray(positions_BT, jnp.int32),
+    )
+
+
+def _kernel(q, k, v, pos):
+    call = jax.ffi.ffi_call(
+        TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32), vmap_method="sequential"
+    )
+    return call(q, k, v, pos)
+
+
+def _visible(k, pos):
+    return jnp.arange(k.shape[1])[None, None, :] <= pos[:, :, None]
+
+
+@jax.custom_jvp
+def _attention(q, k, v, pos):
+    return _kernel(q, k, v, pos)
+
+
+@_attention.defjvp
+def _attention_jvp(primals, tangents):
+    q, k, v, pos = primals
+    dq, dk, dv, _ = tangents
+    visible = _visible(k, pos)
+    _, tangent = jax.jvp(
+        lambda q, k, v: einsum_attention(q, k, v, visible), (q, k, v), (dq, dk, dv)
+    )
+    return _kernel(q, k, v, pos), tangent

@@ -1,0 +1,275 @@
+// The XLA FFI handlers of jaxspec's CPU kernels (loaded by jaxspec/kernels/__init__.py):
+// argument checks, the split of a call's work over XLA's CPU thread pool, and the choice of
+// the instruction set's table (common.h). One setting of the instruction set and one cap on
+// threads govern every kernel.
+//
+//   JaxspecFloatMatmul  x f32[N, K] . w [K, M] (or w [M, K] with transpose_w), w f32 / bf16
+//   JaxspecInt4Matmul   x f32[N, K] . int4 w in the tiled layout, with scale and offset
+//   JaxspecAttention    grouped-query attention over a KV cache
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "common.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jaxspec {
+namespace {
+
+int DetectIsa() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    return kAvx512;
+  if (avx2) return kAvx2;
+#endif
+  return kScalar;
+}
+
+const int g_best = DetectIsa();
+std::atomic<int> g_isa{g_best};
+std::atomic<int> g_max_threads{0};  // 0: as many as XLA's pool has
+
+const KernelTable& Table() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  switch (g_isa.load(std::memory_order_relaxed)) {
+    case kAvx512: return isa_avx512::kTable;
+    case kAvx2: return isa_avx2::kTable;
+    default: break;
+  }
+#endif
+  return isa_scalar::kTable;
+}
+
+void Relax(int spins) {
+#if defined(__x86_64__)
+  if (spins < 256) return _mm_pause();  // a few microseconds, then give the core away
+#endif
+  std::this_thread::yield();
+}
+
+// Threads for a call that does `work` bytes' worth of streaming over `units` units: helpers
+// pay off above ~256 KB; never more threads than units, nor than the cap.
+int64_t Threads(ffi::ThreadPool& pool, int64_t units, int64_t work) {
+  if (units < 2 || work < (256 << 10)) return 1;
+  const int64_t cap = g_max_threads.load(std::memory_order_relaxed);
+  const int64_t n = cap > 0 ? cap : pool.num_threads();
+  return std::max<int64_t>(1, std::min(n, units));
+}
+
+// Runs fn(unit, scratch) for every unit in [0, units) on the calling thread and threads - 1
+// helpers from XLA's pool, each taking the next unclaimed unit; returns when all are done.
+// `scratch` is `scratch_floats` floats of the running thread's own. A helper that starts late
+// finds nothing left and touches only the counters, which live as long as it does.
+void ParallelFor(ffi::ThreadPool& pool, int64_t units, int64_t threads, int64_t scratch_floats,
+                 const std::function<void(int64_t, float*)>& fn) {
+  struct State {
+    std::atomic<int64_t> next{0}, done{0};
+    int64_t units = 0, scratch = 0;
+    const std::function<void(int64_t, float*)>* fn = nullptr;
+    void Work() {
+      std::vector<float> scratch_buf(scratch > 0 ? scratch : 1);
+      int64_t finished = 0;
+      for (int64_t u; (u = next.fetch_add(1, std::memory_order_relaxed)) < units; ++finished)
+        (*fn)(u, scratch_buf.data());
+      if (finished) done.fetch_add(finished, std::memory_order_release);
+    }
+  };
+  auto st = std::make_shared<State>();
+  st->units = units, st->scratch = scratch_floats, st->fn = &fn;
+  for (int64_t h = 1; h < threads; ++h) pool.Schedule([st] { st->Work(); });
+  st->Work();
+  for (int spins = 0; st->done.load(std::memory_order_acquire) < units; ++spins) Relax(spins);
+}
+
+bool ToDt(ffi::DataType t, Dt* out) {
+  switch (t) {
+    case ffi::DataType::F32: *out = Dt::kF32; return true;
+    case ffi::DataType::BF16: *out = Dt::kBf16; return true;
+    case ffi::DataType::F16: *out = Dt::kF16; return true;
+    default: return false;
+  }
+}
+
+// ---------------------------------------------------------------------------- float matmul
+
+ffi::Error FloatMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
+                           ffi::ResultBuffer<ffi::F32> out, int64_t transpose_w) {
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  auto rd = out->dimensions();
+  const bool bf16 = w.element_type() == ffi::DataType::BF16;
+  if (!bf16 && w.element_type() != ffi::DataType::F32)
+    return ffi::Error::InvalidArgument("float matmul: w must be float32 or bfloat16");
+  if (xd.size() != 2 || wd.size() != 2 || rd.size() != 2)
+    return ffi::Error::InvalidArgument("float matmul: x, w and out must be 2-D");
+  const int64_t N = xd[0], K = xd[1], M = transpose_w ? wd[0] : wd[1];
+  if ((transpose_w ? wd[1] : wd[0]) != K)
+    return ffi::Error::InvalidArgument("float matmul: contracted dimensions differ");
+  if (rd[0] != N || rd[1] != M) return ffi::Error::InvalidArgument("float matmul: out is not [N, M]");
+  if (N == 0 || M == 0) return ffi::Error::Success();
+  const FloatMM p{x.typed_data(), w.untyped_data(), bf16, out->typed_data(), N, K, M};
+  if (K == 0) {
+    std::memset(p.out, 0, sizeof(float) * N * M);
+    return ffi::Error::Success();
+  }
+  const KernelTable& table = Table();
+  const int64_t work = M * K * (bf16 ? 2 : 4) * (N > 2 ? N / 2 : 1);
+  if (transpose_w) {  // units: blocks of 64 table rows, taken in turn
+    const int64_t units = (M + kTile - 1) / kTile;
+    ParallelFor(pool, units, Threads(pool, units, work), 0, [&](int64_t u, float*) {
+      table.float_nt(p, u * kTile, std::min(M, (u + 1) * kTile));
+    });
+    return ffi::Error::Success();
+  }
+  // units: one balanced span of columns (whole vectors of 16) per thread
+  const int64_t vecs = (M + 15) / 16;
+  const int64_t threads = Threads(pool, vecs, work);
+  ParallelFor(pool, threads, threads, 0, [&](int64_t u, float*) {
+    const int64_t c0 = vecs * u / threads * 16, c1 = std::min(M, vecs * (u + 1) / threads * 16);
+    if (c0 < c1) table.float_nn(p, c0, c1);
+  });
+  return ffi::Error::Success();
+}
+
+// ---------------------------------------------------------------------------- int4 matmul
+
+ffi::Error Int4MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                          ffi::AnyBuffer scale, ffi::AnyBuffer offset,
+                          ffi::ResultBuffer<ffi::F32> out, int64_t K, int64_t M, int64_t group,
+                          int64_t has_offset) {
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  auto sd = scale.dimensions();
+  auto od = offset.dimensions();
+  auto rd = out->dimensions();
+  if (K < 1 || M < 1 || group < 1) return ffi::Error::InvalidArgument("int4: K, M, group >= 1");
+  const int64_t G = (K + group - 1) / group, T = (M + kTile - 1) / kTile;
+  if (xd.size() != 2 || xd[1] != K) return ffi::Error::InvalidArgument("int4: x must be [N, K]");
+  const int64_t N = xd[0];
+  if (wd.size() != 3 || wd[0] != T || wd[1] != K || wd[2] != kTileBytes)
+    return ffi::Error::InvalidArgument("int4: prepared weight must be [ceil(M/64), K, 32]");
+  Dt scale_type, offset_type = Dt::kF32;
+  if (sd.size() != 2 || sd[0] != G || sd[1] != M || !ToDt(scale.element_type(), &scale_type))
+    return ffi::Error::InvalidArgument("int4: scale must be [G, M] of bf16, f16 or f32");
+  if (has_offset < 0 || has_offset > 2)
+    return ffi::Error::InvalidArgument("int4: has_offset is 0 (none), 1 (offset), 2 (minimum)");
+  if (has_offset && (od.size() != 2 || od[0] != G || od[1] != M ||
+                     !ToDt(offset.element_type(), &offset_type)))
+    return ffi::Error::InvalidArgument("int4: offset must be [G, M] of bf16, f16 or f32");
+  if (rd.size() != 2 || rd[0] != N || rd[1] != M)
+    return ffi::Error::InvalidArgument("int4: out must be [N, M]");
+  if (N == 0) return ffi::Error::Success();
+
+  std::vector<float> xsum(N * G, 0.0f);  // each row's sum of x over each group, in order
+  const float* xp = x.typed_data();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) xsum[n * G + k / group] += xp[n * K + k];
+  const Int4MM p{xp, w.typed_data(), scale.untyped_data(),
+                 has_offset ? offset.untyped_data() : nullptr, scale_type, offset_type,
+                 out->typed_data(), N, K, M, G, group, T, has_offset == 2 ? 0.0f : 8.0f,
+                 xsum.data()};
+  const KernelTable& table = Table();
+  // one row streams ~256 KB before a helper pays; many rows are compute-bound sooner
+  const int64_t work = T * K * kTileBytes * (N > 2 ? N / 2 : 1);
+  ParallelFor(pool, T, Threads(pool, T, work), N * kTile,
+              [&](int64_t t, float* tile) { table.int4(p, t, t + 1, tile); });
+  return ffi::Error::Success();
+}
+
+// ---------------------------------------------------------------------------- attention
+
+ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                         ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> pos,
+                         ffi::ResultBuffer<ffi::F32> out) {
+  auto qd = q.dimensions();
+  auto kd = k.dimensions();
+  auto vd = v.dimensions();
+  auto pd = pos.dimensions();
+  if (qd.size() != 5 || kd.size() != 4 || pd.size() != 2)
+    return ffi::Error::InvalidArgument("attention: q [B,T,H,G,D], k/v [B,S,H,D], pos [B,T]");
+  const int64_t B = qd[0], T = qd[1], H = qd[2], G = qd[3], D = qd[4], S = kd[1];
+  if (kd[0] != B || kd[2] != H || kd[3] != D || pd[0] != B || pd[1] != T)
+    return ffi::Error::InvalidArgument("attention: shapes disagree");
+  if (vd.size() != 4 || vd[0] != B || vd[1] != S || vd[2] != H || vd[3] != D)
+    return ffi::Error::InvalidArgument("attention: v must match k");
+  const Attn a{q.typed_data(), k.typed_data(), v.typed_data(), pos.typed_data(), out->typed_data(),
+               B, T, H, G, D, S, 1.0f / std::sqrt(static_cast<float>(D))};
+  const int64_t units = B * T * H;
+  if (units == 0) return ffi::Error::Success();
+  const KernelTable& table = Table();
+  // threads pay off from ~64K multiply-adds (counted as 4 bytes each against Threads' bound)
+  const int64_t work = B * T * H * G * S * D * 4;
+  ParallelFor(pool, units, Threads(pool, units, work), S, [&](int64_t u, float* p) {
+    table.attention(a, u / (T * H), (u / H) % T, u % H, p);
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jaxspec
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecFloatMatmul, jaxspec::FloatMatmulImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Attr<int64_t>("transpose_w"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecInt4Matmul, jaxspec::Int4MatmulImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::U8>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Attr<int64_t>("K")
+                                  .Attr<int64_t>("M")
+                                  .Attr<int64_t>("group")
+                                  .Attr<int64_t>("has_offset"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecAttention, jaxspec::AttentionImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>());
+
+// One instruction set and one thread cap for every kernel (jaxspec.kernels).
+// Codes: 0 scalar, 2 AVX2 (+FMA, F16C), 3 AVX-512 (F, DQ, BW, VL).
+extern "C" int jaxspec_kernels_best_isa() { return jaxspec::g_best; }
+extern "C" int jaxspec_kernels_isa() { return jaxspec::g_isa.load(); }
+
+// Forces a path, only as far as this CPU has it; returns the path now in use.
+extern "C" int jaxspec_kernels_set_isa(int isa) {
+  const int best = jaxspec::g_best;
+  jaxspec::g_isa.store(isa <= jaxspec::kScalar ? jaxspec::kScalar
+                       : isa == jaxspec::kAvx2 ? std::min(best, int(jaxspec::kAvx2))
+                                               : best);
+  return jaxspec::g_isa.load();
+}
+
+// Caps the threads one call uses (the calling one included); 0 = the size of XLA's pool.
+extern "C" int jaxspec_kernels_set_threads(int n) {
+  jaxspec::g_max_threads.store(n < 0 ? 0 : n);
+  return jaxspec::g_max_threads.load();
+}
+
+extern "C" int jaxspec_kernels_threads() { return jaxspec::g_max_threads.load(); }
