@@ -67,8 +67,13 @@ inline float HsumLanes(const float* l) {
 // ---------------------------------------------------------------------------- the problems
 
 // out[n, m] = sum_k x[n, k] * W[k, m] (NN: W [K, M], a Dense kernel) or W[m, k] (NT: W [M, K],
-// a tied table). NN sums each output as one fma chain over k = 0..K-1; NT as eight k-lanes
-// (lane l: k = l, l+8, ... below K8 = K - K % 8), the fixed tree, then the tail in order.
+// a tied table). NN sums each output over kParts fixed parts of k (Part below): within a part
+// one fma chain over its k in order from 0, then the parts' sums added left to right. NT sums
+// 64 k-lanes (lane l: k = l, l+64, ... below K64 = K - K % 64), folds them by halving, then
+// adds the tail k >= K64 in order (body_float.inc). Both orders depend on K alone: never on N, the batch mates or the threads.
+constexpr int kParts = 2;
+inline int64_t Part(int64_t K, int part) { return K * part / kParts; }  // first k of a part
+
 struct FloatMM {
   const float* x;  // [N, K]
   const void* w;   // f32 or bf16
@@ -105,11 +110,12 @@ struct Attn {
 // What one instruction set provides. Ranges are half-open; scratch is per calling thread.
 struct KernelTable {
   Isa isa;
-  // NN, all rows, output columns [c0, c1); c0 a multiple of 16.
-  void (*float_nn)(const FloatMM& p, int64_t c0, int64_t c1);
+  // NN, all rows, contraction part `part`, output columns [c0, c1) (c0 a multiple of 16), the
+  // part's partial sums into y [N, M].
+  void (*float_nn)(const FloatMM& p, int part, int64_t c0, int64_t c1, float* y);
   // NT, all rows, table rows [m0, m1).
   void (*float_nt)(const FloatMM& p, int64_t m0, int64_t m1);
-  // int4, all rows, tiles [t0, t1); scratch holds N * kTile floats.
+  // int4, all rows, tiles [t0, t1); scratch holds N * kTile + 2 * (t1 - t0) * G * kTile floats.
   void (*int4)(const Int4MM& p, int64_t t0, int64_t t1, float* scratch);
   // one (b, t, kv head); scratch holds S floats.
   void (*attention)(const Attn& a, int64_t b, int64_t t, int64_t h, float* scratch);

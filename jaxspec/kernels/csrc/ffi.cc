@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -61,38 +62,48 @@ void Relax(int spins) {
   std::this_thread::yield();
 }
 
-// Threads for a call that does `work` bytes' worth of streaming over `units` units: helpers
-// pay off above ~256 KB; never more threads than units, nor than the cap.
-int64_t Threads(ffi::ThreadPool& pool, int64_t units, int64_t work) {
-  if (units < 2 || work < (256 << 10)) return 1;
+// Threads for a call of about `ns` nanoseconds of one thread's work over `units` units:
+// helpers pay off from ~8 us;
+// never more threads than units, nor than the cap.
+int64_t Threads(ffi::ThreadPool& pool, int64_t units, double ns) {
+  if (units < 2 || ns < 8000) return 1;
   const int64_t cap = g_max_threads.load(std::memory_order_relaxed);
   const int64_t n = cap > 0 ? cap : pool.num_threads();
   return std::max<int64_t>(1, std::min(n, units));
 }
 
+// One thread's rough speed on each kind of work (a 2-core AMD EPYC): streaming float weights
+// at ~20 GB/s; int4 at ~15 weights/ns; multiply-adds in registers at ~20/ns.
+double StreamNs(double bytes) { return bytes / 20.0; }
+double Int4Ns(double weights) { return weights / 15.0; }
+double MacNs(double macs) { return macs / 20.0; }
+
+// The work of one call: units taken in turn by every thread that joins, each with its own
+// scratch. A thread that joins late finds nothing left and touches only the counters, which
+// live as long as it holds the job.
+struct Job {
+  std::atomic<int64_t> next{0}, done{0};
+  int64_t units = 0, scratch = 0;
+  const std::function<void(int64_t, float*)>* fn = nullptr;
+  void Work() {
+    std::vector<float> scratch_buf(scratch > 0 ? scratch : 1);
+    int64_t finished = 0;
+    for (int64_t u; (u = next.fetch_add(1, std::memory_order_relaxed)) < units; ++finished)
+      (*fn)(u, scratch_buf.data());
+    if (finished) done.fetch_add(finished, std::memory_order_release);
+  }
+};
+
 // Runs fn(unit, scratch) for every unit in [0, units) on the calling thread and threads - 1
-// helpers from XLA's pool, each taking the next unclaimed unit; returns when all are done.
-// `scratch` is `scratch_floats` floats of the running thread's own. A helper that starts late
-// finds nothing left and touches only the counters, which live as long as it does.
+// helpers of XLA's pool, each taking the next unclaimed unit; returns when
+// all are done. `scratch` is `scratch_floats` floats of the running thread's own.
 void ParallelFor(ffi::ThreadPool& pool, int64_t units, int64_t threads, int64_t scratch_floats,
                  const std::function<void(int64_t, float*)>& fn) {
-  struct State {
-    std::atomic<int64_t> next{0}, done{0};
-    int64_t units = 0, scratch = 0;
-    const std::function<void(int64_t, float*)>* fn = nullptr;
-    void Work() {
-      std::vector<float> scratch_buf(scratch > 0 ? scratch : 1);
-      int64_t finished = 0;
-      for (int64_t u; (u = next.fetch_add(1, std::memory_order_relaxed)) < units; ++finished)
-        (*fn)(u, scratch_buf.data());
-      if (finished) done.fetch_add(finished, std::memory_order_release);
-    }
-  };
-  auto st = std::make_shared<State>();
-  st->units = units, st->scratch = scratch_floats, st->fn = &fn;
-  for (int64_t h = 1; h < threads; ++h) pool.Schedule([st] { st->Work(); });
-  st->Work();
-  for (int spins = 0; st->done.load(std::memory_order_acquire) < units; ++spins) Relax(spins);
+  auto job = std::make_shared<Job>();
+  job->units = units, job->scratch = scratch_floats, job->fn = &fn;
+  for (int64_t h = 1; h < threads; ++h) pool.Schedule([job] { job->Work(); });
+  job->Work();
+  for (int spins = 0; job->done.load(std::memory_order_acquire) < units; ++spins) Relax(spins);
 }
 
 bool ToDt(ffi::DataType t, Dt* out) {
@@ -127,7 +138,7 @@ ffi::Error FloatMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::A
     return ffi::Error::Success();
   }
   const KernelTable& table = Table();
-  const int64_t work = M * K * (bf16 ? 2 : 4) * (N > 2 ? N / 2 : 1);
+  const double work = std::max(StreamNs(double(M) * K * (bf16 ? 2 : 4)), MacNs(double(N) * M * K));
   if (transpose_w) {  // units: blocks of 64 table rows, taken in turn
     const int64_t units = (M + kTile - 1) / kTile;
     ParallelFor(pool, units, Threads(pool, units, work), 0, [&](int64_t u, float*) {
@@ -135,13 +146,23 @@ ffi::Error FloatMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::A
     });
     return ffi::Error::Success();
   }
-  // units: one balanced span of columns (whole vectors of 16) per thread
+  // units: (part of k, span of columns); part 0 sums into out, the others into their own
+  // buffers, added to out in order once every unit is done
   const int64_t vecs = (M + 15) / 16;
-  const int64_t threads = Threads(pool, vecs, work);
-  ParallelFor(pool, threads, threads, 0, [&](int64_t u, float*) {
-    const int64_t c0 = vecs * u / threads * 16, c1 = std::min(M, vecs * (u + 1) / threads * 16);
-    if (c0 < c1) table.float_nn(p, c0, c1);
+  const int64_t spans = std::max<int64_t>(1, std::min(vecs, (Threads(pool, 64, work) + kParts - 1) / kParts));
+  const int64_t units = kParts * spans;
+  std::vector<float> parts((kParts - 1) * N * M);
+  ParallelFor(pool, units, Threads(pool, units, work), 0, [&](int64_t u, float*) {
+    const int part = static_cast<int>(u / spans);
+    const int64_t s = u % spans;
+    const int64_t c0 = vecs * s / spans * 16, c1 = std::min(M, vecs * (s + 1) / spans * 16);
+    float* y = part == 0 ? p.out : parts.data() + (part - 1) * N * M;
+    if (c0 < c1) table.float_nn(p, part, c0, c1, y);
   });
+  for (int part = 1; part < kParts; ++part) {
+    const float* y = parts.data() + (part - 1) * N * M;
+    for (int64_t i = 0; i < N * M; ++i) p.out[i] = p.out[i] + y[i];
+  }
   return ffi::Error::Success();
 }
 
@@ -183,10 +204,14 @@ ffi::Error Int4MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
                  out->typed_data(), N, K, M, G, group, T, has_offset == 2 ? 0.0f : 8.0f,
                  xsum.data()};
   const KernelTable& table = Table();
-  // one row streams ~256 KB before a helper pays; many rows are compute-bound sooner
-  const int64_t work = T * K * kTileBytes * (N > 2 ? N / 2 : 1);
-  ParallelFor(pool, T, Threads(pool, T, work), N * kTile,
-              [&](int64_t t, float* tile) { table.int4(p, t, t + 1, tile); });
+  const double work = Int4Ns(double(N) * K * T * kTile);
+  // units: one balanced range of tiles per thread (each gathers its own tiles' scales)
+  const int64_t threads = Threads(pool, T, work);
+  const int64_t most = (T + threads - 1) / threads;
+  ParallelFor(pool, threads, threads, N * kTile + 2 * most * G * kTile, [&](int64_t u, float* s) {
+    const int64_t t0 = T * u / threads, t1 = T * (u + 1) / threads;
+    if (t0 < t1) table.int4(p, t0, t1, s);
+  });
   return ffi::Error::Success();
 }
 
@@ -211,8 +236,7 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buf
   const int64_t units = B * T * H;
   if (units == 0) return ffi::Error::Success();
   const KernelTable& table = Table();
-  // threads pay off from ~64K multiply-adds (counted as 4 bytes each against Threads' bound)
-  const int64_t work = B * T * H * G * S * D * 4;
+  const double work = MacNs(2.0 * B * T * H * G * S * D);
   ParallelFor(pool, units, Threads(pool, units, work), S, [&](int64_t u, float* p) {
     table.attention(a, u / (T * H), (u / H) % T, u % H, p);
   });

@@ -16,9 +16,9 @@ namespace isa_avx2 {
 
 #include "simd.h"
 
-// Register budget: R * C accumulators + C weight vectors + 1 broadcast <= 16.
-constexpr int kNnCols[7] = {0, 12, 5, 3, 2, 2, 2};
-constexpr int kNtRows = 2, kNtCols = 4;
+constexpr int kNnRows = 4, kNnVecs = 2;  // 8 accumulators + 4 broadcasts + 1 of 16
+constexpr int kSweepRows = 2;  // 8 broadcasts + 4 rows of W + 1
+constexpr int kNtRows = 1;     // 8 accumulators + 1 row vector of W
 // R * C accumulators + R broadcasts + 1 unpacked vector <= 16.
 constexpr int kInt4Cols[7] = {0, 8, 4, 2, 2, 1, 1};
 

@@ -19,9 +19,9 @@ namespace isa_avx512 {
 
 #include "simd.h"
 
-// Register budget: R * C accumulators + C weight vectors + 1 broadcast <= 32.
-constexpr int kNnCols[7] = {0, 24, 10, 7, 6, 5, 4};
-constexpr int kNtRows = 4, kNtCols = 4;
+constexpr int kNnRows = 6, kNnVecs = 4;  // 24 accumulators + 6 broadcasts + 1 of 32
+constexpr int kSweepRows = 6;       // 24 broadcasts + 4 rows of W + 1
+constexpr int kNtRows = 6;          // 24 accumulators + 1 row vector of W
 // R * C accumulators + R broadcasts + 1 unpacked vector <= 32 (a tile is 4 vectors).
 constexpr int kInt4Cols[7] = {0, 4, 4, 4, 4, 4, 4};
 

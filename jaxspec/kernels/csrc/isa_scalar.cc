@@ -14,8 +14,9 @@ namespace isa_scalar {
 
 #include "simd.h"
 
-constexpr int kNnCols[7] = {0, 4, 2, 2, 2, 2, 2};
-constexpr int kNtRows = 1, kNtCols = 1;
+constexpr int kNnRows = 4, kNnVecs = 2;
+constexpr int kSweepRows = 2;
+constexpr int kNtRows = 1;
 constexpr int kInt4Cols[7] = {0, 8, 8, 8, 8, 8, 8};
 
 #include "body_attention.inc"

@@ -25,6 +25,7 @@ inline void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
 inline V Bcast(float f) { return _mm512_set1_ps(f); }
 inline V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
 inline V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
+inline V Add(V a, V b) { return _mm512_add_ps(a, b); }
 inline V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
 // Columns [16 c, 16 c + 16) of an int4 tile row (32 bytes, see common.h): nibble 2c of the
 // eight words, then nibble 2c + 1, as floats 0..15.
@@ -32,7 +33,10 @@ inline V Nibbles(const uint8_t* row, int c) {
   const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)));
   const __m512i lo = _mm512_set1_epi32(8 * c), hi = _mm512_set1_epi32(8 * c + 4);
   const __m512i sh = _mm512_mask_blend_epi32(0xFF00, lo, hi);
-  return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, sh), _mm512_set1_epi32(15)));
+  // u -> float(u) by a 16-entry table: the permute reads only each index's low 4 bits, so no
+  // mask and no conversion (the same values as cvt(u & 15))
+  const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return _mm512_permutexvar_ps(_mm512_srlv_epi32(v, sh), table);
 }
 inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 #endif
@@ -53,6 +57,7 @@ inline void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
 inline V Bcast(float f) { return _mm256_set1_ps(f); }
 inline V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
 inline V Sub(V a, V b) { return _mm256_sub_ps(a, b); }
+inline V Add(V a, V b) { return _mm256_add_ps(a, b); }
 inline V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
 // Columns [8 c, 8 c + 8) of an int4 tile row: nibble c of the eight words.
 inline V Nibbles(const uint8_t* row, int c) {
@@ -111,6 +116,11 @@ inline V Fma(const V& a, const V& b, const V& c) {
 inline V Sub(const V& a, const V& b) {
   V v;
   for (int i = 0; i < 8; ++i) v.l[i] = a.l[i] - b.l[i];
+  return v;
+}
+inline V Add(const V& a, const V& b) {
+  V v;
+  for (int i = 0; i < 8; ++i) v.l[i] = a.l[i] + b.l[i];
   return v;
 }
 inline V Mul(const V& a, const V& b) {
