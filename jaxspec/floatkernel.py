@@ -84,6 +84,7 @@ def available() -> bool:
 
 
 trace_cache.before_load(available)  # a loaded trace may call this kernel untraced
+trace_cache.key_part("float_kernel", lambda: "on" if enabled() else "off")
 
 
 def enabled() -> bool:

@@ -125,6 +125,7 @@ def available() -> bool:
 
 
 trace_cache.before_load(available)  # a loaded trace may call this kernel untraced
+trace_cache.key_part("kernel_lib", lambda: trace_cache.file_digest(available() and _load()["path"]))
 
 
 def isa() -> str | None:
