@@ -27,8 +27,6 @@ Pure module: imports only jax, the standard library and `jaxspec.trace_cache`.
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
 import importlib.machinery
 import os
 import pathlib
@@ -120,6 +118,8 @@ def why_unavailable() -> str:
 
 
 trace_cache.before_load(available)  # a kept trace may call these targets untraced
+# a kept trace is valid only with the very library it was traced against (or none)
+trace_cache.key_part("kernel_lib", lambda: trace_cache.file_digest(available() and library_path()))
 
 
 def _lib_or_raise() -> ctypes.CDLL:
@@ -167,10 +167,3 @@ def status() -> str:
     root, path = _HERE.parent.parent, state["path"]
     shown = path.relative_to(root) if path.is_relative_to(root) else path
     return f"CPU kernels: {isa()}, threads {threads() or 'all'} ({shown})"
-
-
-@functools.cache
-def fingerprint() -> str:
-    """What a kept trace must match to call these kernels: the library's sha256, or "absent"."""
-    path = _load()["path"] if available() else None
-    return "absent" if path is None else hashlib.sha256(path.read_bytes()).hexdigest()

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from jaxspec import kernels
+from jaxspec import kernels, trace_cache
 
 TARGET = "jaxspec_float_matmul"
 _W_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
@@ -43,6 +43,9 @@ def enabled() -> bool:
     if os.environ.get("JAXSPEC_FLOAT_KERNEL", "") == "0":
         return False
     return jax.default_backend() == "cpu" and kernels.available()
+
+
+trace_cache.key_part("float_kernel", lambda: "on" if enabled() else "off")
 
 
 @functools.cache
