@@ -67,6 +67,8 @@ def _open(path: pathlib.Path) -> ctypes.CDLL:
     for name in ("set_isa", "set_threads"):
         fn = getattr(lib, f"jaxspec_kernels_{name}")
         fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int]
+    probe = lib.jaxspec_kernels_read_bandwidth
+    probe.restype, probe.argtypes = ctypes.c_double, [ctypes.c_double, ctypes.c_int, ctypes.c_int]
     for target, symbol in TARGETS.items():
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     for var in ("JAXSPEC_KERNEL_THREADS", "JAXSPEC_INT4_THREADS"):
@@ -157,6 +159,17 @@ def set_threads(n: int) -> int:
     if n < 0:
         raise ValueError(f"threads must be >= 0, got {n}")
     return _lib_or_raise().jaxspec_kernels_set_threads(n)
+
+
+def read_bandwidth(gib: float = 1.0, threads: int = 0, repeats: int = 3) -> float:
+    """This machine's read bandwidth in bytes/s as the kernels reach it: `gib` GiB read front to
+    back by `threads` threads (0: every CPU the process may use) with the kernels' own
+    streaming loop, the best of `repeats` passes. The limit every roofline is measured against."""
+    if gib <= 0 or threads < 0 or repeats < 1:
+        raise ValueError(
+            f"need gib > 0, threads >= 0, repeats >= 1; got {gib}, {threads}, {repeats}"
+        )
+    return float(_lib_or_raise().jaxspec_kernels_read_bandwidth(gib, threads, repeats))
 
 
 def status() -> str:

@@ -119,6 +119,8 @@ struct KernelTable {
   void (*int4)(const Int4MM& p, int64_t t0, int64_t t1, float* scratch);
   // one (b, t, kv head); scratch holds S floats.
   void (*attention)(const Attn& a, int64_t b, int64_t t, int64_t h, float* scratch);
+  // the bandwidth probe: the sum of n floats read front to back (n a multiple of 64).
+  float (*stream_sum)(const float* x, int64_t n);
 };
 
 namespace isa_scalar {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -297,3 +298,30 @@ extern "C" int jaxspec_kernels_set_threads(int n) {
 }
 
 extern "C" int jaxspec_kernels_threads() { return jaxspec::g_max_threads.load(); }
+
+// The machine's read bandwidth as the kernels see it: `gib` GiB (touched first) read front to
+// back by `threads` threads (0: every CPU this process may run on), each its own contiguous
+// part, with this ISA's streaming loop; the best of `repeats` passes, in bytes per second.
+extern "C" double jaxspec_kernels_read_bandwidth(double gib, int threads, int repeats) {
+  const int64_t n = static_cast<int64_t>(gib * (1 << 30) / sizeof(float)) / 1024 * 1024;
+  if (n <= 0) return 0.0;
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::unique_ptr<float[]> buf(new float[n]);
+  for (int64_t i = 0; i < n; ++i) buf[i] = 1.0f;
+  const jaxspec::KernelTable& table = jaxspec::Table();
+  double best = 0.0;
+  std::vector<float> sums(threads);
+  for (int r = 0; r < std::max(repeats, 1); ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const int64_t a = n / 1024 * t / threads * 1024, b = n / 1024 * (t + 1) / threads * 1024;
+        sums[t] = table.stream_sum(buf.get() + a, b - a);
+      });
+    for (auto& th : pool) th.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, n * sizeof(float) / s);
+  }
+  return sums[0] > -1.0f ? best : 0.0;  // the sums are read, so the loop is never dropped
+}

@@ -26,7 +26,7 @@ constexpr int kInt4Cols[7] = {0, 8, 4, 2, 2, 1, 1};
 #include "body_float.inc"
 #include "body_int4.inc"
 
-const KernelTable kTable = {kAvx2, &FloatNN, &FloatNT, &Int4Tiles, &AttentionQuery};
+const KernelTable kTable = {kAvx2, &FloatNN, &FloatNT, &Int4Tiles, &AttentionQuery, &StreamSum};
 
 }  // namespace isa_avx2
 }  // namespace jaxspec

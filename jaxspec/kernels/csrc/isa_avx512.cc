@@ -29,7 +29,7 @@ constexpr int kInt4Cols[7] = {0, 4, 4, 4, 4, 4, 4};
 #include "body_float.inc"
 #include "body_int4.inc"
 
-const KernelTable kTable = {kAvx512, &FloatNN, &FloatNT, &Int4Tiles, &AttentionQuery};
+const KernelTable kTable = {kAvx512, &FloatNN, &FloatNT, &Int4Tiles, &AttentionQuery, &StreamSum};
 
 }  // namespace isa_avx512
 }  // namespace jaxspec

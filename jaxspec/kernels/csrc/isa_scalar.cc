@@ -23,7 +23,7 @@ constexpr int kInt4Cols[7] = {0, 8, 8, 8, 8, 8, 8};
 #include "body_float.inc"
 #include "body_int4.inc"
 
-const KernelTable kTable = {kScalar, &FloatNN, &FloatNT, &Int4Tiles, &AttentionQuery};
+const KernelTable kTable = {kScalar, &FloatNN, &FloatNT, &Int4Tiles, &AttentionQuery, &StreamSum};
 
 }  // namespace isa_scalar
 }  // namespace jaxspec
