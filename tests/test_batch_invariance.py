@@ -150,6 +150,29 @@ def test_attention_equals_xla_and_is_invariant(b, t, s, seed):
     np.testing.assert_array_equal(scalar, out)
 
 
+@needs_kernel
+def test_attention_over_the_whole_cache_reads_the_slices_in_place():
+    """`cache_attention` on the stacked cache [L, N, Smax, H, D] (a layer, a slot per row) is
+    the same bits as `attention` on the gathered slices, under jit the cache is not copied
+    for the call, and a slot out of range is an error, not a read past the cache."""
+    rng = np.random.default_rng(7)
+    L, N, Smax, S = 3, 4, 48, 32
+    cache = [jnp.asarray(rng.standard_normal((L, N, Smax, 2, 16)), jnp.float32) for _ in "kv"]
+    q = jnp.asarray(rng.standard_normal((2, 5, 2, 3, 16)), jnp.float32)
+    rows, pos = jnp.asarray([3, 1], jnp.int32), jnp.asarray(rng.integers(0, S, (2, 5)), jnp.int32)
+
+    def whole(q, k, v):
+        return attention_kernel.cache_attention(q, k, v, 2, rows, pos, S)
+
+    got = np.asarray(jax.jit(whole)(q, *cache))
+    k, v = (c[2, rows, :S] for c in cache)
+    np.testing.assert_array_equal(got, np.asarray(attention_kernel.attention(q, k, v, pos)))
+    hlo = jax.jit(whole).lower(q, *cache).compile().as_text()
+    assert " copy(" not in hlo and "gather" not in hlo
+    with pytest.raises(Exception, match="slot out of range"):
+        attention_kernel.cache_attention(q, *cache, 2, jnp.asarray([0, N], jnp.int32), pos, S)
+
+
 # ------------------------------------------------------------------------------ the model
 
 P, S = 30, 64

@@ -42,6 +42,7 @@ TARGETS = {
     "jaxspec_float_matmul": "JaxspecFloatMatmul",
     "jaxspec_int4_matmul": "JaxspecInt4Matmul",
     "jaxspec_attention": "JaxspecAttention",
+    "jaxspec_attention_cache": "JaxspecAttentionCache",
 }
 ISA_NAMES = {3: "AVX-512", 2: "AVX2", 0: "scalar"}
 _ISA_CODES = {"best": 99, "AVX-512": 3, "AVX2": 2, "scalar": 0}

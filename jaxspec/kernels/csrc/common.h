@@ -98,13 +98,21 @@ struct Int4MM {
   const float* xsum;   // [N, G]
 };
 
-// Grouped-query attention over a cache: query (b, t) sees cache indices s <= pos[b, t].
+// Grouped-query attention over a cache: query (b, t) sees cache indices s <= pos[b, t], s < S.
+// Batch row b reads cache row row0 + (rows ? rows[b] : b) of k, v [rows, Sc, H, D] (a plain
+// [B, S, H, D] input is rows = null, row0 = 0, Sc = S; the model's whole stacked cache
+// [L, N, Smax, H, D] is row0 = layer * N, rows = the batch's slots, Sc = Smax).
 struct Attn {
-  const float *q, *k, *v;  // q [B, T, H, G, D]; k, v [B, S, H, D]
+  const float *q, *k, *v;  // q [B, T, H, G, D]; k, v: see above
   const int32_t* pos;      // [B, T]
+  const int32_t* rows;     // [B] or null
   float* out;              // [B, T, H, G, D]
-  int64_t B, T, H, G, D, S;
+  int64_t B, T, H, G, D, S, Sc, row0;
   float scale;
+  const float* KeyRow(const float* base, int64_t b, int64_t s, int64_t h) const {
+    const int64_t row = row0 + (rows != nullptr ? rows[b] : b);
+    return base + ((row * Sc + s) * H + h) * D;
+  }
 };
 
 // What one instruction set provides. Ranges are half-open; scratch is per calling thread.

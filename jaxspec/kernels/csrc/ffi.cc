@@ -6,6 +6,7 @@
 //   JaxspecFloatMatmul  x f32[N, K] . w [K, M] (or w [M, K] with transpose_w), w f32 / bf16
 //   JaxspecInt4Matmul   x f32[N, K] . int4 w in the tiled layout, with scale and offset
 //   JaxspecAttention    grouped-query attention over a KV cache
+//   JaxspecAttentionCache  the same over the model's stacked cache, read in place
 
 #include <algorithm>
 #include <atomic>
@@ -218,6 +219,16 @@ ffi::Error Int4MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
 
 // ---------------------------------------------------------------------------- attention
 
+void RunAttention(ffi::ThreadPool& pool, const Attn& a) {
+  const int64_t units = a.B * a.T * a.H;
+  if (units == 0) return;
+  const KernelTable& table = Table();
+  const double work = MacNs(2.0 * a.B * a.T * a.H * a.G * a.S * a.D);
+  ParallelFor(pool, units, Threads(pool, units, work), a.S, [&](int64_t u, float* p) {
+    table.attention(a, u / (a.T * a.H), (u / a.H) % a.T, u % a.H, p);
+  });
+}
+
 ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                          ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> pos,
                          ffi::ResultBuffer<ffi::F32> out) {
@@ -232,15 +243,42 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buf
     return ffi::Error::InvalidArgument("attention: shapes disagree");
   if (vd.size() != 4 || vd[0] != B || vd[1] != S || vd[2] != H || vd[3] != D)
     return ffi::Error::InvalidArgument("attention: v must match k");
-  const Attn a{q.typed_data(), k.typed_data(), v.typed_data(), pos.typed_data(), out->typed_data(),
-               B, T, H, G, D, S, 1.0f / std::sqrt(static_cast<float>(D))};
-  const int64_t units = B * T * H;
-  if (units == 0) return ffi::Error::Success();
-  const KernelTable& table = Table();
-  const double work = MacNs(2.0 * B * T * H * G * S * D);
-  ParallelFor(pool, units, Threads(pool, units, work), S, [&](int64_t u, float* p) {
-    table.attention(a, u / (T * H), (u / H) % T, u % H, p);
-  });
+  const Attn a{q.typed_data(), k.typed_data(), v.typed_data(), pos.typed_data(), nullptr,
+               out->typed_data(), B, T, H, G, D, S, S, 0,
+               1.0f / std::sqrt(static_cast<float>(D))};
+  RunAttention(pool, a);
+  return ffi::Error::Success();
+}
+
+// The same attention reading the model's stacked cache in place: k_all, v_all [L, N, Smax, H,
+// D], layer `layer`, batch row b's slot rows[b], the first S positions.
+ffi::Error AttentionCacheImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
+                              ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                              ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::S32> pos,
+                              ffi::ResultBuffer<ffi::F32> out, int64_t layer, int64_t S) {
+  auto qd = q.dimensions();
+  auto kd = k.dimensions();
+  auto vd = v.dimensions();
+  auto rd = rows.dimensions();
+  auto pd = pos.dimensions();
+  if (qd.size() != 5 || kd.size() != 5 || rd.size() != 1 || pd.size() != 2)
+    return ffi::Error::InvalidArgument(
+        "attention: q [B,T,H,G,D], k/v [L,N,Smax,H,D], rows [B], pos [B,T]");
+  const int64_t B = qd[0], T = qd[1], H = qd[2], G = qd[3], D = qd[4];
+  const int64_t L = kd[0], N = kd[1], Smax = kd[2];
+  if (kd[3] != H || kd[4] != D || rd[0] != B || pd[0] != B || pd[1] != T)
+    return ffi::Error::InvalidArgument("attention: shapes disagree");
+  for (size_t i = 0; i < 5; ++i)
+    if (vd.size() != 5 || vd[i] != kd[i]) return ffi::Error::InvalidArgument("attention: v must match k");
+  if (layer < 0 || layer >= L || S < 1 || S > Smax)
+    return ffi::Error::InvalidArgument("attention: layer or S out of range");
+  const int32_t* r = rows.typed_data();
+  for (int64_t b = 0; b < B; ++b)
+    if (r[b] < 0 || r[b] >= N) return ffi::Error::InvalidArgument("attention: a slot out of range");
+  const Attn a{q.typed_data(), k.typed_data(), v.typed_data(), pos.typed_data(), r,
+               out->typed_data(), B, T, H, G, D, S, Smax, layer * N,
+               1.0f / std::sqrt(static_cast<float>(D))};
+  RunAttention(pool, a);
   return ffi::Error::Success();
 }
 
@@ -276,6 +314,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecAttention, jaxspec::AttentionImpl,
                                   .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
                                   .Arg<xla::ffi::Buffer<xla::ffi::S32>>()
                                   .Ret<xla::ffi::Buffer<xla::ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecAttentionCache, jaxspec::AttentionCacheImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Attr<int64_t>("layer")
+                                  .Attr<int64_t>("S"));
 
 // One instruction set and one thread cap for every kernel (jaxspec.kernels).
 // Codes: 0 scalar, 2 AVX2 (+FMA, F16C), 3 AVX-512 (F, DQ, BW, VL).
