@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from jaxspec.config import LlamaConfig, RopeScaling
 from jaxspec.model import Model, init_params
+from jaxspec.protocol import Unavailable, VerifyResult
 from jaxspec.testing import tiny_config, to_dtype
 
 
@@ -171,3 +172,27 @@ def peaked_pair(seeds: tuple[int, int] = (0, 7), scale: float = 3.0) -> tuple[Mo
         spread = m.with_params(jax.tree.map(lambda a: a * scale, m.params))
         out.append(to_dtype(spread, jnp.float64))
     return out[0], out[1]
+
+
+class Recorder:
+    """An endpoint that keeps every (block, result) it answered, in answer order, and can
+    fail the `fail_at`-th verify call with UNAVAILABLE (a verifier that went away)."""
+
+    def __init__(self, inner, fail_at: int | None = None):
+        self.inner, self.fail_at = inner, fail_at
+        self.seen: list[tuple[object, VerifyResult]] = []
+        self.calls = 0
+
+    async def open_session(self, config):
+        return await self.inner.open_session(config)
+
+    async def close_session(self, session_id):
+        await self.inner.close_session(session_id)
+
+    async def verify(self, block):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise Unavailable("gone")
+        r = await self.inner.verify(block)
+        self.seen.append((block, r))
+        return r

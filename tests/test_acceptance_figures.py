@@ -21,10 +21,8 @@ from jaxspec.protocol import (
     DraftSpec,
     SamplingSettings,
     SessionConfig,
-    Unavailable,
-    VerifyResult,
 )
-from tests.fixtures import peaked_pair
+from tests.fixtures import Recorder, peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 from verify.metrics import ServiceMetrics
 
@@ -47,30 +45,6 @@ def models():
 @functools.cache
 def scheduler() -> Scheduler:
     return Scheduler(models()[0], CONFIG)
-
-
-class Recorder:
-    """An endpoint that keeps every (block, result) it answered, in answer order, and can
-    fail the `fail_at`-th verify call with UNAVAILABLE (a verifier that went away)."""
-
-    def __init__(self, inner, fail_at: int | None = None):
-        self.inner, self.fail_at = inner, fail_at
-        self.seen: list[tuple[object, VerifyResult]] = []
-        self.calls = 0
-
-    async def open_session(self, config):
-        return await self.inner.open_session(config)
-
-    async def close_session(self, session_id):
-        await self.inner.close_session(session_id)
-
-    async def verify(self, block):
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise Unavailable("gone")
-        r = await self.inner.verify(block)
-        self.seen.append((block, r))
-        return r
 
 
 def expected(pairs, gamma: int) -> AcceptanceFigures:

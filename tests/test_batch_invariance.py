@@ -30,7 +30,8 @@ from jaxspec.kernels import attention as attention_kernel
 from jaxspec.kernels import dense as floatkernel
 from jaxspec.kernels.attention import einsum_attention
 from jaxspec.model import forward
-from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig, Unavailable
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
+from tests.fixtures import Recorder
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 needs_kernel = pytest.mark.skipif(
@@ -240,25 +241,6 @@ CONFIG = SchedulerConfig(max_sessions=4, max_len=128, max_gamma=4, row_buckets=(
 PROMPT = tuple((i * 53 + 3) % 4096 for i in range(30))  # the issue's prompt
 
 
-class FailAt:
-    """An endpoint whose `fail_at`-th verify call finds the verifier gone (UNAVAILABLE)."""
-
-    def __init__(self, inner, fail_at: int):
-        self.inner, self.fail_at, self.calls = inner, fail_at, 0
-
-    async def open_session(self, config):
-        return await self.inner.open_session(config)
-
-    async def close_session(self, session_id):
-        await self.inner.close_session(session_id)
-
-    async def verify(self, block):
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise Unavailable("gone")
-        return await self.inner.verify(block)
-
-
 @needs_kernel
 @pytest.mark.parametrize(
     "gamma,encoding,seed",
@@ -277,7 +259,7 @@ def test_sampled_resume_at_every_point_equals_the_uninterrupted_run(gamma, encod
 
     async def run(fail_at=None):
         drafter = Drafter(draft, spec) if gamma else None
-        endpoint = verifier if fail_at is None else FailAt(verifier, fail_at)
+        endpoint = verifier if fail_at is None else Recorder(verifier, fail_at)
         trace = await run_session(endpoint, drafter, config, resume_timeout_s=5.0)
         return trace.tokens, trace.resumes, getattr(endpoint, "calls", trace.blocks_sent)
 

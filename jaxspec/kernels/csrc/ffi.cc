@@ -285,47 +285,34 @@ ffi::Error AttentionCacheImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
 }  // namespace
 }  // namespace jaxspec
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecFloatMatmul, jaxspec::FloatMatmulImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Attr<int64_t>("transpose_w"));
+// The handlers' signatures: every kernel takes XLA's CPU thread pool first.
+namespace jaxspec {
+using F32 = ffi::Buffer<ffi::F32>;
+using S32 = ffi::Buffer<ffi::S32>;
+inline auto Bind() { return ffi::Ffi::Bind().Ctx<ffi::ThreadPool>(); }
+}  // namespace jaxspec
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecInt4Matmul, jaxspec::Int4MatmulImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::U8>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Attr<int64_t>("K")
-                                  .Attr<int64_t>("M")
-                                  .Attr<int64_t>("group")
-                                  .Attr<int64_t>("has_offset"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxspecFloatMatmul, jaxspec::FloatMatmulImpl,
+    jaxspec::Bind().Arg<jaxspec::F32>().Arg<ffi::AnyBuffer>().Ret<jaxspec::F32>().Attr<int64_t>(
+        "transpose_w"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecAttention, jaxspec::AttentionImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxspecInt4Matmul, jaxspec::Int4MatmulImpl,
+    jaxspec::Bind().Arg<jaxspec::F32>().Arg<ffi::Buffer<ffi::U8>>().Arg<ffi::AnyBuffer>()
+        .Arg<ffi::AnyBuffer>().Ret<jaxspec::F32>().Attr<int64_t>("K").Attr<int64_t>("M")
+        .Attr<int64_t>("group").Attr<int64_t>("has_offset"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecAttentionCache, jaxspec::AttentionCacheImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Attr<int64_t>("layer")
-                                  .Attr<int64_t>("S"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxspecAttention, jaxspec::AttentionImpl,
+    jaxspec::Bind().Arg<jaxspec::F32>().Arg<jaxspec::F32>().Arg<jaxspec::F32>()
+        .Arg<jaxspec::S32>().Ret<jaxspec::F32>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxspecAttentionCache, jaxspec::AttentionCacheImpl,
+    jaxspec::Bind().Arg<jaxspec::F32>().Arg<jaxspec::F32>().Arg<jaxspec::F32>()
+        .Arg<jaxspec::S32>().Arg<jaxspec::S32>().Ret<jaxspec::F32>().Attr<int64_t>("layer")
+        .Attr<int64_t>("S"));
 
 // One instruction set and one thread cap for every kernel (jaxspec.kernels).
 // Codes: 0 scalar, 2 AVX2 (+FMA, F16C), 3 AVX-512 (F, DQ, BW, VL).
