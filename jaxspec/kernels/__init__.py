@@ -6,7 +6,8 @@ holds XLA FFI handlers that XLA:CPU calls from jitted code:
 - `jaxspec.kernels.dense`: the batch-invariant float32/bfloat16-weight matmul (every linear
   layer and the tied head of a float model);
 - `jaxspec.kernels.attention`: the batch-invariant grouped-query attention over the cache;
-- `jaxspec.kernels.int4`: the int4 x float32 matmul of W4A16 models.
+- `jaxspec.kernels.int4`: the int4 x float32 matmul of W4A16 models;
+- `jaxspec.kernels.int8`: the int8 x float32 matmul of a head kept at 8 bits (GGUF's Q8_0).
 
 Each kernel is written once (csrc/body_*.inc) and built for three instruction sets: AVX-512,
 AVX2 (both with FMA and F16C) and portable C++. The best the CPU has is chosen at load, and
@@ -41,6 +42,7 @@ _HERE = pathlib.Path(__file__).resolve().parent
 TARGETS = {
     "jaxspec_float_matmul": "JaxspecFloatMatmul",
     "jaxspec_int4_matmul": "JaxspecInt4Matmul",
+    "jaxspec_int8_matmul": "JaxspecInt8Matmul",
     "jaxspec_attention": "JaxspecAttention",
     "jaxspec_attention_cache": "JaxspecAttentionCache",
 }

@@ -98,6 +98,24 @@ struct Int4MM {
   const float* xsum;   // [N, G]
 };
 
+// out[n, m] = sum_g scale[g, m] * (sum_{k in group g} x[n, k] * q[k, m]), q int8 [K, M] (a
+// symmetric grid, as GGUF's Q8_0). Per (row, column): over the groups of each part (the
+// parts split k at group boundaries, Part8), acc = fma chain of x[k] * q[k, m] over the
+// group, then y = fma(scale, acc, y); the parts' y added left to right. The same for one row
+// or many, on every ISA.
+struct Int8MM {
+  const float* x;     // [N, K]
+  const int8_t* q;    // [K, M]
+  const void* scale;  // [G, M]
+  Dt scale_type;
+  float* out;         // [N, M]
+  int64_t N, K, M, G, group;
+};
+inline int64_t Part8(const Int8MM& p, int part) {  // first k of a part: a group boundary
+  const int64_t k = p.G * part / kParts * p.group;
+  return k < p.K ? k : p.K;
+}
+
 // Grouped-query attention over a cache: query (b, t) sees cache indices s <= pos[b, t], s < S.
 // Batch row b reads cache row row0 + (rows ? rows[b] : b) of k, v [rows, Sc, H, D] (a plain
 // [B, S, H, D] input is rows = null, row0 = 0, Sc = S; the model's whole stacked cache
@@ -127,6 +145,9 @@ struct KernelTable {
   void (*int4)(const Int4MM& p, int64_t t0, int64_t t1, float* scratch);
   // one (b, t, kv head); scratch holds S floats.
   void (*attention)(const Attn& a, int64_t b, int64_t t, int64_t h, float* scratch);
+  // int8, all rows, contraction part `part`, columns [c0, c1) (c0 a multiple of 16), into y
+  // [N, M]; scratch holds N * (c1 - c0) floats.
+  void (*int8)(const Int8MM& p, int part, int64_t c0, int64_t c1, float* y, float* scratch);
   // the bandwidth probe: the sum of n floats read front to back (n a multiple of 64).
   float (*stream_sum)(const float* x, int64_t n);
 };

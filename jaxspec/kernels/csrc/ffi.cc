@@ -5,6 +5,7 @@
 //
 //   JaxspecFloatMatmul  x f32[N, K] . w [K, M] (or w [M, K] with transpose_w), w f32 / bf16
 //   JaxspecInt4Matmul   x f32[N, K] . int4 w in the tiled layout, with scale and offset
+//   JaxspecInt8Matmul   x f32[N, K] . int8 q [K, M] with a scale per group of k
 //   JaxspecAttention    grouped-query attention over a KV cache
 //   JaxspecAttentionCache  the same over the model's stacked cache, read in place
 
@@ -119,6 +120,32 @@ bool ToDt(ffi::DataType t, Dt* out) {
 
 // ---------------------------------------------------------------------------- float matmul
 
+// The split of a contraction-parts kernel (float NN, int8): units are (part of k, span of
+// columns in whole vectors of 16); part 0 sums into out, the others into their own buffers,
+// added to out in order once every unit is done. `run(part, c0, c1, y, scratch)` with
+// scratch of 4 * (c1 - c0) floats.
+void RunParts(ffi::ThreadPool& pool, int64_t N, int64_t M, double work,
+              const std::function<void(int, int64_t, int64_t, float*, float*)>& run,
+              float* out) {
+  const int64_t vecs = (M + 15) / 16;
+  const int64_t spans =
+      std::max<int64_t>(1, std::min(vecs, (Threads(pool, 64, work) + kParts - 1) / kParts));
+  const int64_t units = kParts * spans;
+  std::vector<float> parts((kParts - 1) * N * M);
+  const int64_t widest = (vecs + spans - 1) / spans * 16;
+  ParallelFor(pool, units, Threads(pool, units, work), 4 * widest, [&](int64_t u, float* s) {
+    const int part = static_cast<int>(u / spans);
+    const int64_t span = u % spans;
+    const int64_t c0 = vecs * span / spans * 16, c1 = std::min(M, vecs * (span + 1) / spans * 16);
+    float* y = part == 0 ? out : parts.data() + (part - 1) * N * M;
+    if (c0 < c1) run(part, c0, c1, y, s);
+  });
+  for (int part = 1; part < kParts; ++part) {
+    const float* y = parts.data() + (part - 1) * N * M;
+    for (int64_t i = 0; i < N * M; ++i) out[i] = out[i] + y[i];
+  }
+}
+
 ffi::Error FloatMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
                            ffi::ResultBuffer<ffi::F32> out, int64_t transpose_w) {
   auto xd = x.dimensions();
@@ -148,23 +175,10 @@ ffi::Error FloatMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::A
     });
     return ffi::Error::Success();
   }
-  // units: (part of k, span of columns); part 0 sums into out, the others into their own
-  // buffers, added to out in order once every unit is done
-  const int64_t vecs = (M + 15) / 16;
-  const int64_t spans = std::max<int64_t>(1, std::min(vecs, (Threads(pool, 64, work) + kParts - 1) / kParts));
-  const int64_t units = kParts * spans;
-  std::vector<float> parts((kParts - 1) * N * M);
-  ParallelFor(pool, units, Threads(pool, units, work), 0, [&](int64_t u, float*) {
-    const int part = static_cast<int>(u / spans);
-    const int64_t s = u % spans;
-    const int64_t c0 = vecs * s / spans * 16, c1 = std::min(M, vecs * (s + 1) / spans * 16);
-    float* y = part == 0 ? p.out : parts.data() + (part - 1) * N * M;
-    if (c0 < c1) table.float_nn(p, part, c0, c1, y);
-  });
-  for (int part = 1; part < kParts; ++part) {
-    const float* y = parts.data() + (part - 1) * N * M;
-    for (int64_t i = 0; i < N * M; ++i) p.out[i] = p.out[i] + y[i];
-  }
+  RunParts(
+      pool, N, M, work,
+      [&](int part, int64_t c0, int64_t c1, float* y, float*) { table.float_nn(p, part, c0, c1, y); },
+      p.out);
   return ffi::Error::Success();
 }
 
@@ -214,6 +228,32 @@ ffi::Error Int4MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
     const int64_t t0 = T * u / threads, t1 = T * (u + 1) / threads;
     if (t0 < t1) table.int4(p, t0, t1, s);
   });
+  return ffi::Error::Success();
+}
+
+// ---------------------------------------------------------------------------- int8 matmul
+
+ffi::Error Int8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> q,
+                          ffi::AnyBuffer scale, ffi::ResultBuffer<ffi::F32> out, int64_t group) {
+  auto xd = x.dimensions();
+  auto qd = q.dimensions();
+  auto sd = scale.dimensions();
+  auto rd = out->dimensions();
+  if (xd.size() != 2 || qd.size() != 2 || rd.size() != 2 || qd[0] != xd[1] || group < 1)
+    return ffi::Error::InvalidArgument("int8: x [N, K], q [K, M], group >= 1");
+  const int64_t N = xd[0], K = xd[1], M = qd[1], G = (K + group - 1) / group;
+  Dt scale_type;
+  if (sd.size() != 2 || sd[0] != G || sd[1] != M || !ToDt(scale.element_type(), &scale_type))
+    return ffi::Error::InvalidArgument("int8: scale must be [G, M] of bf16, f16 or f32");
+  if (rd[0] != N || rd[1] != M) return ffi::Error::InvalidArgument("int8: out is not [N, M]");
+  if (N == 0 || M == 0) return ffi::Error::Success();
+  const Int8MM p{x.typed_data(), q.typed_data(), scale.untyped_data(), scale_type,
+                 out->typed_data(), N, K, M, G, group};
+  RunParts(pool, N, M, std::max(StreamNs(double(K) * M), MacNs(double(N) * M * K)),
+           [&](int part, int64_t c0, int64_t c1, float* y, float* scratch) {
+             Table().int8(p, part, c0, c1, y, scratch);
+           },
+           p.out);
   return ffi::Error::Success();
 }
 
@@ -302,6 +342,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     jaxspec::Bind().Arg<jaxspec::F32>().Arg<ffi::Buffer<ffi::U8>>().Arg<ffi::AnyBuffer>()
         .Arg<ffi::AnyBuffer>().Ret<jaxspec::F32>().Attr<int64_t>("K").Attr<int64_t>("M")
         .Attr<int64_t>("group").Attr<int64_t>("has_offset"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxspecInt8Matmul, jaxspec::Int8MatmulImpl,
+    jaxspec::Bind().Arg<jaxspec::F32>().Arg<ffi::Buffer<ffi::S8>>().Arg<ffi::AnyBuffer>()
+        .Ret<jaxspec::F32>().Attr<int64_t>("group"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxspecAttention, jaxspec::AttentionImpl,

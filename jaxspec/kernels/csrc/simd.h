@@ -39,6 +39,9 @@ inline V LoadBf16(const uint16_t* p) {  // bf16 -> f32: the 16 bits above 16 zer
 inline V LoadF16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+inline V LoadI8(const int8_t* p) {  // 16 int8 -> float, exact
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 // Columns [16 c, 16 c + 16) of an int4 tile row (32 bytes, see common.h): nibble 2c of the
 // eight words, then nibble 2c + 1, as floats 0..15. u -> float(u) by a 16-entry table: the
 // permute reads only each index's low 4 bits, so no mask and no conversion.
@@ -58,6 +61,9 @@ inline V LoadBf16(const uint16_t* p) {
 }
 inline V LoadF16(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline V LoadI8(const int8_t* p) {  // 8 int8 -> float, exact
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 // Columns [8 c, 8 c + 8) of an int4 tile row: nibble c of the eight words.
 inline V Nibbles(const uint8_t* row, int c) {
@@ -99,6 +105,11 @@ inline V LoadBf16(const uint16_t* p) {
 inline V LoadF16(const uint16_t* p) {
   V v;
   for (int i = 0; i < 8; ++i) v.l[i] = F16ToF32(p[i]);
+  return v;
+}
+inline V LoadI8(const int8_t* p) {
+  V v;
+  for (int i = 0; i < 8; ++i) v.l[i] = static_cast<float>(p[i]);
   return v;
 }
 inline void Store(float* p, const V& v) { std::memcpy(p, v.l, sizeof(v.l)); }
