@@ -5,13 +5,16 @@ The module's servers: one verifier (`python -m verify serve`, the shipped tiny t
 `python -m edge serve` in front of it whose open-files limit is 1,024 (a common default),
 one `jaxspec serve` (co-located, the same app), and one endpoint in this process over a
 `GrpcEndpoint` to the same verifier (so that the streams it holds can be counted, and with
-short HTTP deadlines). Raw sockets send what no client library would; the real `openai`
-client sends what real clients do. The last test restarts the verifier.
+short HTTP deadlines). The edge server reaches the verifier through a TCP relay that the last
+test takes down and brings back. Raw sockets send what no client library would; the real
+`openai` client sends what real clients do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import os
 import random
@@ -71,15 +74,76 @@ def verifier(root):
         v.stop()
 
 
+class Relay:
+    """A TCP relay on a loopback port to `target` ("host:port") that can go down: every
+    connection it relays is cut and each new one accepted and closed at once (a verifier
+    gone, its address still routed), its time kept in `attempts`; and come back."""
+
+    def __init__(self, target: str) -> None:
+        self.host, _, port = target.rpartition(":")
+        self.port, self.down, self.attempts, self.relayed = int(port), False, [], []
+        self.pipes: set[asyncio.StreamWriter] = set()
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
+        ready.wait(30)
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", 0))
+        self.address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        ready.set()
+        self.loop.run_forever()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.down:
+            self.attempts.append(time.monotonic())
+            writer.transport.abort()
+            return
+        self.relayed.append(time.monotonic())
+        try:
+            up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        except OSError:
+            writer.transport.abort()
+            return
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.pipes.add(writer)
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            self.pipes.discard(writer)
+            writer.transport.abort()
+
+    def set_down(self, down: bool) -> None:
+        def apply() -> None:
+            self.down = down
+            for writer in list(self.pipes) if down else ():
+                writer.transport.abort()
+
+        self.loop.call_soon_threadsafe(apply)
+
+
 @pytest.fixture(scope="module")
-def edge(verifier, root, env):
-    """`python -m edge serve` with --api-key, at most 1,024 open files."""
+def relay(verifier):
+    return Relay(verifier.address)
+
+
+@pytest.fixture(scope="module")
+def edge(relay, root, env):
+    """`python -m edge serve` with --api-key, at most 1,024 open files, reaching the
+    verifier through `relay`."""
     server = HttpServer(
         "edge",
         [
-            "--verifier", verifier.address, "--pair", "tiny", "--port", "0", "--api-key", KEY,
+            "--verifier", relay.address, "--pair", "tiny", "--port", "0", "--api-key", KEY,
             "--served-model-name", MODEL, "--chat-template", str(root / "chat.jinja"),
-            "--max-new-tokens", "12", "--timeout-s", str(WAIT_S), "--resume-timeout-s", "3",
+            "--max-new-tokens", "12", "--timeout-s", str(WAIT_S), "--resume-timeout-s", "4.5",
             "--header-timeout-s", "60",
         ],
         env,
@@ -116,7 +180,8 @@ class InProcess:
         backend = Backend(endpoint=self.endpoint, drafter=self.drafter,
                           text_model=self.drafter.model, model_id=MODEL, draft=self.spec,
                           max_context=512)  # fmt: skip
-        self.server = http_server(create_app(backend), "127.0.0.1", 0, self.limits)
+        app = create_app(backend, limits=self.limits)
+        self.server = http_server(app, "127.0.0.1", 0, self.limits)
         serving = asyncio.ensure_future(self.server.serve())
         while not self.server.started and not serving.done():
             await asyncio.sleep(0.02)
@@ -685,17 +750,38 @@ def test_harmless_fields_accepted_the_others_named():
 # -- last: the verifier goes away and comes back -----------------------------------------------
 
 
-def test_a_returning_verifier_is_reached_at_once(verifier, client):
-    """The verifier SIGKILLed, down about 20 s, restarted on its port: the first request
-    after it serves again is answered, the endpoint retrying for only --resume-timeout-s 3
-    (gRPC's reconnect backoff, grown to 10-17 s by then, made it a 503: the cap of 1 s
-    reaches the verifier within about a second)."""
+def test_a_returning_verifier_is_reached_at_once(relay, client):
+    """The verifier unreachable (the relay cuts its connections and refuses new ones) while
+    requests keep coming (each a 503 after --resume-timeout-s 4.5), then back right after a
+    reconnect attempt at least 10 s into the outage: a request sent at once is answered.
+    gRPC's default backoff put the next attempt at least 5.24 s later (6.55 s or 10.5 s, less
+    20% jitter), so every try of the request failed, a 503; capped at 1 s, the verifier is
+    reached within about a second."""
     assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4).choices
-    verifier.proc.kill()
-    verifier.proc.wait()
-    time.sleep(20)
-    verifier.start().wait_ready(180)
-    t0 = time.monotonic()
-    answer = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
-    print(f"first request after the restart answered in {time.monotonic() - t0:.2f} s")
+    relay.set_down(True)
+    start, stop = time.monotonic(), threading.Event()
+
+    def knock() -> None:  # traffic during the outage: the channel keeps trying to connect
+        while not stop.is_set():
+            with contextlib.suppress(openai.APIStatusError):
+                client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
+
+    knocking = threading.Thread(target=knock, daemon=True)
+    knocking.start()
+    try:
+        while not (relay.attempts and relay.attempts[-1] - start >= 10):
+            assert time.monotonic() < start + 120, "no reconnect attempt 10 s into the outage"
+            time.sleep(0.01)
+        relay.set_down(False)
+        back = time.monotonic()
+        answer = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
+        answered = time.monotonic() - back
+    finally:
+        relay.set_down(False)
+        stop.set()
+        knocking.join(60)
+    gaps = [round(b - a, 1) for a, b in itertools.pairwise(relay.attempts)]
+    reached = min(t for t in relay.relayed if t >= back) - back
+    print(f"attempts while down, s apart: {gaps}; the verifier reached {reached:.2f} s after "
+          f"it was back, a request answered {answered:.2f} s after")  # fmt: skip
     assert answer.choices[0].finish_reason in ("stop", "length")
