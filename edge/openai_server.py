@@ -165,6 +165,8 @@ class Generation:
         raises here, before any answer has started."""
         self.task = asyncio.ensure_future(self.session.run())
         self.task.add_done_callback(lambda _: self.changed.set())
+        # a session whose client went away may fail with nobody to hear it: seen here
+        self.task.add_done_callback(lambda t: t.cancelled() or t.exception())
         while not self.task.done() and not self.session.trace.tokens:
             await self.changed.wait()
             self.changed.clear()
@@ -555,6 +557,11 @@ def create_app(
 # -- the HTTP server: uvicorn's h11 protocol with the endpoint's own bounds ------------------
 
 FD_RESERVE = 128  # files kept for what is not a client connection (models, gRPC, logs)
+# uvicorn's backlog: the kernel's queue of connections not yet accepted, and how many asyncio
+# accepts at one wake-up, before any of them is seen (uvicorn's 2,048 ran a 1,024-file
+# process out of files mid-batch: accepting then stopped for a second at a time). The cap on
+# open connections leaves room for two batches in flight.
+ACCEPT_BATCH = 128
 LINGER_S = 2.0  # a closing connection reads (and drops) what the client still sends this long
 
 
@@ -717,7 +724,7 @@ def http_server(app: FastAPI, host: str, port: int, limits: HttpLimits) -> uvico
     """uvicorn serving `app` with `limits` (`GuardedH11Protocol`); `max_connections` is
     lowered to what the file limit leaves, `FD_RESERVE` files kept, and a line says so."""
     files = open_files_limit()
-    max_open = max(16, min(limits.max_connections, files - FD_RESERVE))
+    max_open = max(16, min(limits.max_connections, files - FD_RESERVE - 2 * ACCEPT_BATCH))
     if max_open < limits.max_connections:
         print(
             f"the OpenAI endpoint: at most {max_open} connections (the process may open {files} "
@@ -735,6 +742,7 @@ def http_server(app: FastAPI, host: str, port: int, limits: HttpLimits) -> uvico
         log_level="warning",
         http=protocol,
         ws="none",
+        backlog=ACCEPT_BATCH,
         timeout_keep_alive=limits.keep_alive_s,
         h11_max_incomplete_event_size=limits.max_header_bytes,
     )
@@ -762,10 +770,32 @@ async def serve_app(
         print(ready_line(model_id, host, bound), file=sys.stderr, flush=True)
 
     told = asyncio.ensure_future(announce())
+    asyncio.get_running_loop().set_exception_handler(_quiet_out_of_files())
     try:
         await server.serve()
     finally:
         told.cancel()
+
+
+def _quiet_out_of_files(every_s: float = 10.0) -> Callable[[Any, dict], None]:
+    """The event loop's exception handler, with asyncio's "socket.accept() out of system
+    resource" (a traceback per failed accept, thousands under a connection flood) said at
+    most once per `every_s`, with how many were dropped."""
+    last, dropped = [float("-inf")], [0]
+
+    def handle(loop: Any, context: dict) -> None:
+        if "out of system resource" in str(context.get("message", "")):
+            now = time.monotonic()
+            if now - last[0] < every_s:
+                dropped[0] += 1
+                return
+            last[0] = now
+            context = {**context, "message": f"{context['message']} ({dropped[0]} dropped)"}
+            context.pop("exception", None)  # the traceback says nothing more
+            dropped[0] = 0
+        loop.default_exception_handler(context)
+
+    return handle
 
 
 # -- the command-line side, shared by `python -m edge serve` and `jaxspec serve` ------------
