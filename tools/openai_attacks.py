@@ -51,25 +51,33 @@ def _status(answer: bytes) -> int:
 
 
 async def disconnect(a: argparse.Namespace) -> None:
-    """Clients that go away once their answer has begun (streamed: its first chunk)."""
-    before = (await _stats(a.verifier))["tokens_committed"]
+    """Clients that go away once their answer has begun (streamed: its first chunk; whole:
+    once the verifier has committed tokens)."""
+    async with GrpcEndpoint(a.verifier, timeout_s=30) as ep:
+        before = (await ep.stats())["tokens_committed"]
+        begun = asyncio.Event()
 
-    async def one(i: int) -> None:
-        body = {"prompt": a.prompt, "max_tokens": a.max_tokens, "seed": i, "stream": i % 2 == 0}
-        reader, writer = await _post(a.url, a.key, body)
-        if i % 2 == 0:
-            while not (await reader.readline()).startswith(b"data: {"):
-                pass
-        else:
-            while (await _stats(a.verifier))["tokens_committed"] <= before:
-                await asyncio.sleep(0.02)
-        writer.transport.abort()
+        async def one(i: int) -> None:
+            body = {"prompt": a.prompt, "max_tokens": a.max_tokens, "seed": i,
+                    "stream": i % 2 == 0}  # fmt: skip
+            reader, writer = await _post(a.url, a.key, body)
+            while i % 2 == 0 and (line := await reader.readline()):
+                if line.startswith(b"data: {"):
+                    begun.set()
+                    break
+            await begun.wait()
+            writer.transport.abort()
 
-    await asyncio.gather(*(one(i) for i in range(a.clients)))
-    t0, live = time.monotonic(), []
-    for t in (0.25, 0.5, 1.0, 2.0, 5.0):
-        await asyncio.sleep(max(0.0, t0 + t - time.monotonic()))
-        live.append(f"{t:g} s: {(await _stats(a.verifier))['sessions']}")
+        async def watch() -> None:
+            while (await ep.stats())["tokens_committed"] <= before:
+                await asyncio.sleep(0.05)
+            begun.set()
+
+        await asyncio.gather(watch(), *(one(i) for i in range(a.clients)))
+        t0, live = time.monotonic(), []
+        for t in (0.25, 0.5, 1.0, 2.0, 5.0):
+            await asyncio.sleep(max(0.0, t0 + t - time.monotonic()))
+            live.append(f"{t:g} s: {(await ep.stats())['sessions']}")
     print(f"{a.clients} clients gone mid-answer; live sessions at " + ", ".join(live))
 
 
@@ -98,13 +106,14 @@ async def burst(a: argparse.Namespace) -> None:
     )
 
 
-async def stall(a: argparse.Namespace) -> None:
-    """Huge prompts while a neighbour streams: their statuses and the neighbour's worst gap."""
-    reader, _ = await _post(a.url, a.key, {"prompt": a.prompt, "max_tokens": a.max_tokens,
-                                                 "seed": 1, "stream": True})  # fmt: skip
+async def _neighbour(a: argparse.Namespace, attacks: list[str]) -> tuple[float, list[str]]:
+    """A neighbour's stream, `attacks` sent while it runs: its longest gap between chunks,
+    and each attack's status and time."""
+    body = {"prompt": a.prompt, "max_tokens": a.max_tokens, "seed": 1, "stream": True}
+    reader, _ = await _post(a.url, a.key, body)
     times: list[float] = []
 
-    async def neighbour() -> None:
+    async def read() -> None:
         while (line := await reader.readline()) and b"[DONE]" not in line:
             if line.startswith(b"data: {"):
                 times.append(time.monotonic())
@@ -115,12 +124,23 @@ async def stall(a: argparse.Namespace) -> None:
         answer = await r.read()
         return f"{len(prompt) >> 10} KiB prompt: {_status(answer)} in {time.monotonic() - t0:.2f} s"
 
-    watch = asyncio.ensure_future(neighbour())
-    await asyncio.sleep(0.5)
-    done = [await attack(p) for p in ("x" * (10 << 20), "x " * 400_000, "word " * 20_000)]
+    watch = asyncio.ensure_future(read())
+    while not times and not watch.done():
+        await asyncio.sleep(0.01)
+    done = [await attack(p) for p in attacks]
     await watch
-    gap = max((b - a_ for a_, b in itertools.pairwise(times)), default=0.0)
-    print("; ".join(done) + f"; the neighbour's longest gap between chunks {gap:.3f} s")
+    return max((y - x for x, y in itertools.pairwise(times)), default=0.0), done
+
+
+async def stall(a: argparse.Namespace) -> None:
+    """Huge prompts while a neighbour streams: their statuses, and the neighbour's longest
+    gap between chunks with them and alone (the same stream: nothing left to compile)."""
+    await _neighbour(a, [])  # its shapes compiled
+    alone, _ = await _neighbour(a, [])
+    huge = ["x" * (10 << 20), "x " * 400_000, "word " * 20_000] * 3
+    attacked, done = await _neighbour(a, huge)
+    print("; ".join(done[:3]) + f"; the neighbour's longest gap between chunks: "
+          f"{attacked:.3f} s under {len(huge)} such requests, {alone:.3f} s alone")  # fmt: skip
 
 
 async def idle(a: argparse.Namespace) -> None:
@@ -161,7 +181,8 @@ async def reconnect(a: argparse.Namespace) -> None:
     while True:
         reader, _ = await _post(a.url, a.key, {"prompt": a.prompt, "max_tokens": 2})
         if _status(await reader.read()) == 200:
-            print(f"first success {time.monotonic() - t0:.2f} s after the first try")
+            print(f"first success {time.monotonic() - t0:.2f} s after the first try, at "
+                  f"{time.time():.2f} (epoch s)")  # fmt: skip
             return
         await asyncio.sleep(0.1)
 
