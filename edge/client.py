@@ -30,7 +30,6 @@ from typing import Any
 
 import grpc
 
-from jaxspec import wire
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import (
@@ -45,6 +44,7 @@ from jaxspec.protocol import (
     Unavailable,
     VerifierError,
     VerifyResult,
+    wire,
 )
 
 # Words for the usual reasons a channel cannot reach a verifier (grpc's details are long).

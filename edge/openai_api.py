@@ -24,9 +24,9 @@ import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from jaxspec.figures import AcceptanceFigures
+from jaxspec.decoding.figures import AcceptanceFigures
+from jaxspec.decoding.sampling import SEED_LIMIT
 from jaxspec.protocol import InvalidArgument, SamplingSettings, VerifierError
-from jaxspec.sampling import SEED_LIMIT
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 MAX_STOP_CHARS = 256  # characters per stop string (the held-back tail is checked per chunk)

@@ -62,10 +62,10 @@ from edge.openai_api import (
     usage,
 )
 from edge.session import EdgeSession
-from jaxspec.model import Model
+from jaxspec.ckpts.text import chat_prompt, decode_text, encode_prompt
+from jaxspec.decoding.sampling import SEED_LIMIT
+from jaxspec.nn.model import Model
 from jaxspec.protocol import DraftSpec, SessionConfig, VerifierEndpoint, VerifierError
-from jaxspec.sampling import SEED_LIMIT
-from jaxspec.text import chat_prompt, decode_text, encode_prompt
 from jaxspec_host.flags import add_max_new_tokens, port_arg
 
 COMMITS = ("accept", "correct", "bonus")  # session events that commit tokens

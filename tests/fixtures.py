@@ -3,7 +3,7 @@ fixtures): transformers/torch oracle checkpoints, GGUF files written the way lla
 converter writes them, the architectures the parity tests cover, and the float64 target/draft
 pair of the edge and verifier tests.
 
-They lived in `jaxspec.testing`, but nothing outside tests/ used them and `write_hf_checkpoint`
+They lived in `jaxspec.ckpts.tiny`, but nothing outside tests/ used them and `write_hf_checkpoint`
 needs torch, which no module of the package may need. What the CLI's `init-random` and the
 tools use stays there.
 """
@@ -17,10 +17,10 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxspec.config import LlamaConfig, RopeScaling
-from jaxspec.model import Model, init_params
+from jaxspec.ckpts.tiny import tiny_config, to_dtype
+from jaxspec.nn.config import LlamaConfig, RopeScaling
+from jaxspec.nn.model import Model, init_params
 from jaxspec.protocol import Unavailable, VerifyResult
-from jaxspec.testing import tiny_config, to_dtype
 
 
 def write_hf_checkpoint(
@@ -79,7 +79,7 @@ def config_variants() -> dict[str, LlamaConfig]:
 
 def permute_for_gguf(w: Any, n_head: int) -> Any:
     """llama.cpp's converter `permute` of Q/K rows `[n_head * d, in]` (halves -> pairs): what
-    a GGUF stores, and what `jaxspec.gguf_import` must undo."""
+    a GGUF stores, and what `jaxspec.ckpts.gguf_import` must undo."""
     import numpy as np
 
     w = np.asarray(w)
@@ -98,7 +98,7 @@ def write_gguf(path: str | os.PathLike[str], model: Model, qtype: str = "F32") -
     import jax
     import numpy as np
 
-    from jaxspec.checkpoint import hf_name
+    from jaxspec.ckpts.checkpoint import hf_name
 
     c = model.config
     kind = gguf.GGMLQuantizationType[qtype]

@@ -15,12 +15,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec import wire
-from jaxspec.figures import AcceptanceFigures
+from jaxspec.decoding.figures import AcceptanceFigures
 from jaxspec.protocol import (
     DraftSpec,
     SamplingSettings,
     SessionConfig,
+    wire,
 )
 from tests.fixtures import Recorder, peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig

@@ -29,7 +29,7 @@ from jaxspec import kernels
 from jaxspec.kernels import attention as attention_kernel
 from jaxspec.kernels import dense as floatkernel
 from jaxspec.kernels.attention import einsum_attention
-from jaxspec.model import forward
+from jaxspec.nn.model import forward
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from tests.fixtures import Recorder
 from verify import LocalVerifier, Scheduler, SchedulerConfig

@@ -29,7 +29,7 @@ import pytest
 from rich.console import Console
 
 from edge.client import GrpcEndpoint, check_verifier
-from jaxspec.testing import write_random_checkpoint
+from jaxspec.ckpts.tiny import write_random_checkpoint
 from jaxspec_apps.demo import _check, add_arguments, run
 from jaxspec_apps.demo import _pair as demo_pair
 from jaxspec_apps.demo._pair import resolve_pair
@@ -290,11 +290,11 @@ def test_the_screen_state_and_the_process_helper_import_only_the_stdlib():
                     assert (
                         top in sys.stdlib_module_names
                         or m.startswith("jaxspec_apps.demo._state")
-                        or m == "jaxspec.figures"  # standard library only (checked below)
+                        or m == "jaxspec.decoding.figures"  # standard library only (checked below)
                         or top == "__future__"
                     ), (name, m)
     # The one non-stdlib module allowed loads nothing heavy (jaxspec's namespace is lazy).
-    probe = "import sys, jaxspec.figures; print(sorted(sys.modules))"
+    probe = "import sys, jaxspec.decoding.figures; print(sorted(sys.modules))"
     loaded = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO
     ).stdout

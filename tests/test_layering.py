@@ -224,17 +224,17 @@ def test_every_pending_reach_through_names_a_module_of_the_project():
 @pytest.mark.parametrize(
     ("module", "source"),
     [
-        ("edge/drafter.py", "from jaxspec.sampling import _cond\n"),
-        ("jaxspec/quantize.py", "from jaxspec import _aqt\n"),
-        ("jaxspec/quantize.py", "import jaxspec._aqt\n"),
-        ("jaxspec/quantize.py", "from jaxspec._aqt import matmul\n"),
+        ("edge/drafter.py", "from jaxspec.decoding.sampling import _cond\n"),
+        ("jaxspec/quant/quantize.py", "from jaxspec import _aqt\n"),
+        ("jaxspec/quant/quantize.py", "import jaxspec._aqt\n"),
+        ("jaxspec/quant/quantize.py", "from jaxspec._aqt import matmul\n"),
         ("jaxspec_apps/cli.py", "from jaxspec_apps.demo._state import State\n"),
         ("verify/__main__.py", "def f(verifier):\n    with verifier._lock:\n        pass\n"),
         ("verify/servicer.py", "async def f(self):\n    await self.service._fail(1)\n"),
         ("verify/local.py", "def f(sched):\n    return getattr(sched, '_step')\n"),
         ("verify/multihost.py", "import jax\nx = jax._private\n"),
         ("verify/servicer.py", "import jax\nx = jax._src.distributed\n"),
-        ("jaxspec/model.py", "def f(other):\n    return other.__secret\n"),
+        ("jaxspec/nn/model.py", "def f(other):\n    return other.__secret\n"),
     ],
 )
 def test_the_checker_catches_a_reach_through(module, source):

@@ -22,7 +22,7 @@ kernel alike:
 is still read). The library is optional: without a compiler at install, `available()` is
 False and every model runs on XLA's own ops.
 
-Pure module: imports only jax, the standard library and `jaxspec.trace_cache`.
+Pure module: imports only jax, the standard library and `jaxspec.compilation.trace_cache`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import threading
 
 import jax
 
-from jaxspec import trace_cache
+from jaxspec.compilation import trace_cache
 
 _HERE = pathlib.Path(__file__).resolve().parent
 # FFI target name -> the handler's symbol in the library
@@ -123,6 +123,7 @@ def why_unavailable() -> str:
 
 
 trace_cache.before_load(available)  # a kept trace may call these targets untraced
+trace_cache.allow_custom_calls(TARGETS)
 # a kept trace is valid only with the very library it was traced against (or none)
 trace_cache.key_part("kernel_lib", lambda: trace_cache.file_digest(available() and library_path()))
 

@@ -84,7 +84,7 @@ def best_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 
 def heldout_texts() -> list[str]:
     """The documents `tools/train_default_models.py` held out of the shipped pair's training,
-    read from this Python's standard library (names in `jaxspec/models/train_report.json`).
+    read from this Python's standard library (names in `jaxspec/ckpts/models/train_report.json`).
     Falls back to `json/__init__.py` when the report is missing."""
     try:
         names = json.loads(TRAIN_REPORT.read_text())["corpus"]["heldout_names"]

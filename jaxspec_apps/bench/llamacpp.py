@@ -36,8 +36,8 @@ import jax.numpy as jnp
 
 import jaxspec
 from jaxspec import kernels
-from jaxspec.model import forward
-from jaxspec.shapes import bucket
+from jaxspec.compilation.shapes import bucket
+from jaxspec.nn.model import forward
 from jaxspec_apps.bench.common import best_time
 from jaxspec_apps.bench.cost import cost_variants, decode_s_per_token, loop_s_per_token
 from jaxspec_apps.bench.section import Context, Page, Section

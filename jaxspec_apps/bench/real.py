@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec import analytic
-from jaxspec.quantize import quant_spec
-from jaxspec.shapes import bucket
+from jaxspec.compilation.shapes import bucket
+from jaxspec.decoding import analytic
+from jaxspec.quant.quantize import quant_spec
 from jaxspec_apps.bench import (
     capacity,
     colocated,

@@ -35,9 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from jaxspec.config import LlamaConfig, rope_inv_freq
 from jaxspec.kernels import attention as attention_kernel
 from jaxspec.kernels import dense as dense_kernel
+from jaxspec.nn.config import LlamaConfig, rope_inv_freq
 
 Params = Any
 
