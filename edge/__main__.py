@@ -55,8 +55,8 @@ from edge.openai_server import (
 from edge.session import SessionTrace, run_session
 from edge.warmup import compile_drafter
 from jaxspec.ckpts.checkpoint import generation_defaults, load, load_tokenizer
-from jaxspec.ckpts.text import decode_text
 from jaxspec.nn.model import Model
+from jaxspec.nn.text import decode_text
 from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
 from jaxspec_host.flags import (
     HelpFormatter,

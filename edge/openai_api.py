@@ -24,8 +24,8 @@ import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from jaxspec.decoding.figures import AcceptanceFigures
 from jaxspec.decoding.sampling import SEED_LIMIT
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import InvalidArgument, SamplingSettings, VerifierError
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows

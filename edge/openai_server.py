@@ -62,9 +62,9 @@ from edge.openai_api import (
     usage,
 )
 from edge.session import EdgeSession
-from jaxspec.ckpts.text import chat_prompt, decode_text, encode_prompt
 from jaxspec.decoding.sampling import SEED_LIMIT
 from jaxspec.nn.model import Model
+from jaxspec.nn.text import chat_prompt, decode_text, encode_prompt
 from jaxspec.protocol import DraftSpec, SessionConfig, VerifierEndpoint, VerifierError
 from jaxspec_host.flags import add_max_new_tokens, port_arg
 

@@ -33,8 +33,8 @@ import jax.numpy as jnp
 
 from edge.drafter import DraftBatch, Drafter, DrafterState
 from jaxspec.compilation.shapes import bucket
-from jaxspec.decoding.figures import AcceptanceFigures
 from jaxspec.decoding.sampling import SamplingParams, session_key
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import (
     DraftBlock,
     SessionConfig,

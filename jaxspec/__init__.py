@@ -30,7 +30,7 @@ _EXPORTS = {
     "load": "ckpts.checkpoint", "load_gguf": "ckpts.checkpoint", "save": "ckpts.checkpoint",
     "generation_defaults": "ckpts.checkpoint",
     "CheckpointError": "nn.config", "LlamaConfig": "nn.config", "RopeScaling": "nn.config",
-    "AcceptanceFigures": "decoding.figures",
+    "AcceptanceFigures": "figures",
     "GenerateOutput": "decoding.generate", "GenerateStats": "decoding.generate",
     "generate": "decoding.generate",
     "KVCache": "nn.model", "Llama": "nn.model", "Model": "nn.model", "forward": "nn.model",
@@ -40,7 +40,7 @@ _EXPORTS = {
     "Purpose": "decoding.sampling", "SamplingParams": "decoding.sampling",
     "position_key": "decoding.sampling",
     "session_key": "decoding.sampling", "warp": "decoding.sampling",
-    "chat_prompt": "ckpts.text", "decode_text": "ckpts.text", "encode_prompt": "ckpts.text",
+    "chat_prompt": "nn.text", "decode_text": "nn.text", "encode_prompt": "nn.text",
 }  # fmt: skip
 
 __all__ = [
@@ -95,11 +95,11 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from jaxspec.ckpts.checkpoint import generation_defaults, load, load_gguf, save
-    from jaxspec.ckpts.text import chat_prompt, decode_text, encode_prompt
-    from jaxspec.decoding.figures import AcceptanceFigures
     from jaxspec.decoding.generate import GenerateOutput, GenerateStats, generate
     from jaxspec.decoding.sampling import Purpose, SamplingParams, position_key, session_key, warp
+    from jaxspec.figures import AcceptanceFigures
     from jaxspec.nn.config import CheckpointError, LlamaConfig, RopeScaling
     from jaxspec.nn.model import KVCache, Llama, Model, forward, init_cache, init_params
+    from jaxspec.nn.text import chat_prompt, decode_text, encode_prompt
     from jaxspec.protocol import DraftSpec, SamplingSettings
     from jaxspec.quant.quantize import quantize

@@ -37,10 +37,10 @@ from rich.progress import (
 
 import jaxspec
 from jaxspec import kernels
-from jaxspec.ckpts.text import decode_text
 from jaxspec.ckpts.tiny import write_random_checkpoint
 from jaxspec.decoding.generate import choose_gamma, conditional_alphas  # noqa: F401 (re-exported)
 from jaxspec.decoding.sampling import session_keys
+from jaxspec.nn.text import decode_text
 from jaxspec_apps import bench, demo, serve
 from jaxspec_host import hub
 from jaxspec_host.flags import (

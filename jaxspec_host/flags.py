@@ -25,9 +25,9 @@ import importlib
 import sys
 from collections.abc import Mapping
 
-from jaxspec.ckpts.text import chat_prompt, encode_prompt
 from jaxspec.decoding.sampling import check_seed
 from jaxspec.nn.model import Model
+from jaxspec.nn.text import chat_prompt, encode_prompt
 from jaxspec.protocol import ENCODINGS, MODES, Q_DTYPES, DraftSpec, SamplingSettings
 from jaxspec_host.xla_cache import compilation_cache_dir, configure_compilation_cache
 

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec.decoding.figures import AcceptanceFigures
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import (
     DraftSpec,
     SamplingSettings,

@@ -290,11 +290,11 @@ def test_the_screen_state_and_the_process_helper_import_only_the_stdlib():
                     assert (
                         top in sys.stdlib_module_names
                         or m.startswith("jaxspec_apps.demo._state")
-                        or m == "jaxspec.decoding.figures"  # standard library only (checked below)
+                        or m == "jaxspec.figures"  # standard library only (checked below)
                         or top == "__future__"
                     ), (name, m)
     # The one non-stdlib module allowed loads nothing heavy (jaxspec's namespace is lazy).
-    probe = "import sys, jaxspec.decoding.figures; print(sorted(sys.modules))"
+    probe = "import sys, jaxspec.figures; print(sorted(sys.modules))"
     loaded = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO
     ).stdout

@@ -15,7 +15,7 @@ import pytest
 import jaxspec
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec.decoding.figures import AcceptanceFigures
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.protocol import (
     DraftBlock,

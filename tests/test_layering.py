@@ -288,3 +288,29 @@ def test_the_length_check_catches_a_long_function():
     assert long_functions(f"def f():\n{body}") == [f"f ({MAX_FUNCTION_LINES + 1} lines)"]
     assert long_functions(f"class C:\n    async def g(self):\n{body.replace('    ', '        ')}")
     assert long_functions(f"def f():\n{body[: -len(body.splitlines()[-1]) - 1]}") == []
+
+
+# -- the core's rooms -----------------------------------------------------------------------
+def cycles(found) -> list[str]:
+    """The rooms of an import graph that sit on a cycle (Kahn's algorithm: what never drains)."""
+    rooms = {r for pair in found for r in pair}
+    into = {r: {a for a, b in found if b == r and a != r} for r in rooms}
+    left = set(rooms)
+    while ready := {r for r in left if not (into[r] & left)}:
+        left -= ready
+    return sorted(left)
+
+
+def test_the_cores_rooms_import_each_other_without_a_cycle():
+    """jaxspec/ is rooms (docs/design.md §1: nn, ckpts, quant, kernels, compilation, decoding,
+    protocol, proto, the top-level figures): their imports of each other form no cycle."""
+    found = import_graph.core_edges()
+    assert {"nn", "ckpts", "quant", "kernels", "compilation", "decoding", "protocol"} <= {
+        r for pair in found for r in pair
+    }
+    assert cycles(found) == [], cycles(found)
+
+
+def test_the_cycle_check_catches_a_room_importing_back():
+    found = import_graph.core_edges()
+    assert cycles(found + collections.Counter({("compilation", "decoding"): 1})) != []

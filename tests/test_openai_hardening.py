@@ -37,7 +37,7 @@ from edge.client import GrpcEndpoint
 from edge.drafter import load_drafter
 from edge.openai_api import ApiError, TextStream, decode_body, parse_request, status_of
 from edge.openai_server import Backend, HttpLimits, create_app, http_server
-from jaxspec.ckpts.text import decode_text
+from jaxspec.nn.text import decode_text
 from jaxspec.protocol import DraftSpec, ResourceExhausted
 from tests.grpc_helpers import server_env
 from tests.test_openai_api import KEY, MODEL, PROMPT, TEMPLATE, WAIT_S, HttpServer

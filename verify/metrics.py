@@ -43,7 +43,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from jaxspec.decoding.figures import AcceptanceFigures
+from jaxspec.figures import AcceptanceFigures
 
 PREFIX = "jaxspec_"
 VLLM = "vllm:spec_decode_"  # vLLM's names, where it has one

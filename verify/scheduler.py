@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.decoding.figures import AcceptanceFigures
 from jaxspec.decoding.sampling import SamplingParams, check_seed, session_key
 from jaxspec.decoding.verification import EXACT, Variant
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.nn.model import Model, init_cache
 from jaxspec.protocol import (
     GAMMA_CEILING,

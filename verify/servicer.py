@@ -33,7 +33,7 @@ from typing import Any
 
 import grpc
 
-from jaxspec.decoding.figures import AcceptanceFigures
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import (

@@ -24,7 +24,6 @@ from jaxspec.compilation import trace_cache
 from jaxspec.compilation.shapes import bucket
 from jaxspec.compilation.traces import traces
 from jaxspec.decoding import analytic
-from jaxspec.decoding.figures import AcceptanceFigures
 from jaxspec.decoding.sampling import (
     Purpose,
     SamplingParams,
@@ -35,6 +34,7 @@ from jaxspec.decoding.sampling import (
 )
 from jaxspec.decoding.speculative import DecodeBatch, SpecCounters, speculative_decode
 from jaxspec.decoding.verification import EXACT, Variant
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.nn.model import KVCache, Llama, Model, init_cache
 from jaxspec.protocol import MODES, DraftSpec, SamplingSettings
 

@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.compilation import trace_cache
-from jaxspec.decoding.figures import AcceptanceFigures
 from jaxspec.decoding.sampling import Purpose, SamplingParams, TokenCounts, sample, uniforms, warp
 from jaxspec.decoding.verification import EXACT, DraftQ, Variant, Verdicts, verify_block
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.nn.model import KVCache, Llama, init_cache
 from jaxspec.protocol import DraftSpec
 

@@ -18,7 +18,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxspec.decoding.figures import AcceptanceFigures
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.protocol import (
     DraftBlock,

@@ -92,7 +92,7 @@ def chat_prompts(n: int, seed: int = 0, heldout: bool = False) -> list[tuple[str
 def prompt_ids(model: Model, text: str) -> tuple[int, ...]:
     """The prompt as the model is asked it: through its chat template when it has one; a
     model without a tokenizer gets the text's UTF-8 bytes (modulo its vocabulary)."""
-    from jaxspec.ckpts.text import chat_prompt, encode_prompt
+    from jaxspec.nn.text import chat_prompt, encode_prompt
 
     tok = model.tokenizer
     if tok is None:

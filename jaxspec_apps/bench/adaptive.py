@@ -29,7 +29,7 @@ from edge.adaptive import AdaptiveGamma
 from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec.decoding.figures import AcceptanceFigures
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import make_scheduler, prompts_from
 from jaxspec_apps.bench.section import Context, Page, Section

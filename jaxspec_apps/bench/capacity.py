@@ -31,8 +31,8 @@ import jaxspec
 from edge.drafter import Drafter
 from jaxspec.compilation.shapes import bucket
 from jaxspec.decoding import analytic
-from jaxspec.decoding.figures import AcceptanceFigures
 from jaxspec.decoding.sampling import SamplingParams, session_keys
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import best_time, make_scheduler, prompts_from
 from jaxspec_apps.bench.report_tables import ratio, save

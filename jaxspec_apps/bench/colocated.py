@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jaxspec
-from jaxspec.decoding.figures import AcceptanceFigures
+from jaxspec.figures import AcceptanceFigures
 from jaxspec_apps.bench.common import best_time, check_same_tokens
 from jaxspec_apps.bench.report_tables import ratio, save
 from jaxspec_apps.bench.section import Context, Page, Section

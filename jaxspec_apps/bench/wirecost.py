@@ -21,7 +21,7 @@ from typing import Any
 
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec.decoding.figures import AcceptanceFigures
+from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig, wire
 from jaxspec_apps.bench.report_tables import save
 from jaxspec_apps.bench.section import Context, Page, Section

@@ -32,8 +32,8 @@ from edge.drafter import Drafter, load_drafter
 from edge.session import run_session
 from edge.warmup import compile_drafter
 from jaxspec.ckpts.checkpoint import load
-from jaxspec.ckpts.text import chat_prompt, encode_prompt
 from jaxspec.nn.model import Model
+from jaxspec.nn.text import chat_prompt, encode_prompt
 from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec_apps.demo._pair import resolve_pair
 from jaxspec_apps.demo._progress import warmup_progress

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from jaxspec.decoding.figures import AcceptanceFigures
+from jaxspec.figures import AcceptanceFigures
 
 # Piece kinds, in the vocabulary of vLLM's rejection sampler (accepted / recovered / bonus).
 PROMPT, ACCEPT, CORRECT, BONUS, REJECT = "prompt", "accept", "correct", "bonus", "reject"
