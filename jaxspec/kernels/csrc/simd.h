@@ -31,17 +31,31 @@ inline V Mul(V a, V b) { return JS_PS(mul)(a, b); }
 inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 #endif
 
+#if JS_ISA == 3 || JS_ISA == 2
 #if JS_ISA == 3
-inline V LoadBf16(const uint16_t* p) {  // bf16 -> f32: the 16 bits above 16 zero bits
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#define JS_EPI(op) _mm512_##op
+#define JS_CAST(v) _mm512_castsi512_ps(v)
+#define JS_HALF(p) _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))    // 32 bytes
+#define JS_QUARTER(p) _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))   // 16 bytes
+#else
+#define JS_EPI(op) _mm256_##op
+#define JS_CAST(v) _mm256_castsi256_ps(v)
+#define JS_HALF(p) _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))      // 16 bytes
+#define JS_QUARTER(p) _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))   // 8 bytes
+#endif
+// bf16 -> f32: the 16 bits above 16 zero bits; f16 -> f32 by F16C; int8 -> f32: all exact
+inline V LoadBf16(const uint16_t* p) {
+  return JS_CAST(JS_EPI(slli_epi32)(JS_EPI(cvtepu16_epi32)(JS_HALF(p)), 16));
 }
-inline V LoadF16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline V LoadI8(const int8_t* p) {  // 16 int8 -> float, exact
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
+inline V LoadF16(const uint16_t* p) { return JS_EPI(cvtph_ps)(JS_HALF(p)); }
+inline V LoadI8(const int8_t* p) { return JS_EPI(cvtepi32_ps)(JS_EPI(cvtepi8_epi32)(JS_QUARTER(p))); }
+#undef JS_EPI
+#undef JS_CAST
+#undef JS_HALF
+#undef JS_QUARTER
+#endif
+
+#if JS_ISA == 3
 // Columns [16 c, 16 c + 16) of an int4 tile row (32 bytes, see common.h): nibble 2c of the
 // eight words, then nibble 2c + 1, as floats 0..15. u -> float(u) by a 16-entry table: the
 // permute reads only each index's low 4 bits, so no mask and no conversion.
@@ -55,16 +69,6 @@ inline V Nibbles(const uint8_t* row, int c) {
 #endif
 
 #if JS_ISA == 2
-inline V LoadBf16(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline V LoadF16(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-inline V LoadI8(const int8_t* p) {  // 8 int8 -> float, exact
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
 // Columns [8 c, 8 c + 8) of an int4 tile row: nibble c of the eight words.
 inline V Nibbles(const uint8_t* row, int c) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
