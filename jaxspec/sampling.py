@@ -159,7 +159,7 @@ class SamplingParams:
         (after temperature); 0 keeps every token.
       bias_ids: `[B, MAX_LOGIT_BIAS]` int32 token ids of the logit bias, -1 unused.
       bias_values: `[B, MAX_LOGIT_BIAS]` float32 biases added to those tokens' logits.
-      repetition_penalty: `[B]` float32 > 0; 1 is off.
+      repetition_penalty: `[B]` float32 in [0.01, 100]; 1 is off.
       presence_penalty, frequency_penalty: `[B]` float32; 0 is off.
       (The penalties read the row's `TokenCounts`, passed beside the params.)
     """
@@ -396,7 +396,11 @@ def _penalize(logits_BV: jax.Array, params: SamplingParams, counts: TokenCounts)
     r = jnp.where(seen, params.repetition_penalty.astype(dtype)[:, None], 1)
     x = jnp.where(logits_BV > 0, logits_BV / r, logits_BV * r)
     x = x - params.frequency_penalty.astype(dtype)[:, None] * counts.output.astype(dtype)
-    return x - params.presence_penalty.astype(dtype)[:, None] * (counts.output > 0).astype(dtype)
+    x = x - params.presence_penalty.astype(dtype)[:, None] * (counts.output > 0).astype(dtype)
+    # Never +-inf, whatever the params (an inf logit makes the softmax NaN): the identity on
+    # every finite value, so within the checked ranges nothing changes.
+    big = jnp.finfo(dtype).max
+    return jnp.clip(x, -big, big)
 
 
 def _min_p(scaled_BV: jax.Array, params: SamplingParams) -> jax.Array:

@@ -75,13 +75,18 @@ from verify.scheduler import (
 )
 from verify.serve import (
     HANDSHAKE_TIMEOUT_S,
+    MAX_CONCURRENT_STREAMS,
+    MAX_CONNECTION_AGE_GRACE_S,
+    MAX_CONNECTION_AGE_S,
+    MAX_CONNECTION_IDLE_S,
+    ConnectionLimits,
     Server,
     bind,
     checkpoint_vocab,
     insecure_public_reason,
     rate_limit_client_caused_logs,
 )
-from verify.servicer import WRITE_TIMEOUT_S
+from verify.servicer import FIRST_MESSAGE_TIMEOUT_S, WRITE_TIMEOUT_S
 from verify.step import make_mesh
 from verify.tenants import ANONYMOUS, Tenants
 
@@ -218,7 +223,7 @@ def _add_scheduler_flags(s: argparse.ArgumentParser) -> None:
 
 
 def _add_timeout_flags(s: argparse.ArgumentParser) -> None:
-    """How long a stream, a handshake and the drain may take."""
+    """How long a stream, a handshake and the drain may take; connection limits."""
     s.add_argument(
         "--write-timeout-s",
         type=float,
@@ -233,8 +238,57 @@ def _add_timeout_flags(s: argparse.ArgumentParser) -> None:
         help="a connection that has not finished its TLS / HTTP/2 handshake this long is "
         "closed (default %(default)s)",
     )
+    s.add_argument(
+        "--first-message-timeout-s",
+        type=float,
+        default=FIRST_MESSAGE_TIMEOUT_S,
+        help="a Verify stream that sends no first message (open, or a block naming its "
+        "session) this long is ended DEADLINE_EXCEEDED (default %(default)s)",
+    )
+    _add_connection_flags(s)
     s.add_argument("--drain-timeout-s", type=float, default=30.0, help="most time to drain")
     s.add_argument("--drain-min-s", type=float, default=0.5, help="least time NOT_SERVING")
+
+
+def _add_connection_flags(s: argparse.ArgumentParser) -> None:
+    """Connection idle and age limits, streams per connection (`verify.serve`'s)."""
+    s.add_argument(
+        "--max-connection-idle-s",
+        type=float,
+        default=MAX_CONNECTION_IDLE_S,
+        help="a connection (TLS or not) with no RPC in flight this long is closed "
+        "(default %(default)s)",
+    )
+    s.add_argument(
+        "--max-connection-age-s",
+        type=float,
+        default=MAX_CONNECTION_AGE_S,
+        help="a connection this old is sent GOAWAY: clients reconnect (default %(default)s)",
+    )
+    s.add_argument(
+        "--max-connection-age-grace-s",
+        type=float,
+        default=MAX_CONNECTION_AGE_GRACE_S,
+        help="after GOAWAY for its age, the streams a connection still carries may run this "
+        "long before it is closed (default %(default)s)",
+    )
+    s.add_argument(
+        "--max-concurrent-streams",
+        type=int,
+        default=MAX_CONCURRENT_STREAMS,
+        help="most streams one connection carries at once (HTTP/2 "
+        "SETTINGS_MAX_CONCURRENT_STREAMS; a stream beyond is refused) (default %(default)s)",
+    )
+
+
+def connection_limits_from_args(args: argparse.Namespace) -> ConnectionLimits:
+    """The connection limits the flags describe; `ValueError` names a bad flag."""
+    names = [f.name for f in dataclasses.fields(ConnectionLimits)]
+    try:
+        return ConnectionLimits(**{name: getattr(args, name) for name in names})
+    except ValueError as e:
+        name, _, rest = str(e).partition(" ")
+        raise ValueError(f"--{name.replace('_', '-')} {rest}") from None
 
 
 def _add_observability_flags(s: argparse.ArgumentParser) -> None:
@@ -406,7 +460,8 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
         tenants = Tenants(None)
         log.warning("no --tenants file: every caller is accepted as tenant %r", ANONYMOUS)
     config = scheduler_config_from_args(args)  # bad flags fail before anything is bound
-    for flag in ("write_timeout_s", "handshake_timeout_s"):
+    limits = connection_limits_from_args(args)
+    for flag in ("write_timeout_s", "handshake_timeout_s", "first_message_timeout_s"):
         if not getattr(args, flag) > 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
     overcommitted = tenants.overcommitted(config.max_sessions)
@@ -432,6 +487,8 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
         metrics_host=args.metrics_host,
         write_timeout_s=args.write_timeout_s,
         handshake_timeout_s=args.handshake_timeout_s,
+        first_message_timeout_s=args.first_message_timeout_s,
+        limits=limits,
     )
     if lockstep is not None:  # a dead process: NOT_SERVING, then exit 3 (verify.multihost)
         lockstep.on_failure = functools.partial(
