@@ -317,7 +317,8 @@ def server_options(
         # Flow control: a fixed per-stream receive window, not one grown by BDP probes
         # (on loopback those let gRPC core buffer 50-100 MB of a stream whose handler
         # reads nothing); with MAX_UNANSWERED blocks read ahead, a client that never
-        # reads its answers holds at most this much plus those blocks.
+        # reads its answers holds at most about two of these windows (what gRPC core
+        # grants beyond what the handler read) plus those blocks and one more message.
         ("grpc.http2.bdp_probe", 0),
         ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
         ("grpc.http2.lookahead_bytes", stream_window(limit)),

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any
 
 import grpc
@@ -77,6 +77,12 @@ _STATS_FIELDS = tuple(pb.StatsResponse.DESCRIPTOR.fields_by_name)
 
 class WriteTimeout(ResourceExhausted):
     """A Verify stream's client read no answer for the write timeout."""
+
+
+class CallGone(Exception):
+    """A Verify stream's call is over at gRPC's core: a write failed (`ExecuteBatchError`)
+    because the client reset the stream or its connection closed, before gRPC's own
+    cancellation of the handler came. Nobody is left to read an answer or a status."""
 
 
 class Undecodable:
@@ -360,7 +366,10 @@ class VerifyStream:
         # The response headers on their own (not flow-controlled, sent at once): an answer
         # that cannot be written then holds only its message, and the status can still be
         # sent after it (`_write`'s timeout; gRPC refuses a second headers operation).
-        await self.context.send_initial_metadata(())
+        try:
+            await self._send(self.context.send_initial_metadata(()))
+        except CallGone:
+            raise asyncio.CancelledError from None  # as gRPC's cancellation would end it
         self.reader = asyncio.ensure_future(self._read(requests))
         self.drain = asyncio.ensure_future(self.service.draining.wait())
         self.service.streams += 1
@@ -370,8 +379,23 @@ class VerifyStream:
             # from OpenSession: it stays, for another stream (not if its answers went unread)
             await self._end(keep=not self.opened and not isinstance(e, WriteTimeout))
             await self._fail(e)
+        except CallGone:
+            # The client went away while an answer was being written: end as gRPC's
+            # cancellation (which had not reached this task yet) ends a stream, its session
+            # closed and no status sent. Raised out of the handler, the write's own error
+            # was logged by gRPC with a traceback whenever its cancellation came second.
+            await self._end(keep=False)
+            raise asyncio.CancelledError from None
         finally:
             await self._end(keep=False)
+
+    @staticmethod
+    async def _send(operation: Awaitable[None]) -> None:
+        """Await one of gRPC's send operations; `CallGone` when the call is over."""
+        try:
+            await operation
+        except grpc.aio.InternalError:  # ExecuteBatchError: the call is gone at the core
+            raise CallGone() from None
 
     # ---- the reader ----------------------------------------------------------------------
 
@@ -529,10 +553,11 @@ class VerifyStream:
         self.room.release()
 
     async def _write(self, response: pb.VerifyResponse) -> None:
-        """Send one answer, or `WriteTimeout` when the client reads none for the timeout."""
+        """Send one answer: `WriteTimeout` when the client reads none for the timeout,
+        `CallGone` when the call is over."""
         timeout = self.service.write_timeout_s
         try:
-            await asyncio.wait_for(self.context.write(response), timeout)
+            await asyncio.wait_for(self._send(self.context.write(response)), timeout)
         except TimeoutError:
             raise WriteTimeout(
                 f"the client read no answer for {timeout:g} s: stream ended, session closed"
@@ -545,10 +570,10 @@ class VerifyStream:
         try:
             await self.service.reject(self.context, "Verify", e.code, str(e))
         except grpc.aio.InternalError:
-            # The status waited behind unread answers and the client went away meanwhile
-            # (gRPC's ExecuteBatchError): nobody is left to tell.
-            if not isinstance(e, WriteTimeout):
-                raise
+            # The call is over (gRPC's ExecuteBatchError): the status waited behind unread
+            # answers and the client went away meanwhile, or the client reset the stream as
+            # it failed. Nobody is left to tell; gRPC sees the abort, quietly.
+            pass
 
     async def _end(self, keep: bool) -> None:
         """Once: stop reading, cancel and await every task of the stream, give the slot
