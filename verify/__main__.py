@@ -65,6 +65,7 @@ from jaxspec_host.pairs import REAL_TARGET, add_pair_flag, choose_saying
 from jaxspec_host.worker import exit_if_abandoned, in_thread
 from verify import multihost
 from verify.local import LocalVerifier
+from verify.mesh import mesh_problem
 from verify.scheduler import (
     Scheduler,
     SchedulerConfig,
@@ -82,6 +83,7 @@ from verify.serve import (
     ConnectionLimits,
     Server,
     bind,
+    checkpoint_config,
     checkpoint_vocab,
     insecure_public_reason,
     rate_limit_client_caused_logs,
@@ -392,6 +394,23 @@ def make_verifier(
     return LocalVerifier(model or load_target(args), config, mesh=mesh)
 
 
+def refuse_unfit_mesh(args: argparse.Namespace) -> None:
+    """`ValueError` when --mesh cannot hold the target (`verify.mesh`: an axis that does not
+    divide the KV heads, the MLP or the slots), read from its config before any weight
+    loads; nothing when the config cannot be read so cheaply (loading then says)."""
+    data, model_par = args.mesh
+    read = checkpoint_config(args.checkpoint)
+    if read is None or data * model_par == 1:
+        return
+    config, group_size = read
+    why = mesh_problem(
+        config, data, model_par, max_sessions=args.max_sessions, group_size=group_size,
+        name=args.checkpoint,
+    )  # fmt: skip
+    if why is not None:
+        raise ValueError(why)
+
+
 def is_multihost(args: argparse.Namespace) -> bool:
     """Whether the flags ask for a multi-host verifier (any of the three flags)."""
     return any(x is not None for x in (args.coordinator, args.num_processes, args.process_id))
@@ -470,6 +489,7 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
     cache = use_compilation_cache(args)
     log.info("compilation cache: %s", cache or "off")
     resolve_target(args)  # after every flag's check: it may fetch SmolLM2 (once)
+    refuse_unfit_mesh(args)  # before the target loads
     model = None
     vocab = checkpoint_vocab(args.checkpoint)
     if vocab is None:  # no config.json to read cheaply: loading says what is wrong
@@ -697,6 +717,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     lockstep = None
     try:
         if is_multihost(args):
+            scheduler_config_from_args(args)  # the flags, the target and the mesh are
+            resolve_target(args)  # checked in every process before any joins or loads
+            refuse_unfit_mesh(args)
             lockstep = join(args)
             if not lockstep.leader:
                 multihost.leave(follow(args, lockstep))
@@ -711,9 +734,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_if_abandoned(code)  # stopped mid-compilation: exit now, not at its end
     except (ValueError, OSError, RuntimeError) as e:
         print(f"python -m verify serve: error: {e}", file=sys.stderr)
-        return 2
+        return leave_on_error(lockstep, str(e), 2)
     except KeyboardInterrupt:  # before the port is bound (SIGINT then drains, above)
         return interrupted("python -m verify serve")
+    except Exception as e:  # a bug of ours: the traceback follows, the followers hear why
+        leave_on_error(lockstep, f"{type(e).__name__}: {e}", None)
+        raise
+
+
+def leave_on_error(lockstep: multihost.Lockstep | None, reason: str, code: int | None) -> int:
+    """A multi-host leader leaving on an error tells its followers why (`Lockstep.abort`:
+    they say so and exit 3, instead of finding the coordination service gone), then exits
+    `code` (None: returns, for the caller to raise). Anyone else: `code`."""
+    if lockstep is not None and lockstep.leader:
+        lockstep.on_failure = multihost.die  # no event loop (health) any more
+        lockstep.abort(reason)
+        if code is not None:
+            multihost.leave(code)
+    return code or 0
 
 
 if __name__ == "__main__":
