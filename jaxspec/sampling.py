@@ -363,6 +363,14 @@ def warp(
 
     def sampled(_):
         scaled = logits_BV / jnp.where(t > 0, t, 1)
+        # A tiny temperature can overflow the division (100 / 1e-37 = +inf, then the
+        # softmax's inf - inf is NaN and the sampler gave token 0). Such a row is tempered
+        # from its largest logit instead (shift-invariant: the same distribution, now
+        # finite); every other row keeps its exact values.
+        top_B1 = jnp.max(logits_BV, axis=-1, keepdims=True)
+        shifted = (logits_BV - top_B1) / jnp.where(t > 0, t, 1)
+        overflow_B1 = jnp.any(scaled == jnp.inf, axis=-1, keepdims=True)
+        scaled = jnp.where(overflow_B1, shifted, scaled)
         if options:
             scaled = cond(
                 jnp.any(params.min_p > 0), lambda x: _min_p(x, params), lambda x: x, scaled

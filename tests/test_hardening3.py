@@ -357,6 +357,39 @@ def test_no_accepted_penalty_makes_a_nan_reach_the_sampler(r, ef, temperature, f
     assert ((0 <= np.asarray(tokens)) & (np.asarray(tokens) < V)).all()
 
 
+def test_the_penalized_logits_stay_finite_whatever_the_penalty_arrays_hold():
+    # The range is checked where settings are made; the arithmetic is safe on its own too:
+    # params built around the check (arrays replaced) with r = 1e-40 made a seen token's
+    # logit 5 / 1e-40 = +inf and every probability NaN, and the sampler then gave token 0;
+    # clipped, the seen token (2) is certain, as a tiny penalty means.
+    params = SamplingParams.make(2, temperature=1.0, repetition_penalty=2.0)
+    params = params.replace(repetition_penalty=jnp.asarray([1e-40, 1e-45], jnp.float32))
+    logits = jnp.asarray([[-3.0, 1.0, 5.0, 0.0]] * 2)
+    counts = TokenCounts(
+        prompt=jnp.asarray([[True, False, True, False]] * 2),
+        output=jnp.zeros((2, 4), jnp.int32),
+    )
+    u = jnp.asarray([0.3, 0.9], jnp.float32)
+    probs, tokens = warp_and_sample()(logits, params, counts, u)
+    assert np.isfinite(np.asarray(probs)).all(), probs
+    assert np.asarray(tokens).tolist() == [2, 2]  # the seen positive logit, now huge
+    assert np.asarray(probs)[:, 2].tolist() == [1.0, 1.0]
+
+
+def test_a_tiny_temperature_tempers_without_overflow():
+    # temperature 1e-37 is valid (finite, > 0) but 100 / 1e-37 overflowed float32: NaN
+    # probabilities, token 0 every time. Now the row is tempered from its largest logit:
+    # all but certainly the argmax (3), finite; a row that does not overflow is unchanged.
+    params = SamplingParams.make(2, temperature=[1e-37, 0.7])
+    logits = jnp.asarray([[3.0, -2.0, 99.0, 100.0]] * 2)
+    counts = TokenCounts.zeros(2, 4)
+    probs, tokens = warp_and_sample()(logits, params, counts, jnp.asarray([0.5, 0.5]))
+    probs = np.asarray(probs)
+    assert np.isfinite(probs).all(), probs
+    assert probs[0].tolist() == [0.0, 0.0, 0.0, 1.0] and int(tokens[0]) == 3
+    assert np.allclose(probs[1], np.asarray(jax.nn.softmax(logits[1] / 0.7)), rtol=1e-6)
+
+
 def test_a_tiny_repetition_penalty_is_invalid_argument_on_the_wire(served):
     stub = pb_grpc.VerifierStub(grpc.insecure_channel(f"127.0.0.1:{served.port}"))
     md = (("authorization", f"Bearer {TOKENS['alice']}"),)
