@@ -1,14 +1,14 @@
-"""Builds the optional CPU kernels (jaxspec/csrc/*.cc -> one library, jaxspec/_int4*.so): the
-int4 matmul (jaxspec.int4kernel) and the batch-invariant float matmul and attention
-(jaxspec.floatkernel).
+"""Builds the optional CPU kernels (jaxspec/kernels/csrc -> one library,
+jaxspec/kernels/_cpu*.so): the batch-invariant float matmul and attention and the int4 matmul,
+each as an XLA FFI handler (jaxspec.kernels loads the library with ctypes).
 
-Everything else about the package is in pyproject.toml. The kernel is an XLA FFI handler loaded
-with ctypes by jaxspec/int4kernel.py, compiled against the FFI headers that jaxlib ships
-(jax.ffi.include_dir()). It is optional: without a C++ compiler (or jaxlib headers) the install
-still succeeds, with a warning, and jaxspec.int4kernel.available() / floatkernel.available() are
-False (XLA's own ops; `jaxspec doctor` says which path each format takes).
-The AVX2 code is chosen at run time (function target attributes), so the generic flags below
-build a library that loads on any x86-64 CPU.
+Everything else about the package is in pyproject.toml. The library is compiled against the
+FFI headers that jaxlib ships (jax.ffi.include_dir()). It is optional: without a C++ compiler
+(or jaxlib headers) the install still succeeds, with a warning, and jaxspec.kernels.available()
+is False (XLA's own ops; `jaxspec doctor` says which path is used).
+Each instruction set's build of the kernels is its own translation unit with its own
+`#pragma GCC target` (isa_avx2.cc, isa_avx512.cc) and the best one the CPU has is chosen at
+run time, so the generic flags below build a library that loads on any x86-64 CPU.
 """
 
 from __future__ import annotations
@@ -60,20 +60,21 @@ class OptionalBuildExt(build_ext):
         )
 
 
+_CSRC = "jaxspec/kernels/csrc"
+_SOURCES = ("ffi", "isa_scalar", "isa_avx2", "isa_avx512")
 _include = _ffi_include_dir()
-_flags = ["-std=c++17", "-O3", "-g0"]  # -g0: Python's CFLAGS add -g (a 1.3 MB library)
+# -g0: Python's CFLAGS add -g (a large library); -ffp-contract=off: the compiler never fuses a
+# plain a * b + c into one FMA on its own (every build must round the same way)
+_flags = ["-std=c++17", "-O3", "-g0", "-ffp-contract=off"]
 if _include:  # -isystem: no warnings from the FFI headers
     _flags += ["-isystem", _include]
 
 setup(
     ext_modules=[
         Extension(
-            "jaxspec._int4",
-            sources=[
-                "jaxspec/csrc/int4_matmul.cc",
-                "jaxspec/csrc/float_matmul.cc",
-                "jaxspec/csrc/attention.cc",
-            ],
+            "jaxspec.kernels._cpu",
+            sources=[f"{_CSRC}/{name}.cc" for name in _SOURCES],
+            depends=[str(p) for p in sorted(pathlib.Path(_CSRC).glob("*.[hi]*"))],
             extra_compile_args=_flags,
             language="c++",
             optional=True,

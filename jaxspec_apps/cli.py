@@ -36,11 +36,11 @@ from rich.progress import (
 )
 
 import jaxspec
-from jaxspec import floatkernel, int4kernel
-from jaxspec.generate import choose_gamma, conditional_alphas  # noqa: F401 (re-exported)
-from jaxspec.sampling import session_keys
-from jaxspec.testing import write_random_checkpoint
-from jaxspec.text import decode_text
+from jaxspec import kernels
+from jaxspec.ckpts.tiny import write_random_checkpoint
+from jaxspec.decoding.generate import choose_gamma, conditional_alphas  # noqa: F401 (re-exported)
+from jaxspec.decoding.sampling import session_keys
+from jaxspec.nn.text import decode_text
 from jaxspec_apps import bench, demo, serve
 from jaxspec_host import hub
 from jaxspec_host.flags import (
@@ -120,7 +120,7 @@ def choose_colocated_gamma(
     """`--gamma auto` for co-located decoding: what `jaxspec.generate(..., gamma="auto")`
     picks (`jaxspec.generate`'s `choose_gamma`: the draft's and the target's time per token
     from short plain runs, the acceptance per position from a speculative run at `longest`,
-    the least expected time per token under `jaxspec.analytic`'s co-located model), on the
+    the least expected time per token under `jaxspec.decoding.analytic`'s co-located model), on the
     one prompt. Returns the gamma and the figures in words."""
     choice = choose_gamma(
         target, draft, [list(ids)], jaxspec.SamplingParams.of([sampling]),
@@ -195,9 +195,11 @@ def _doctor(args: argparse.Namespace) -> int:
     (float32 and bfloat16, int4, int8), and which fetchable models are cached."""
     print(f"jax {jax.__version__}: backend {jax.default_backend()}, {jax.device_count()} devices")
     on_cpu = jax.default_backend() == "cpu"
-    float_path = floatkernel.status() if on_cpu else "float kernel: not used off the CPU - XLA"
+    print(kernels.status())
+    kernel = "the CPU kernels" if kernels.available() else "XLA"
+    float_path = kernel if on_cpu else "XLA (the CPU kernels are not used off the CPU)"
     print(f"float32/bfloat16 weights and attention: {float_path}")
-    print(f"int4 weights (W4A16): {int4kernel.status()}")
+    print(f"int4 weights (W4A16): {kernel if on_cpu else 'XLA'}")
     print("int8 weights (a head kept at 8 bits): XLA (AQT's int dot)")
     for spec in hub.REMOTE.values():
         state = f"cached in {hub.model_dir(spec)}" if hub.is_pulled(spec) else "not fetched yet"

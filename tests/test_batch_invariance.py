@@ -1,11 +1,11 @@
-"""Batch invariance on the CPU (jaxspec.floatkernel): a position's K/V and logits are the same
+"""Batch invariance on the CPU (jaxspec.kernels): a position's K/V and logits are the same
 bits however the call that computed it was shaped (prefill, verify block, decode; alone or
 with batch mates; any KV bucket), so a resumed session continues exactly as an uninterrupted
 one, sampled or not (issue 40, break F).
 
 The kernels are held to XLA's output within float32 rounding over Hypothesis-drawn shapes, to
-themselves across row subsets bit for bit, and their AVX2 and scalar paths to each other. The
-mutant is today's XLA path (`floatkernel.disabled()`): the same model-level checks must find a
+themselves across row subsets bit for bit, and their AVX-512, AVX2 and scalar paths to each
+other. The mutant is XLA's path (`Model.kernels=False`): the same model-level checks must find a
 difference there, which shows they can fail."""
 
 from __future__ import annotations
@@ -25,13 +25,17 @@ from hypothesis import strategies as st
 import jaxspec
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec import floatkernel
-from jaxspec.model import _attend_einsum, forward
-from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig, Unavailable
+from jaxspec import kernels
+from jaxspec.kernels import attention as attention_kernel
+from jaxspec.kernels import dense as floatkernel
+from jaxspec.kernels.attention import einsum_attention
+from jaxspec.nn.model import forward
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
+from tests.fixtures import Recorder
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 needs_kernel = pytest.mark.skipif(
-    not floatkernel.available(), reason=f"{floatkernel.status()} (XLA's path is not invariant)"
+    not kernels.available(), reason=f"{kernels.status()} (XLA's path is not invariant)"
 )
 
 
@@ -40,7 +44,7 @@ def test_float_kernel_was_built_when_required():
     below must not skip there."""
     if os.environ.get("JAXSPEC_REQUIRE_KERNEL") != "1":
         pytest.skip("JAXSPEC_REQUIRE_KERNEL=1 not set (.ci/run sets it)")
-    assert floatkernel.available(), floatkernel.status()
+    assert kernels.available(), kernels.status()
 
 
 ROWS = (1, 2, 3, 5, 7, 16, 33)
@@ -49,11 +53,11 @@ SIZES = ((8, 64), (37, 100), (64, 130), (96, 64))
 
 @contextlib.contextmanager
 def isa(name: str):
-    floatkernel.set_isa(name)
+    kernels.set_isa(name)
     try:
         yield
     finally:
-        floatkernel.set_isa("best")
+        kernels.set_isa("best")
 
 
 # ------------------------------------------------------------------------------ the matmul
@@ -84,7 +88,7 @@ def test_matmul_equals_xla_and_is_invariant_to_its_rows(n, size, dtype, transpos
     lo = int(rng.integers(0, n))
     part = np.asarray(floatkernel.matmul(x[lo:], w, transpose_w=transpose))
     np.testing.assert_array_equal(part, y[lo:])
-    for path in ("scalar", "AVX2"):
+    for path in ("scalar", "AVX2", "AVX-512"):
         with isa(path):
             other = np.asarray(floatkernel.matmul(x, w, transpose_w=transpose))
         np.testing.assert_array_equal(other, y, err_msg=path)
@@ -132,19 +136,42 @@ def test_attention_equals_xla_and_is_invariant(b, t, s, seed):
     k = jnp.asarray(rng.standard_normal((b, 2 * s, 2, 16)), jnp.float32)
     v = jnp.asarray(rng.standard_normal((b, 2 * s, 2, 16)), jnp.float32)
     pos = jnp.asarray(rng.integers(-1, s, (b, t)), jnp.int32)
-    out = np.asarray(floatkernel.attention(q, k[:, :s], v[:, :s], pos))
+    out = np.asarray(attention_kernel.attention(q, k[:, :s], v[:, :s], pos))
     visible = jnp.arange(s)[None, None, :] <= pos[:, :, None]
-    ref = np.asarray(_attend_einsum(q, k[:, :s], v[:, :s], visible, jnp.float32))
+    ref = np.asarray(einsum_attention(q, k[:, :s], v[:, :s], visible, jnp.float32))
     seen = np.asarray(pos >= 0)  # a query that sees nothing: zeros (XLA: NaN)
     np.testing.assert_allclose(out[seen], ref[seen], rtol=2e-5, atol=2e-5)
     assert np.all(out[~seen] == 0)
-    wider = np.asarray(floatkernel.attention(q, k, v, pos))  # a larger KV bucket
+    wider = np.asarray(attention_kernel.attention(q, k, v, pos))  # a larger KV bucket
     np.testing.assert_array_equal(wider, out)
-    last = np.asarray(floatkernel.attention(q[:, -1:], k[:, :s], v[:, :s], pos[:, -1:]))
+    last = np.asarray(attention_kernel.attention(q[:, -1:], k[:, :s], v[:, :s], pos[:, -1:]))
     np.testing.assert_array_equal(last, out[:, -1:])
     with isa("scalar"):
-        scalar = np.asarray(floatkernel.attention(q, k[:, :s], v[:, :s], pos))
+        scalar = np.asarray(attention_kernel.attention(q, k[:, :s], v[:, :s], pos))
     np.testing.assert_array_equal(scalar, out)
+
+
+@needs_kernel
+def test_attention_over_the_whole_cache_reads_the_slices_in_place():
+    """`cache_attention` on the stacked cache [L, N, Smax, H, D] (a layer, a slot per row) is
+    the same bits as `attention` on the gathered slices, under jit the cache is not copied
+    for the call, and a slot out of range is an error, not a read past the cache."""
+    rng = np.random.default_rng(7)
+    L, N, Smax, S = 3, 4, 48, 32
+    cache = [jnp.asarray(rng.standard_normal((L, N, Smax, 2, 16)), jnp.float32) for _ in "kv"]
+    q = jnp.asarray(rng.standard_normal((2, 5, 2, 3, 16)), jnp.float32)
+    rows, pos = jnp.asarray([3, 1], jnp.int32), jnp.asarray(rng.integers(0, S, (2, 5)), jnp.int32)
+
+    def whole(q, k, v):
+        return attention_kernel.cache_attention(q, k, v, 2, rows, pos, S)
+
+    got = np.asarray(jax.jit(whole)(q, *cache))
+    k, v = (c[2, rows, :S] for c in cache)
+    np.testing.assert_array_equal(got, np.asarray(attention_kernel.attention(q, k, v, pos)))
+    hlo = jax.jit(whole).lower(q, *cache).compile().as_text()
+    assert " copy(" not in hlo and "gather" not in hlo
+    with pytest.raises(Exception, match="slot out of range"):
+        attention_kernel.cache_attention(q, *cache, 2, jnp.asarray([0, N], jnp.int32), pos, S)
 
 
 # ------------------------------------------------------------------------------ the model
@@ -214,25 +241,6 @@ CONFIG = SchedulerConfig(max_sessions=4, max_len=128, max_gamma=4, row_buckets=(
 PROMPT = tuple((i * 53 + 3) % 4096 for i in range(30))  # the issue's prompt
 
 
-class FailAt:
-    """An endpoint whose `fail_at`-th verify call finds the verifier gone (UNAVAILABLE)."""
-
-    def __init__(self, inner, fail_at: int):
-        self.inner, self.fail_at, self.calls = inner, fail_at, 0
-
-    async def open_session(self, config):
-        return await self.inner.open_session(config)
-
-    async def close_session(self, session_id):
-        await self.inner.close_session(session_id)
-
-    async def verify(self, block):
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise Unavailable("gone")
-        return await self.inner.verify(block)
-
-
 @needs_kernel
 @pytest.mark.parametrize(
     "gamma,encoding,seed",
@@ -251,7 +259,7 @@ def test_sampled_resume_at_every_point_equals_the_uninterrupted_run(gamma, encod
 
     async def run(fail_at=None):
         drafter = Drafter(draft, spec) if gamma else None
-        endpoint = verifier if fail_at is None else FailAt(verifier, fail_at)
+        endpoint = verifier if fail_at is None else Recorder(verifier, fail_at)
         trace = await run_session(endpoint, drafter, config, resume_timeout_s=5.0)
         return trace.tokens, trace.resumes, getattr(endpoint, "calls", trace.blocks_sent)
 
@@ -279,10 +287,10 @@ def test_attention_gradient_is_xlas():
     visible = jnp.arange(8)[None, None, :] <= pos[:, :, None]
 
     def kernel(q, k, v):
-        return jnp.sum(jnp.sin(floatkernel.attention(q, k, v, pos)))
+        return jnp.sum(jnp.sin(attention_kernel.attention(q, k, v, pos)))
 
     def xla(q, k, v):
-        return jnp.sum(jnp.sin(_attend_einsum(q, k, v, visible, jnp.float32)))
+        return jnp.sum(jnp.sin(einsum_attention(q, k, v, visible, jnp.float32)))
 
     got, want = jax.grad(kernel, (0, 1, 2))(q, k, v), jax.grad(xla, (0, 1, 2))(q, k, v)
     for g, e in zip(got, want, strict=True):

@@ -19,8 +19,8 @@ import jax
 import pytest
 
 import jaxspec
-from jaxspec import analytic
-from jaxspec.testing import byte_tokenizer, tiny_config
+from jaxspec.ckpts.tiny import byte_tokenizer, tiny_config
+from jaxspec.decoding import analytic
 from jaxspec_apps import bench, cli
 from jaxspec_apps.bench import adaptive, peer, target
 from jaxspec_apps.bench.capacity import bisect_capacity, capacity_at
@@ -281,7 +281,7 @@ def test_a_mismatch_fails_the_command_but_still_writes_the_report(
 
 
 def test_the_analytic_model_equals_the_proofs_exactly():
-    """`jaxspec.analytic` is the installed copy of `proofs/latency.py`'s formulas."""
+    """`jaxspec.decoding.analytic` is the installed copy of `proofs/latency.py`'s formulas."""
     fracs = [Fraction(0), Fraction(1, 3), Fraction(9, 10), Fraction(1)]
     times = [Fraction(1, 7), Fraction(2), Fraction(5)]
     for g, a, td, tv, rtt, depth in itertools.product(
@@ -364,15 +364,15 @@ def test_the_cli_parses_bench_options():
 def test_the_kernels_section_times_both_paths_in_one_run(monkeypatch):
     """`kernels` (real pair): every format x layout x row count and every model shape, the
     float kernel and XLA's ops each timed; its table names them all."""
-    from jaxspec import floatkernel
+    from jaxspec import kernels as cpu_kernels
     from jaxspec_apps.bench import kernels
 
     # two row counts and two model shapes (each is a compilation of both paths)
     monkeypatch.setattr(kernels, "ROWS", (1, 16))
     monkeypatch.setattr(kernels, "SHAPES", ((1, 1), (16, 5)))
     res = kernels.run(jaxspec.load("default"), repeats=1, chain=2)
-    if not floatkernel.available():
-        assert res == {"skipped": floatkernel.status()}
+    if not cpu_kernels.available():
+        assert res == {"skipped": cpu_kernels.status()}
         return
     assert len(res["matmul"]) == 2 * 2 * len(kernels.ROWS)
     assert [(r["rows"], r["positions"]) for r in res["model"]] == list(kernels.SHAPES)

@@ -21,9 +21,9 @@ import h2.settings
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from jaxspec import wire
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
+from jaxspec.protocol import wire
 from jaxspec_apps.bench.fleet import Fault
 from tests import grpc_helpers as h
 from tests.h2_client import grpc_frame, verify_headers

@@ -35,8 +35,9 @@ import numpy as np
 import pytest
 
 from edge.client import GrpcEndpoint
-from jaxspec import wire
-from jaxspec.model import Model, init_params
+from jaxspec.ckpts.tiny import tiny_config
+from jaxspec.decoding.sampling import SamplingParams, TokenCounts, sample, warp
+from jaxspec.nn.model import Model, init_params
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import (
@@ -46,9 +47,8 @@ from jaxspec.protocol import (
     SamplingSettings,
     SessionConfig,
     VerifyResult,
+    wire,
 )
-from jaxspec.sampling import SamplingParams, TokenCounts, sample, warp
-from jaxspec.testing import tiny_config
 from tests import grpc_helpers as h
 from tests.h2_client import grpc_frame, verify_headers
 from verify import LocalVerifier, SchedulerConfig

@@ -1,10 +1,11 @@
-"""The int4 FFI kernel (jaxspec/int4kernel.py, jaxspec/csrc/int4_matmul.cc) against its pure-JAX
-reference, under jax.jit.
+"""The int4 FFI kernel (jaxspec/kernels/int4.py, csrc/body_int4.inc) against its pure-JAX
+reference, under jax.jit; and its own exactness: every instruction set and every row count
+give the same bits for a row.
 
 Tolerance: both accumulate in float32, in different orders, and the kernel works with
-u = q + 8 in [0, 15] (its one-row path sums x * u per group and subtracts 8 * scale * sum(x);
-its many-row path dequantizes scale * u + (offset - 8 * scale)), so the terms it rounds are
-up to |x| * (|W| + 8 |scale|), W the dequantized weight, even where q = 0. Elementwise:
+u = q + 8 in [0, 15] (it sums x * u per group and subtracts 8 * scale * sum(x)), so the terms
+it rounds are up to |x| * (|W| + 8 |scale|), W the dequantized weight, even where q = 0.
+Elementwise:
     |kernel - reference| <= 1e-5 * (|x| @ (|W| + 8 |S|)),  S the scale repeated per row
 (seen: at most 2e-7 of it; against |x| @ |W| alone, mostly-zero q reached 1.2e-5).
 
@@ -25,18 +26,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxspec import int4kernel
-from jaxspec.quantize import pack_int4
+from jaxspec import kernels
+from jaxspec.kernels import int4 as int4kernel
+from jaxspec.quant.quantize import pack_int4
 
 needs_kernel = pytest.mark.skipif(
-    not int4kernel.available(), reason=f"kernel not built: {int4kernel.status()}"
+    not kernels.available(), reason=f"kernel not built: {kernels.status()}"
 )
 TOL = 1e-5
 
 # (N, K, M, group): N from 1 to 16 (and one past it), odd K, K not a multiple of the group,
-# M not a multiple of the 64-column tile, K smaller than one group. The kernel's AVX2 path
-# takes one row directly and more in blocks of 6/5/4/3/2/1 rows: N = 8 (6 + 2), 16 (6 + 6 +
-# 4), 3, 17 (6 + 6 + 5) and 7 (6 + 1) reach every block.
+# M not a multiple of the 64-column tile, K smaller than one group. The kernel takes rows in
+# blocks of 6/5/4/3/2/1: N = 8 (6 + 2), 16 (6 + 6 + 4), 3, 17 (6 + 6 + 5) and 7 (6 + 1) reach
+# every block.
 BUCKETS = [
     (1, 576, 192, 64),
     (8, 577, 130, 32),
@@ -95,8 +97,8 @@ def _bound(x, qweight, scale, offset, K, group):
 @pytest.fixture
 def isa_restored():
     yield
-    if int4kernel.available():
-        int4kernel.set_isa("AVX2")
+    if kernels.available():
+        kernels.set_isa("best")
 
 
 @needs_kernel
@@ -107,14 +109,14 @@ def isa_restored():
     dtype=st.sampled_from(SCALE_DTYPES),
     shift=st.sampled_from(["none", "offset", "minimum"]),
     values=st.sampled_from(["uniform", "sparse", "extreme"]),
-    path=st.sampled_from(["AVX2", "scalar"]),
+    path=st.sampled_from(["AVX-512", "AVX2", "scalar"]),
 )
 def test_kernel_matches_reference(isa_restored, bucket, seed, dtype, shift, values, path):
     """`shift`: no offset, an offset (W = scale q + offset), or the stored minimum of an
     asymmetric grid (W = scale (q + 8) + minimum)."""
     N, K, M, group = bucket
     x, qweight, scale, offset = _problem(bucket, seed, dtype, shift != "none", values)
-    int4kernel.set_isa(path)
+    kernels.set_isa(path)
     w = int4kernel.prepare(qweight, K)
     kw = dict(K=K, M=M, group=group)
     if shift == "minimum":
@@ -194,9 +196,9 @@ def test_wrong_shapes_are_refused():
 
 
 def test_status_is_one_line_and_never_raises():
-    line = int4kernel.status()
-    assert line.startswith("int4 kernel: ") and "\n" not in line
-    assert int4kernel.available() == ("XLA dequant path" not in line)
+    line = kernels.status()
+    assert line.startswith("CPU kernels: ") and "\n" not in line
+    assert kernels.available() == ("XLA's ops" not in line)
 
 
 @pytest.mark.skipif(
@@ -204,5 +206,35 @@ def test_status_is_one_line_and_never_raises():
     reason="JAXSPEC_REQUIRE_KERNEL=1 not set (.ci/run sets it: a compiler is there at install)",
 )
 def test_kernel_was_built_when_required():
-    assert int4kernel.available(), int4kernel.status()
-    assert int4kernel.isa() in ("AVX2", "scalar")
+    assert kernels.available(), kernels.status()
+    assert kernels.isa() in ("AVX-512", "AVX2", "scalar")
+
+
+@needs_kernel
+@settings(max_examples=12, deadline=None)
+@given(
+    bucket=st.sampled_from(BUCKETS),
+    seed=st.integers(0, 2**32 - 1),
+    dtype=st.sampled_from(SCALE_DTYPES),
+    shift=st.sampled_from(["none", "offset", "minimum"]),
+)
+def test_every_path_and_row_count_give_the_same_bits(isa_restored, bucket, seed, dtype, shift):
+    """Batch invariance and exactness across builds: a row's output is the same bits computed
+    among N rows or alone, on AVX-512, AVX2 or the portable build."""
+    N, K, M, group = bucket
+    x, qweight, scale, offset = _problem(bucket, seed, dtype, shift != "none", "sparse")
+    w = int4kernel.prepare(qweight, K)
+    kw = dict(K=K, M=M, group=group)
+    if shift == "minimum":
+        kw["minimum"], offset = offset, None
+
+    def run(rows):
+        return np.asarray(int4kernel.matmul(x[rows], w, scale, offset, **kw))
+
+    want = run(slice(None))
+    for path in ("AVX-512", "AVX2", "scalar"):
+        kernels.set_isa(path)
+        np.testing.assert_array_equal(run(slice(None)), want, err_msg=path)
+    kernels.set_isa("best")
+    np.testing.assert_array_equal(run(slice(N - 1, N)), want[N - 1 :])
+    np.testing.assert_array_equal(run(slice(0, (N + 1) // 2)), want[: (N + 1) // 2])

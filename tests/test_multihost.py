@@ -243,7 +243,7 @@ def test_a_mesh_that_does_not_divide_the_kv_heads_is_refused_before_loading(tmp_
     target, failed on JAX's raw sharding error ("axis of size 3 partitioned 2 ways"), then
     said only that the coordination service was unreachable (exit 3). Now each refuses at
     start from the config (exit 2), naming the numbers and the meshes that fit."""
-    from jaxspec.testing import byte_tokenizer, tiny_config, write_random_checkpoint
+    from jaxspec.ckpts.tiny import byte_tokenizer, tiny_config, write_random_checkpoint
 
     tok = byte_tokenizer()
     config = tiny_config(

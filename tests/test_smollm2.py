@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import jaxspec
-from jaxspec.quantize import quant_spec, with_kernel
+from jaxspec.quant.quantize import quant_spec, with_kernel
 from jaxspec_apps import cli
 from jaxspec_host import hub
 
@@ -177,7 +177,7 @@ def test_the_w4a16_copy_is_built_once_and_speculates_losslessly(smol, prompts, a
     assert (spec.scheme, spec.group_size, spec.method, spec.tiled) == ("w4a16", 32, "asym", True)
     assert hub._copy_method(hub.copy_dir(copy)) == "asym"  # the default's build redoes it
     assert draft.nbytes() < 0.32 * 2 * smol.num_params()  # measured 0.313 of bf16
-    qmod = importlib.import_module("jaxspec.quantize")
+    qmod = importlib.import_module("jaxspec.quant.quantize")
     monkeypatch.setattr(qmod, "quantize", lambda *a, **k: pytest.fail("built twice"))
     again = jaxspec.load("smollm2-w4a16")
     np.testing.assert_array_equal(

@@ -41,10 +41,9 @@ import h2.errors
 import h2.events
 
 from edge.client import GrpcEndpoint
-from jaxspec import wire
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
-from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
+from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig, wire
 from verify.process import VerifierProcess
 
 TOKENS = {"alice": "alice-attack-token", "bob": "bob-attack-token", "ops": "ops-attack-token"}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from jaxspec.config import LlamaConfig
+from jaxspec.nn.config import LlamaConfig
 
 
 def model_axis_sizes(config: LlamaConfig, group_size: int | None = None) -> dict[str, int]:

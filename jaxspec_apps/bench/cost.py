@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 
 import jaxspec
-from jaxspec.quantize import quant_spec, with_kernel
-from jaxspec.shapes import bucket
+from jaxspec.compilation.shapes import bucket
+from jaxspec.quant.quantize import quant_spec, with_kernel
 from jaxspec_apps.bench.common import best_time
 from jaxspec_apps.bench.profile import SELF_DRAFT, SMALL_DRAFT
 from jaxspec_apps.bench.section import Context, Page, Section
@@ -116,7 +116,7 @@ def table_md(c: dict[str, Any], roof: dict[str, float] | None) -> list[str]:
         f"{c['prompt_tokens']}-token chat prompt: (t(N) − t(8)) / (N − 8), so the prefill and "
         f"dispatch cancel out. Roofline: (weight + KV bytes one step reads) ÷ bandwidth{bw}. "
         f"Draft cost ratio c = **{c['draft_cost_ratio']:.3f}**. An int4 model runs its "
-        f"matmuls of up to 16 rows on the int4 kernel (jaxspec/csrc, an XLA FFI custom call) "
+        f"matmuls of up to 16 rows on the int4 kernel (jaxspec/kernels, an XLA FFI custom call) "
         f'where it is built; its "XLA int4 path" row is the same model through XLA\'s unpack '
         f"and AQT's int dot.",
     ]

@@ -1,5 +1,5 @@
 """The `int4` section (real pair's shapes, run only when named: `jaxspec bench --pairs real
---sections int4`): the int4 FFI kernel (jaxspec.int4kernel) against XLA's paths on a
+--sections int4`): the int4 FFI kernel (jaxspec.kernels.int4) against XLA's paths on a
 SmolLM2-shaped decode stack.
 
 The stack: 30 layers of q [576->576], k, v [576->192], o [576->576], gate, up [576->1536], down
@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import int4kernel
+from jaxspec import kernels
+from jaxspec.kernels import int4 as int4kernel
 from jaxspec_apps.bench.common import measure_roofline
 from jaxspec_apps.bench.section import Context, Page, Section
 
@@ -150,14 +151,14 @@ def time_rows(
 def run_section(ctx: Context) -> dict[str, Any]:
     """Every variant at every row count of the profile."""
     p = ctx.p
-    if not int4kernel.available():
-        return {"skipped": f"the int4 kernel is not built ({int4kernel.status()})"}
+    if not kernels.available():
+        return {"skipped": f"the int4 kernel is not built ({kernels.status()})"}
     variants, wbytes = build(p.int4_group, p.int4_offset)
     bw = measure_roofline(p.roofline_mib, p.roofline_n)["bandwidth_Bps"]
     rows = [r for n in p.int4_rows for r in time_rows(variants, wbytes, n, p.int4_repeats, bw)]
     return {
         "command": ctx.command,
-        "status": int4kernel.status(),
+        "status": kernels.status(),
         "group": p.int4_group,
         "offset": p.int4_offset,
         "repeats": p.int4_repeats,

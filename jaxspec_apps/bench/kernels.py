@@ -1,4 +1,4 @@
-"""The `kernels` section: the float kernel (jaxspec.floatkernel) against XLA's own ops, in turns
+"""The `kernels` section: the float kernel (jaxspec.kernels.dense) against XLA's own ops, in turns
 within one run.
 
 Two tables. The matmul microbenchmark: one jitted chain of 30 SmolLM2-sized weight matmuls
@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import floatkernel
+from jaxspec import kernels
+from jaxspec.kernels import dense as floatkernel
 from jaxspec_apps.bench.section import Context, Page, Section
 
 ROWS = (1, 2, 5, 8, 16)
@@ -94,10 +95,10 @@ def model_rows(target: Any, repeats: int, slot: int = 256) -> list[dict[str, Any
 
 def run(target: Any, repeats: int, chain: int = CHAIN) -> dict[str, Any]:
     """The section's results (`real.sections.kernels`); `chain` matmuls per timed call."""
-    if not floatkernel.available():
-        return {"skipped": floatkernel.status()}
+    if not kernels.available():
+        return {"skipped": kernels.status()}
     return {
-        "path": floatkernel.isa(),
+        "path": kernels.isa(),
         "chain": chain,
         "matmul": matmul_rows(repeats, chain),
         "model": model_rows(target, repeats),

@@ -22,7 +22,7 @@ import jax
 
 CATEGORIES = (
     ("logits", r"bte,ve->btv|lm_head|attend"),
-    # XLA's dot_general, or the float kernel's custom call (jaxspec.floatkernel) in its scope
+    # XLA's dot_general, or the float kernel's custom call (jaxspec.kernels) in its scope
     ("weight matmuls", r"(q|k|v|o|gate|up|down)_proj/"),
     ("attention", r"self_attn/"),
     ("rule", r"_verify|warp|sample"),

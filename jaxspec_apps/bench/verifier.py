@@ -269,7 +269,7 @@ def profile_md(rows: list[dict[str, Any]]) -> list[str]:
     lines += [
         "",
         f"At batch {one['batch']} {mm:.0%} of the op time is the weight matmuls and the tied "
-        "logits (on the CPU the float kernel's custom calls, `jaxspec.floatkernel`): the step "
+        "logits (on the CPU the float kernel's custom calls, `jaxspec.kernels`): the step "
         "reads every weight once, as the roofline assumes, so its gap to the roofline "
         f"({one['roofline_fraction']:.0%} of it) is mostly the gap between those matmuls at a "
         "few rows and the bandwidth `jnp.sum` reaches over one buffer. At larger "

@@ -48,9 +48,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import aqt_compat, int4kernel, quant_methods
-from jaxspec.config import CheckpointError
-from jaxspec.model import Llama, Model, init_cache
+from jaxspec import kernels
+from jaxspec.kernels import int4 as int4kernel
+from jaxspec.nn.config import CheckpointError
+from jaxspec.nn.model import Llama, Model, init_cache
+from jaxspec.quant import aqt_compat
+from jaxspec.quant import methods as quant_methods
 
 SCHEMES: dict[str, tuple[int, int | None] | None] = {
     "none": None,
@@ -96,7 +99,7 @@ KERNEL_MAX_ROWS = 16  # rows (tokens) up to which a served int4 matmul uses the 
 
 def pack_tiles(q_KM: jax.Array) -> jax.Array:
     """int values in [-8, 7] `[K, M]` -> the tiled layout uint8 `[ceil(M/64), K, 32]` that
-    the int4 kernel reads (`jaxspec.int4kernel`): for tile t and row k, 8 little-endian
+    the int4 kernel reads (`jaxspec.kernels.int4`): for tile t and row k, 8 little-endian
     uint32 words, nibble i of word j = q + 8 of column 64 t + 8 i + j (M padded with q = 0)."""
     K, M = q_KM.shape
     T = -(-M // TILE)
@@ -138,7 +141,7 @@ class QuantSpec:
     """Static description of a quantized model (hashable: it is part of the jit key).
 
     `method` "rtn" is symmetric absmax through AQT's own calibration; the others
-    (`jaxspec.quant_methods`) are asymmetric and store a float16 `minimum` beside the float16
+    (`jaxspec.quant.methods`) are asymmetric and store a float16 `minimum` beside the float16
     `scale`. `head_bits` (None: as the rest) quantizes the token embedding / lm_head at other
     bits; `bits` overrides the scheme's weight bits (set on the head's own spec)."""
 
@@ -203,7 +206,7 @@ class QuantSpec:
         """Whether a served matmul of `rows` rows runs on the int4 kernel (decided at trace)."""
         return (
             self.kernel and self.tiled and self.act_bits is None and rows <= KERNEL_MAX_ROWS
-            and int4kernel.available() and jax.default_backend() == "cpu"
+            and kernels.available() and jax.default_backend() == "cpu"
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -240,7 +243,7 @@ def _pad_cols(x: jax.Array, cols: int) -> jax.Array:
 class _Matmul(nn.Module):
     """`x [N, Kp] @ w [Kp, M]` through AQT; owns the `AqtDotGeneral` (and what CONVERT froze).
 
-    Served asymmetric weights (`scale * q + offset`, `jaxspec.quant_methods`) go through the
+    Served asymmetric weights (`scale * q + offset`, `jaxspec.quant.methods`) go through the
     same int dot, plus the offset's share: each group's sum of x times its offset."""
 
     spec: QuantSpec
@@ -493,11 +496,11 @@ def quantize(
       group_size: inputs per scale along the contraction axis (e.g. 128 or 32); None is
         one scale per output channel.
       method: how weights become ints: "gptq" (the default for w4a16/w8a16: the best
-        measured, docs/quantization.md), "clip", "asym" (`jaxspec.quant_methods`) or "rtn"
+        measured, docs/quantization.md), "clip", "asym" (`jaxspec.quant.methods`) or "rtn"
         (symmetric absmax, AQT's calibration; the only one for w4a4 and mode="train").
       head_bits: bits of the token embedding / lm_head (e.g. 8); None: as the other layers.
       calibration: token sequences whose activations GPTQ's Hessians are taken on; None
-        builds them (`jaxspec.calibration`: chat prompts from CPython's own documentation
+        builds them (`jaxspec.quant.calibration`: chat prompts from CPython's own documentation
         and the model's answers to them). Ignored by the other methods.
       embeddings: also quantize the token embedding and lm_head (else they stay bfloat16).
       packed: store int4 two per byte (False: one int4 per byte, for comparison).
@@ -608,7 +611,7 @@ def _calibration_hessians(
 ) -> dict[tuple[str, ...], Any]:
     """GPTQ's Hessians on `calibration`, or on the default answers; while those are generated,
     a second thread compiles the Hessians' probe (compilation is one core's work)."""
-    from jaxspec import calibration as calib
+    from jaxspec.quant import calibration as calib
 
     if calibration:
         return calib.hessians(model, calibration, progress=progress)
@@ -622,7 +625,7 @@ def _quantize_asym(
     spec: QuantSpec, float_params: Any, hessians: dict[tuple[str, ...], Any], progress: Any
 ) -> Any:
     """The served params of an asymmetric method: each quantized float weight replaced by
-    {qweight, scale, minimum} (`jaxspec.quant_methods`, in numpy, all weights in one
+    {qweight, scale, minimum} (`jaxspec.quant.methods`, in numpy, all weights in one
     `quantize_many` call: shared Hessians once, on every CPU)."""
     owners: dict[tuple[str, ...], QuantSpec] = {}
     jobs = []
@@ -816,7 +819,7 @@ def save_quantized(model: Model, path: Any) -> pathlib.Path:
         "format_version": FORMAT_VERSION,
         **spec.to_json(),
         "scale_dtype": jnp.dtype(spec.scale_dtype).name,
-        "layout": "see jaxspec/quantize.py",
+        "layout": "see jaxspec/quant/quantize.py",
     }
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     if model.tokenizer is not None:
@@ -835,7 +838,7 @@ def load_quantized(
     """Read a directory written by `save_quantized` (no re-quantization)."""
     from safetensors import safe_open
 
-    from jaxspec.config import LlamaConfig
+    from jaxspec.nn.config import LlamaConfig
 
     q = raw_cfg["quantization_config"]
     if q.get("format_version") != FORMAT_VERSION:

@@ -1,10 +1,10 @@
 """An int4 x float32 matmul for XLA:CPU (W4A16 decode), as an XLA FFI custom call.
 
 XLA:CPU rebuilds the float weight from int4 before each dot, which makes a W4A16 decode step
-slower than float32. `matmul` instead calls a C++ kernel (jaxspec/csrc/int4_matmul.cc,
-compiled at install into jaxspec/_int4*.so; AVX2+FMA with a scalar fallback chosen at run time)
-that dequantizes nibbles in registers and never writes a float weight. It is meant for a few
-rows (N <= 16: drafting and verify blocks); it accepts any N.
+slower than float32. `matmul` instead calls a kernel (csrc/body_int4.inc, in the library of
+`jaxspec.kernels`) that sums nibbles in registers and never writes a float weight. One row and
+many rows run the same operations per output, so a row's result does not depend on the rows
+beside it (batch invariance, as the float kernel).
 
     w = prepare(qweight, K)                      # once, at load time, outside jit
     y = matmul(x, w, scale, offset, K=K, M=M, group=group)   # under jit
@@ -13,7 +13,7 @@ Semantics (float32 accumulate), with q the int4 values of the checkpoint:
     W[k, m] = f32(scale[k // group, m]) * q[k, m] + (f32(offset[k // group, m]) or 0)
     result  = x @ W
 
-Checkpoint layout (jaxspec.quantize.pack_int4): uint8 [ceil(K/2), M]; row i holds q[i] in the
+Checkpoint layout (jaxspec.quant.quantize.pack_int4): uint8 [ceil(K/2), M]; row i holds q[i] in the
 low nibble and q[i + ceil(K/2)] in the high nibble (two's complement; zero pad for odd K).
 
 Kernel layout (`prepare`): uint8 [T, K, 32], T = ceil(M / 64) tiles of 64 output columns (M
@@ -22,151 +22,24 @@ padded with q = 0). The 32 bytes of (t, k) are 8 little-endian uint32 words; nib
 bytes, streamed front to back), and one 256-bit load plus a shift and a mask gives 8 contiguous
 columns as int32 lanes.
 
-Threads: a call splits its output tiles over XLA's CPU thread pool (the calling thread works
-too); JAXSPEC_INT4_THREADS=n caps the threads per call (1: the calling thread only, for a host
-whose cores are busy with other work), or `set_threads(n)`.
+Threads and instruction set: `jaxspec.kernels` (one control for every kernel).
 
-Pure module: imports only jax, numpy and the standard library.
+Pure module: imports only jax, numpy, the standard library and `jaxspec.kernels`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import importlib.machinery
-import os
-import pathlib
-import threading
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import trace_cache
+from jaxspec import kernels
 
 TILE = 64  # output columns per tile of the prepared layout
 TARGET = "jaxspec_int4_matmul"
-_HERE = pathlib.Path(__file__).resolve().parent
 _SCALE_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
-_ISA_NAMES = {2: "AVX2", 0: "scalar"}
-
-_lock = threading.Lock()
-_state: dict | None = None  # {"lib": CDLL | None, "path": Path | None, "why": str}
-
-
-def _library_path() -> pathlib.Path | None:
-    """The built shared library next to this file (setuptools names it _int4<EXT_SUFFIX>)."""
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = _HERE / f"_int4{suffix}"
-        if path.is_file():
-            return path
-    found = sorted(_HERE.glob("_int4*.so"))
-    return found[0] if found else None
-
-
-def _load() -> dict:
-    global _state
-    with _lock:
-        if _state is not None:
-            return _state
-        state: dict = {"lib": None, "path": None, "why": ""}
-        try:
-            path = _library_path()
-            if path is None:
-                state["why"] = (
-                    "not built (no jaxspec/_int4*.so: no C++ compiler at install, or its build "
-                    "failed)"
-                )
-            else:
-                state["path"] = path
-                lib = ctypes.CDLL(str(path))
-                lib.jaxspec_int4_isa.restype = ctypes.c_int
-                lib.jaxspec_int4_set_isa.restype = ctypes.c_int
-                lib.jaxspec_int4_set_isa.argtypes = [ctypes.c_int]
-                lib.jaxspec_int4_set_threads.restype = ctypes.c_int
-                lib.jaxspec_int4_set_threads.argtypes = [ctypes.c_int]
-                jax.ffi.register_ffi_target(
-                    TARGET, jax.ffi.pycapsule(lib.JaxspecInt4Matmul), platform="cpu"
-                )
-                threads = os.environ.get("JAXSPEC_INT4_THREADS", "").strip()
-                if threads.isdigit():
-                    lib.jaxspec_int4_set_threads(int(threads))
-                state["lib"] = lib
-        except Exception as e:  # a broken or foreign build: report it, never raise
-            state["lib"] = None
-            state["why"] = f"failed to load ({type(e).__name__}: {e})"
-        _state = state
-        return state
-
-
-def library() -> ctypes.CDLL | None:
-    """The loaded kernel library (it also holds `jaxspec.floatkernel`'s handler), or None."""
-    try:
-        return _load()["lib"]
-    except Exception:
-        return None
-
-
-def why_unavailable() -> str:
-    """Why `library()` is None ("" when it is loaded)."""
-    try:
-        return _load()["why"]
-    except Exception as e:
-        return f"{type(e).__name__}: {e}"
-
-
-def available() -> bool:
-    """True when the compiled kernel is loaded and registered with XLA (lazy, once; never
-    raises)."""
-    try:
-        return _load()["lib"] is not None
-    except Exception:
-        return False
-
-
-trace_cache.before_load(available)  # a loaded trace may call this kernel untraced
-
-
-def isa() -> str | None:
-    """The code path the kernel uses on this CPU ("AVX2" or "scalar"), None when not
-    available."""
-    if not available():
-        return None
-    return _ISA_NAMES.get(_load()["lib"].jaxspec_int4_isa(), "unknown")
-
-
-def set_isa(name: str) -> str:
-    """Forces the kernel's code path ("scalar", or "AVX2" when the CPU has it; tests and
-    benchmarks). Returns the path now in use."""
-    lib = _load()["lib"]
-    if lib is None:
-        raise RuntimeError(status())
-    return _ISA_NAMES[lib.jaxspec_int4_set_isa({"AVX2": 2, "scalar": 0}[name])]
-
-
-def set_threads(n: int) -> int:
-    """Caps the threads one call uses (the calling one included); 0 = the size of XLA's CPU
-    thread pool (the default). Benchmarks."""
-    lib = _load()["lib"]
-    if lib is None:
-        raise RuntimeError(status())
-    return lib.jaxspec_int4_set_threads(n)
-
-
-def status() -> str:
-    """One line for start-up and doctor output."""
-    try:
-        state = _load()
-        if state["lib"] is None:
-            return f"int4 kernel: {state['why']} - XLA dequant path"
-        path = state["path"]
-        try:
-            shown = path.relative_to(_HERE.parent)
-        except ValueError:
-            shown = path
-        return f"int4 kernel: {isa()} ({shown})"
-    except Exception as e:
-        return f"int4 kernel: unknown ({type(e).__name__}: {e}) - XLA dequant path"
 
 
 # ----------------------------------------------------------------------------- layout
@@ -231,8 +104,8 @@ def matmul(
     grid as stored, W = scale * (q + 8) + minimum (no float32 offset is built per call).
     Usable under jax.jit and in Flax modules; the custom call is registered for XLA:CPU only
     (arrays on another backend fail to compile)."""
-    if not available():
-        raise RuntimeError(status())
+    if not kernels.available():
+        raise RuntimeError(kernels.status())
     if offset is not None and minimum is not None:
         raise ValueError("give an offset or a minimum, not both")
     x = jnp.asarray(x_NK, jnp.float32)

@@ -35,15 +35,16 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from jaxspec import floatkernel
-from jaxspec.config import LlamaConfig, rope_inv_freq
+from jaxspec.kernels import attention as attention_kernel
+from jaxspec.kernels import dense as dense_kernel
+from jaxspec.nn.config import LlamaConfig, rope_inv_freq
 
 Params = Any
 
-# A float model's linear layers: nn.Dense whose matmul is `jaxspec.floatkernel.dot_general`
+# A float model's linear layers: nn.Dense whose matmul is `jaxspec.kernels.dense.dot_general`
 # (the batch-invariant CPU kernel where it is enabled, XLA's dot elsewhere). One object, so the
 # static module stays hashable and equal across calls.
-FloatDense = functools.partial(nn.Dense, dot_general=floatkernel.dot_general)
+FloatDense = functools.partial(nn.Dense, dot_general=dense_kernel.dot_general)
 
 
 def _dense(kernels: bool) -> Any:
@@ -94,7 +95,7 @@ def _acc(dtype: Any) -> Any:
 def _tree_sum(x: jax.Array) -> jax.Array:
     """Sum over the last axis in one fixed pairwise order (zero-padded to a power of two, then
     halves added), as explicit elementwise adds: XLA:CPU's own reduction changes a row's
-    rounding with the number of rows, this does not (batch invariance, `floatkernel`)."""
+    rounding with the number of rows, this does not (batch invariance, `jaxspec.kernels.dense`)."""
     n = x.shape[-1]
     width = 1 << max(n - 1, 0).bit_length()
     x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - n)])
@@ -124,23 +125,12 @@ def _rope(x_BTHD: jax.Array, cos_BTD: jax.Array, sin_BTD: jax.Array) -> jax.Arra
     return x_BTHD * cos_BTD[:, :, None, :] + rot * sin_BTD[:, :, None, :]
 
 
-def _attend_einsum(q_BTKGD, keys_BSKD, vals_BSKD, visible_BTS, dtype) -> jax.Array:
-    """Grouped-query attention as two dot_generals (the fast form on accelerators)."""
-    acc = _acc(dtype)
-    scores_BKGTS = jnp.einsum("btkgd,bskd->bkgts", q_BTKGD, keys_BSKD.astype(dtype)).astype(
-        acc
-    ) / np.sqrt(q_BTKGD.shape[-1]).astype(acc)
-    scores_BKGTS = jnp.where(visible_BTS[:, None, None], scores_BKGTS, -jnp.inf)
-    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs_BKGTS, vals_BSKD.astype(dtype))
-
-
 class Attention(nn.Module):
     config: LlamaConfig
     dtype: Any
     dot_general_cls: Any = None
     dense_cls: Any = None
-    kernels: bool = True  # the CPU kernels where enabled (`jaxspec.floatkernel`)
+    kernels: bool = True  # the CPU kernels where enabled (`jaxspec.kernels`)
 
     @nn.compact
     def __call__(
@@ -180,21 +170,32 @@ class Attention(nn.Module):
             v.astype(v_all_LNSKD.dtype), mode="drop"
         )
         S = k_all_LNSKD.shape[2] if kv_len is None else kv_len
+        q_BTKGD = q.reshape(B, T, nkv, nq // nkv, d)
+        out_BTKGD = self._attend(q_BTKGD, k_all_LNSKD, v_all_LNSKD, layer, rows_B, slots_B,
+                                 positions_BT, S)  # fmt: skip
+        out = dense(c.hidden_size, use_bias=c.o_bias, name="o_proj")(out_BTKGD.reshape(B, T, -1))
+        return out, k_all_LNSKD, v_all_LNSKD
+
+    def _attend(self, q_BTKGD, k_all_LNSKD, v_all_LNSKD, layer, rows_B, slots_B, pos_BT, S):
+        """Attention over the first S positions of each row's slot: on the batch-invariant
+        kernel where enabled (reading a float32 cache in place), else XLA's einsum form."""
+        kernel = self.kernels and dense_kernel.enabled()
+        if kernel and k_all_LNSKD.dtype == jnp.float32:
+            out = attention_kernel.cache_attention(
+                q_BTKGD, k_all_LNSKD, v_all_LNSKD, layer, rows_B, pos_BT, S
+            )
+            return out.astype(self.dtype)
         if slots_B is None:
             keys_BSKD, vals_BSKD = k_all_LNSKD[layer, :, :S], v_all_LNSKD[layer, :, :S]
         else:
-            keys_BSKD = k_all_LNSKD[layer, slots_B, :S]
-            vals_BSKD = v_all_LNSKD[layer, slots_B, :S]
-
-        q_BTKGD = q.reshape(B, T, nkv, nq // nkv, d)
-        if self.kernels and floatkernel.enabled():  # batch-invariant (jaxspec.floatkernel)
-            out_BTKGD = floatkernel.attention(q_BTKGD, keys_BSKD, vals_BSKD, positions_BT)
-            out_BTKGD = out_BTKGD.astype(self.dtype)
-        else:
-            visible_BTS = jnp.arange(S)[None, None, :] <= positions_BT[:, :, None]
-            out_BTKGD = _attend_einsum(q_BTKGD, keys_BSKD, vals_BSKD, visible_BTS, self.dtype)
-        out = dense(c.hidden_size, use_bias=c.o_bias, name="o_proj")(out_BTKGD.reshape(B, T, -1))
-        return out, k_all_LNSKD, v_all_LNSKD
+            keys_BSKD, vals_BSKD = k_all_LNSKD[layer, slots_B, :S], v_all_LNSKD[layer, slots_B, :S]
+        if kernel:
+            out = attention_kernel.attention(q_BTKGD, keys_BSKD, vals_BSKD, pos_BT)
+            return out.astype(self.dtype)
+        visible_BTS = jnp.arange(S)[None, None, :] <= pos_BT[:, :, None]
+        return attention_kernel.einsum_attention(
+            q_BTKGD, keys_BSKD, vals_BSKD, visible_BTS, self.dtype
+        )
 
 
 class MLP(nn.Module):
@@ -248,7 +249,7 @@ class Llama(nn.Module):
     dot_general_cls: Any = None
     dense_cls: Any = None  # builds linear layers (default nn.Dense), see the module doc
     embed_cls: Any = None  # builds the token embedding (default nn.Embed)
-    # Float matmuls, attention and the tied head on `jaxspec.floatkernel`'s batch-invariant CPU
+    # Float matmuls, attention and the tied head on `jaxspec.kernels`' batch-invariant CPU
     # kernels where they are enabled (False: XLA's own ops everywhere; benchmarks, tests).
     kernels: bool = True
 
@@ -293,7 +294,7 @@ class Llama(nn.Module):
             # every step (10 ms of a 33 ms SmolLM2 decode step, measured with jax.profiler).
             table = embed.embedding.astype(self.dtype)
             with jax.named_scope("lm_head"):  # profiles find the tied head by this name
-                logits = floatkernel.head(x, table, use_kernel=self.kernels)
+                logits = dense_kernel.head(x, table, use_kernel=self.kernels)
         elif c.tie_word_embeddings:
             logits = embed.attend(x)
         else:
