@@ -13,7 +13,10 @@ proves), fed with running measurements:
                each length is not counted: it includes that length's compilation)
     latency    time from sending a block to its answer: the round trip plus the verifier's
                queueing and step, i.e. the model's rtt + t_v
-    t_v        the verifier's step time, which it reports with each answer (`step_s`)
+    t_v        the verifier's step time, which it reports with each answer (`step_s`); a
+               multi-tenant verifier reports 0 to a tenant that is not an admin (the
+               step's time tells of other tenants' load): t_v then stays unknown (0) and
+               the whole latency counts as the round trip
 
 All three are exponential moving averages, so the choice follows a link or a verifier that
 gets slower or faster, and acceptance that changes with the text.

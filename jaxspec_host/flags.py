@@ -190,7 +190,7 @@ def add_sampling_flags(
 # -- penalties (issue 31): one self-contained block ------------------------------------
 PENALTY_HELP = {
     "repetition_penalty": "divide the positive logits (multiply the others) of tokens in the "
-    "prompt or the output so far by this; > 0, 1 = off (default %(default)s)",
+    "prompt or the output so far by this; within [0.01, 100], 1 = off (default %(default)s)",
     "presence_penalty": "subtract this from the logit of every token already in the output; "
     "within +-2, 0 = off (default %(default)s)",
     "frequency_penalty": "subtract this times its count in the output from each token's "

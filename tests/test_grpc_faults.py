@@ -5,12 +5,19 @@ newcomer's defaults (loopback, no tenants file) on a 2x2 mesh of forced CPU devi
 from __future__ import annotations
 
 import asyncio
-import queue
+import dataclasses
 import re
+import select
 import signal
+import socket
+import struct
 import time
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -19,6 +26,7 @@ from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import wire
 from jaxspec_apps.bench.fleet import Fault
 from tests import grpc_helpers as h
+from tests.h2_client import grpc_frame, verify_headers
 
 MESH = ["--mesh", "data=2,model=2", "--drain-min-s", "3"]
 CONFIGS = [
@@ -99,47 +107,119 @@ def not_serving_within(ch: grpc.Channel, seconds: float) -> bool:
     return False
 
 
+class HeldAnswers:
+    """One Verify stream over raw HTTP/2 (the `h2` package) whose receive window stays 0 until
+    `release`: the server reads and verifies what it is sent but can write no answer."""
+
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+        self.conn = h2.connection.H2Connection(config)
+        self.conn.local_settings = h2.settings.Settings(
+            client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0}
+        )
+        self.conn.initiate_connection()
+        self.stream = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(self.stream, verify_headers(port, None))
+        self.data = b""  # the answers' bytes (gRPC-framed messages)
+        self.trailers: dict[str, str] | None = None
+        self.flush()
+
+    def flush(self) -> None:
+        out = self.conn.data_to_send()
+        if out:
+            self.sock.sendall(out)
+
+    def send(self, message: pb.VerifyRequest) -> None:
+        self.conn.send_data(self.stream, grpc_frame(message.SerializeToString()))
+        self.flush()
+
+    def release(self, wait_s: float) -> list[pb.VerifyResponse]:
+        """Open the window and read until the server ends the stream (or `wait_s`): the
+        answers, in order; `trailers` holds the status."""
+        self.conn.increment_flow_control_window(1 << 24, self.stream)
+        self.flush()
+        deadline = time.monotonic() + wait_s
+        while self.trailers is None and time.monotonic() < deadline:
+            if not select.select([self.sock], [], [], 0.1)[0]:
+                continue
+            data = self.sock.recv(1 << 16)
+            if not data:
+                break
+            for ev in self.conn.receive_data(data):
+                if isinstance(ev, h2.events.DataReceived):
+                    self.data += ev.data
+                    self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                elif isinstance(ev, h2.events.TrailersReceived):
+                    self.trailers = dict(ev.headers)
+            self.flush()
+        out, rest = [], self.data
+        while rest:
+            (n,) = struct.unpack(">I", rest[1:5])
+            out.append(pb.VerifyResponse.FromString(rest[5 : 5 + n]))
+            rest = rest[5 + n :]
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def stats(ch: grpc.Channel) -> pb.StatsResponse:
+    return pb_grpc.VerifierStub(ch).Stats(pb.StatsRequest(), timeout=10)
+
+
+def wait_until(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def test_sigterm_drains_then_exits_zero(world):
     """SIGTERM mid-stream: health NOT_SERVING, new sessions UNAVAILABLE, every block taken
     is answered, the stream ends with UNAVAILABLE (the client resumes elsewhere), exit 0.
 
-    A raw gamma-0 stream keeps WINDOW empty blocks in flight (each commits one token, so
-    block k+WINDOW can be sent before block k is answered) and SIGTERM is sent just after a
-    refill: WINDOW - 1 blocks the server has read and not answered, each a step of its own,
-    whatever the machine's load (a drafting client sometimes had none in flight)."""
+    The answers are held back by HTTP/2 flow control: the stream's receive window is 0, so
+    the server takes WINDOW gamma-0 blocks and verifies them (Stats counts their tokens) but
+    can write no answer; SIGTERM then, and once the server says it is draining the window
+    opens, so every one of them is answered while draining, whatever the machine's load.
+    (A client that read its answers as they came raced the server: a client slower than the
+    server, e.g. a pytest worker under load, let it answer every block before the drain
+    began, "0 blocks answered while draining", on main as well as after issue 40's changes.)"""
     server = world["server"]
-    address = server.address
+    ch = grpc.insecure_channel(server.address)
     window = 8  # the scheduler's max_queue_per_session
     cfg = h.config(gamma=0, max_new_tokens=100, mode="pipelined", temperature=0.0)
-    requests: queue.Queue = queue.Queue()
-    requests.put(pb.VerifyRequest(open=wire.config_to_proto(cfg)))
     start = len(cfg.prompt)
-
-    def block(k: int) -> pb.VerifyRequest:
-        return pb.VerifyRequest(block=pb.DraftBlock(start=start + k))
-
-    ch = grpc.insecure_channel(address)
-    replies = pb_grpc.VerifierStub(ch).Verify(iter(requests.get, None), timeout=120)
-    assert next(replies).HasField("opened")
-    for k in range(window):
-        requests.put(block(k))
-    got: list[int] = []
-    with pytest.raises(grpc.RpcError) as ended:
-        for reply in replies:
-            assert reply.result.start == start + len(got) and len(reply.result.tokens) == 1
-            got.append(reply.result.tokens[0])
-            if len(got) == 3:
-                requests.put(block(len(got) + window - 1))
-                server.signal(signal.SIGTERM)
-                assert not_serving_within(ch, 10)
-                with pytest.raises(grpc.RpcError) as refused:
-                    pb_grpc.VerifierStub(ch).OpenSession(wire.config_to_proto(cfg), timeout=5)
-                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-            elif len(got) < 3:
-                requests.put(block(len(got) + window - 1))
-    requests.put(None)
-    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, ended.value
+    # the same shapes once, read as they come: no compile waits behind the held answers
+    ref = h.run(
+        h.session(server.address, world["draft"], dataclasses.replace(cfg, max_new_tokens=window))
+    )
+    committed = stats(ch).tokens_committed
+    held = HeldAnswers(server.port)
+    try:
+        held.send(pb.VerifyRequest(open=wire.config_to_proto(cfg)))
+        for k in range(window):
+            held.send(pb.VerifyRequest(block=pb.DraftBlock(start=start + k)))
+        # every block taken and verified; none answered (the window is shut)
+        assert wait_until(lambda: stats(ch).tokens_committed == committed + window, 60)
+        server.signal(signal.SIGTERM)
+        assert wait_until(lambda: not stats(ch).serving, 10)
+        assert not_serving_within(ch, 10)
+        with pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.VerifierStub(ch).OpenSession(wire.config_to_proto(cfg), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        answers = held.release(60)
+    finally:
+        held.close()
+    assert answers[0].HasField("opened")
+    results = [a.result for a in answers[1:]]
+    assert [r.start for r in results] == [start + k for k in range(window)]
+    assert [r.tokens[0] for r in results] == list(ref.tokens)  # greedy: the same tokens
+    assert held.trailers is not None, held.data
+    assert held.trailers["grpc-status"] == str(grpc.StatusCode.UNAVAILABLE.value[0])
     assert server.proc.wait(60) == 0
     drained = re.search(r"drained: (\d+) blocks answered while draining, (\d+) taken", server.log)
-    answered, unanswered = map(int, drained.groups())
-    assert unanswered == 0 and answered >= 1, drained.group(0)
+    assert drained.groups() == (str(window), "0"), drained.group(0)

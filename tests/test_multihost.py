@@ -222,6 +222,87 @@ def test_a_killed_leader_ends_its_follower_nonzero(models):
         follower.kill()
 
 
+# ---- refused at start: a mesh the model does not fit; the leader's reason, told ------------
+
+
+def start_pair(root: pathlib.Path, target: pathlib.Path, *extra: str, port: int = 0):
+    """A follower (process 1) and a leader (process 0 on `port`), started, not waited for."""
+    coordinator = f"127.0.0.1:{h.free_port()}"
+    flags = [
+        "--checkpoint", str(target), *h.SERVER_FLAGS, "--coordinator", coordinator,
+        "--num-processes", "2", *extra,
+    ]  # fmt: skip
+    env = h.server_env(root / "jax-cache", devices=4)
+    follower = VerifierProcess([*flags, "--process-id", "1"], env=env).start()
+    leader = VerifierProcess([*flags, "--process-id", "0"], port=port, env=env).start()
+    return leader, follower
+
+
+def test_a_mesh_that_does_not_divide_the_kv_heads_is_refused_before_loading(tmp_path):
+    """SmolLM2's 3 KV heads and --mesh data=4,model=2: before, both processes loaded the
+    target, failed on JAX's raw sharding error ("axis of size 3 partitioned 2 ways"), then
+    said only that the coordination service was unreachable (exit 3). Now each refuses at
+    start from the config (exit 2), naming the numbers and the meshes that fit."""
+    from jaxspec.ckpts.tiny import byte_tokenizer, tiny_config, write_random_checkpoint
+
+    tok = byte_tokenizer()
+    config = tiny_config(
+        vocab_size=len(tok), num_attention_heads=6, num_key_value_heads=3, intermediate_size=96,
+        bos_token_id=tok.bos_token_id, eos_token_ids=(tok.eos_token_id,),
+    )  # fmt: skip
+    target = write_random_checkpoint(tmp_path / "three-kv-heads", config)
+    leader, follower = start_pair(tmp_path, target, "--mesh", MESH)
+    try:
+        for p in (leader, follower):
+            assert p.proc.wait(120) == 2, p.log_tail()
+            log = p.log
+            assert "--mesh data=4,model=2 does not fit" in log, log
+            assert "model=2 does not divide num_key_value_heads=3" in log, log
+            assert "model=1 or 3 would (with 8 devices: --mesh data=8,model=1)" in log, log
+            assert "coordination service" not in log and "listening" not in log, log
+    finally:
+        leader.kill()
+        follower.kill()
+    # ...and the check itself: SmolLM2's sizes, a quantized copy's scale groups, the slots
+    from verify.mesh import mesh_problem
+
+    smollm2 = tiny_config(num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                          hidden_size=576, intermediate_size=1536)  # fmt: skip
+    assert mesh_problem(smollm2, 2, 3, max_sessions=64) is None
+    assert mesh_problem(smollm2, 8, 1, max_sessions=64) is None
+    assert "data=3 does not divide them" in mesh_problem(smollm2, 3, 1, max_sessions=64)
+    grouped = mesh_problem(smollm2, 4, 3, max_sessions=64, group_size=64)  # 9 groups of o_proj
+    assert grouped is None, grouped
+    grouped = mesh_problem(smollm2, 2, 3, max_sessions=64, group_size=256)  # ceil(576/256) = 3
+    assert grouped is None, grouped
+    eight = tiny_config(num_attention_heads=8, num_key_value_heads=8, intermediate_size=64)
+    grouped = mesh_problem(eight, 1, 8, max_sessions=64, group_size=48)  # ceil(64/48) = 2
+    assert "model=8 does not divide" in grouped and "down_proj's scale groups=2" in grouped
+
+
+def test_a_follower_says_why_the_leader_left(models):
+    """The leader cannot listen (its port is taken) after the processes joined: before, its
+    follower said only that the coordination service was unreachable (it lives in the
+    leader); now the leader tells it why before leaving."""
+    import socket
+
+    root, target, _ = models
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        leader, follower = start_pair(root, target, "--mesh", MESH, port=busy.getsockname()[1])
+        try:
+            assert leader.proc.wait(120) == 2, leader.log_tail()
+            assert follower.proc.wait(60) == multihost.EXIT_LOCKSTEP, follower.log_tail()
+        finally:
+            leader.kill()
+            follower.kill()
+    assert "cannot listen on 127.0.0.1" in leader.log, leader.log_tail()
+    said = "multi-host lockstep broken: the leader (process 0) stopped: cannot listen on"
+    assert said in follower.log, follower.log_tail()
+    assert "coordination service is unreachable" not in follower.log, follower.log_tail()
+
+
 # ---- the lockstep's checks, without processes -----------------------------------------------
 
 
@@ -241,6 +322,14 @@ class FakeStore:
 
     def key_value_delete(self, key):
         self.kv.pop(key, None)
+
+    def key_value_try_get_bytes(self, key):
+        if key not in self.kv:
+            raise RuntimeError(f"NOT_FOUND: Config key {key} not found.")
+        return self.kv[key]
+
+    def key_value_dir_get_bytes(self, prefix):
+        return [(k, v) for k, v in self.kv.items() if k.startswith(prefix)]
 
 
 def follower_over(store: FakeStore) -> multihost.Lockstep:
@@ -279,3 +368,19 @@ def test_the_stop_message_ends_a_follower_with_zero():
     follower = follower_over(store)
     assert follower.follow(scheduler=None) == 0
     assert follower.calls == 1
+
+
+def test_a_follower_hears_why_the_leader_stopped():
+    store = FakeStore()
+    leader = multihost.Lockstep(make_mesh(1, 1), client=store, process=(0, 2))
+    t0 = time.monotonic()
+    leader.abort("cannot listen on 127.0.0.1:1: taken", wait_s=0.5)  # nobody heard: gives up
+    assert 0.5 <= time.monotonic() - t0 < 5
+    assert store.kv["jaxspec/lockstep/abort"] == b"cannot listen on 127.0.0.1:1: taken"
+    with pytest.raises(multihost.LockstepBroken, match=r"^the leader \(process 0\) stopped: "):
+        follower_over(store).follow(scheduler=None)  # no call comes: it hears why instead
+    assert "jaxspec/lockstep/abort/heard/1" in store.kv  # ...and says it heard
+    leader._stopping.clear()
+    t0 = time.monotonic()
+    leader.abort("again", wait_s=30)  # every follower has heard: no wait
+    assert time.monotonic() - t0 < 5

@@ -65,6 +65,7 @@ from jaxspec_host.pairs import REAL_TARGET, add_pair_flag, choose_saying
 from jaxspec_host.worker import exit_if_abandoned, in_thread
 from verify import multihost
 from verify.local import LocalVerifier
+from verify.mesh import mesh_problem
 from verify.scheduler import (
     Scheduler,
     SchedulerConfig,
@@ -75,13 +76,19 @@ from verify.scheduler import (
 )
 from verify.serve import (
     HANDSHAKE_TIMEOUT_S,
+    MAX_CONCURRENT_STREAMS,
+    MAX_CONNECTION_AGE_GRACE_S,
+    MAX_CONNECTION_AGE_S,
+    MAX_CONNECTION_IDLE_S,
+    ConnectionLimits,
     Server,
     bind,
+    checkpoint_config,
     checkpoint_vocab,
     insecure_public_reason,
     rate_limit_client_caused_logs,
 )
-from verify.servicer import WRITE_TIMEOUT_S
+from verify.servicer import FIRST_MESSAGE_TIMEOUT_S, WRITE_TIMEOUT_S
 from verify.step import make_mesh
 from verify.tenants import ANONYMOUS, Tenants
 
@@ -218,7 +225,7 @@ def _add_scheduler_flags(s: argparse.ArgumentParser) -> None:
 
 
 def _add_timeout_flags(s: argparse.ArgumentParser) -> None:
-    """How long a stream, a handshake and the drain may take."""
+    """How long a stream, a handshake and the drain may take; connection limits."""
     s.add_argument(
         "--write-timeout-s",
         type=float,
@@ -233,8 +240,57 @@ def _add_timeout_flags(s: argparse.ArgumentParser) -> None:
         help="a connection that has not finished its TLS / HTTP/2 handshake this long is "
         "closed (default %(default)s)",
     )
+    s.add_argument(
+        "--first-message-timeout-s",
+        type=float,
+        default=FIRST_MESSAGE_TIMEOUT_S,
+        help="a Verify stream that sends no first message (open, or a block naming its "
+        "session) this long is ended DEADLINE_EXCEEDED (default %(default)s)",
+    )
+    _add_connection_flags(s)
     s.add_argument("--drain-timeout-s", type=float, default=30.0, help="most time to drain")
     s.add_argument("--drain-min-s", type=float, default=0.5, help="least time NOT_SERVING")
+
+
+def _add_connection_flags(s: argparse.ArgumentParser) -> None:
+    """Connection idle and age limits, streams per connection (`verify.serve`'s)."""
+    s.add_argument(
+        "--max-connection-idle-s",
+        type=float,
+        default=MAX_CONNECTION_IDLE_S,
+        help="a connection (TLS or not) with no RPC in flight this long is closed "
+        "(default %(default)s)",
+    )
+    s.add_argument(
+        "--max-connection-age-s",
+        type=float,
+        default=MAX_CONNECTION_AGE_S,
+        help="a connection this old is sent GOAWAY: clients reconnect (default %(default)s)",
+    )
+    s.add_argument(
+        "--max-connection-age-grace-s",
+        type=float,
+        default=MAX_CONNECTION_AGE_GRACE_S,
+        help="after GOAWAY for its age, the streams a connection still carries may run this "
+        "long before it is closed (default %(default)s)",
+    )
+    s.add_argument(
+        "--max-concurrent-streams",
+        type=int,
+        default=MAX_CONCURRENT_STREAMS,
+        help="most streams one connection carries at once (HTTP/2 "
+        "SETTINGS_MAX_CONCURRENT_STREAMS; a stream beyond is refused) (default %(default)s)",
+    )
+
+
+def connection_limits_from_args(args: argparse.Namespace) -> ConnectionLimits:
+    """The connection limits the flags describe; `ValueError` names a bad flag."""
+    names = [f.name for f in dataclasses.fields(ConnectionLimits)]
+    try:
+        return ConnectionLimits(**{name: getattr(args, name) for name in names})
+    except ValueError as e:
+        name, _, rest = str(e).partition(" ")
+        raise ValueError(f"--{name.replace('_', '-')} {rest}") from None
 
 
 def _add_observability_flags(s: argparse.ArgumentParser) -> None:
@@ -338,6 +394,23 @@ def make_verifier(
     return LocalVerifier(model or load_target(args), config, mesh=mesh)
 
 
+def refuse_unfit_mesh(args: argparse.Namespace) -> None:
+    """`ValueError` when --mesh cannot hold the target (`verify.mesh`: an axis that does not
+    divide the KV heads, the MLP or the slots), read from its config before any weight
+    loads; nothing when the config cannot be read so cheaply (loading then says)."""
+    data, model_par = args.mesh
+    read = checkpoint_config(args.checkpoint)
+    if read is None or data * model_par == 1:
+        return
+    config, group_size = read
+    why = mesh_problem(
+        config, data, model_par, max_sessions=args.max_sessions, group_size=group_size,
+        name=args.checkpoint,
+    )  # fmt: skip
+    if why is not None:
+        raise ValueError(why)
+
+
 def is_multihost(args: argparse.Namespace) -> bool:
     """Whether the flags ask for a multi-host verifier (any of the three flags)."""
     return any(x is not None for x in (args.coordinator, args.num_processes, args.process_id))
@@ -406,7 +479,8 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
         tenants = Tenants(None)
         log.warning("no --tenants file: every caller is accepted as tenant %r", ANONYMOUS)
     config = scheduler_config_from_args(args)  # bad flags fail before anything is bound
-    for flag in ("write_timeout_s", "handshake_timeout_s"):
+    limits = connection_limits_from_args(args)
+    for flag in ("write_timeout_s", "handshake_timeout_s", "first_message_timeout_s"):
         if not getattr(args, flag) > 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
     overcommitted = tenants.overcommitted(config.max_sessions)
@@ -415,6 +489,7 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
     cache = use_compilation_cache(args)
     log.info("compilation cache: %s", cache or "off")
     resolve_target(args)  # after every flag's check: it may fetch SmolLM2 (once)
+    refuse_unfit_mesh(args)  # before the target loads
     model = None
     vocab = checkpoint_vocab(args.checkpoint)
     if vocab is None:  # no config.json to read cheaply: loading says what is wrong
@@ -432,6 +507,8 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
         metrics_host=args.metrics_host,
         write_timeout_s=args.write_timeout_s,
         handshake_timeout_s=args.handshake_timeout_s,
+        first_message_timeout_s=args.first_message_timeout_s,
+        limits=limits,
     )
     if lockstep is not None:  # a dead process: NOT_SERVING, then exit 3 (verify.multihost)
         lockstep.on_failure = functools.partial(
@@ -640,6 +717,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     lockstep = None
     try:
         if is_multihost(args):
+            scheduler_config_from_args(args)  # the flags, the target and the mesh are
+            resolve_target(args)  # checked in every process before any joins or loads
+            refuse_unfit_mesh(args)
             lockstep = join(args)
             if not lockstep.leader:
                 multihost.leave(follow(args, lockstep))
@@ -654,9 +734,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_if_abandoned(code)  # stopped mid-compilation: exit now, not at its end
     except (ValueError, OSError, RuntimeError) as e:
         print(f"python -m verify serve: error: {e}", file=sys.stderr)
-        return 2
+        return leave_on_error(lockstep, str(e), 2)
     except KeyboardInterrupt:  # before the port is bound (SIGINT then drains, above)
         return interrupted("python -m verify serve")
+    except Exception as e:  # a bug of ours: the traceback follows, the followers hear why
+        leave_on_error(lockstep, f"{type(e).__name__}: {e}", None)
+        raise
+
+
+def leave_on_error(lockstep: multihost.Lockstep | None, reason: str, code: int | None) -> int:
+    """A multi-host leader leaving on an error tells its followers why (`Lockstep.abort`:
+    they say so and exit 3, instead of finding the coordination service gone), then exits
+    `code` (None: returns, for the caller to raise). Anyone else: `code`."""
+    if lockstep is not None and lockstep.leader:
+        lockstep.on_failure = multihost.die  # no event loop (health) any more
+        lockstep.abort(reason)
+        if code is not None:
+            multihost.leave(code)
+    return code or 0
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ MONITOR_EVERY_S = 0.5
 POLL_MS = 1000  # a follower re-checks its own stop deadline this often while the leader idles
 STOP_WAIT_S = 10.0  # how long the leader waits for followers to disconnect after "stop"
 READY_TIMEOUT_S = 1800  # how long the processes wait for each other to load the target
+MAX_REASON_BYTES = 4096  # of the error a leader leaving on one tells its followers
 
 
 def initialize(
@@ -214,9 +215,24 @@ class Lockstep:
         self.client.wait_at_barrier(f"{self.prefix}/ready", int(timeout_s * 1000))
 
     def start_monitor(self) -> None:
-        """Watch every process's coordination-service heartbeat (a daemon thread)."""
+        """Watch every process's coordination-service heartbeat (a daemon thread); a
+        follower also listens for the leader leaving on an error (another: the heartbeat
+        watch waits in a barrier that a leader without its own watch never joins)."""
         self._monitor = threading.Thread(target=self._watch, name="lockstep-monitor", daemon=True)
         self._monitor.start()
+        if not self.leader:
+            threading.Thread(target=self._listen, name="lockstep-listen", daemon=True).start()
+
+    def _listen(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                why = self.leader_left()
+            except Exception:  # the service is gone: the heartbeat watch says so
+                return
+            if why is not None:
+                self.fail(why)
+                return
+            time.sleep(MONITOR_EVERY_S)
 
     def _watch(self) -> None:
         everyone = list(range(self.num_processes))
@@ -242,6 +258,40 @@ class Lockstep:
         if self._stopping.is_set() or not self._failed.acquire(blocking=False):
             return
         self.on_failure(reason)
+
+    # ---- the leader leaving on an error ---------------------------------------------------
+
+    def abort(self, reason: str, wait_s: float = STOP_WAIT_S) -> None:
+        """Leader, leaving on an error: tell the followers why (each says so and exits
+        `EXIT_LOCKSTEP`: `leader_left`) and wait, at most `wait_s`, until every one has
+        heard. The coordination service lives in this process and ends with it, so a
+        follower not told saw only that it had become unreachable."""
+        if not self.leader or self._stopping.is_set():
+            return
+        self._stopping.set()
+        self.client.key_value_set_bytes(self._abort_key, reason.encode()[:MAX_REASON_BYTES])
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            heard = self.client.key_value_dir_get_bytes(f"{self._abort_key}/heard/")
+            if len(heard) >= self.num_processes - 1:
+                return
+            time.sleep(MONITOR_EVERY_S / 5)
+        log.warning("followers not all told why the leader stopped within %.0f s", wait_s)
+
+    def leader_left(self) -> str | None:
+        """Follower: why the leader is leaving (`abort`), said heard; None while it is not."""
+        try:
+            why = self.client.key_value_try_get_bytes(self._abort_key)
+        except Exception as e:  # NOT_FOUND: it is not leaving
+            if "NOT_FOUND" in str(e):
+                return None
+            raise
+        self.client.key_value_set_bytes(f"{self._abort_key}/heard/{self.process_id}", b"1")
+        return f"the leader (process 0) stopped: {why.decode(errors='replace')}"
+
+    @property
+    def _abort_key(self) -> str:
+        return f"{self.prefix}/abort"
 
     # ---- the leader ----------------------------------------------------------------------
 
@@ -297,9 +347,12 @@ class Lockstep:
         while True:
             try:
                 return self.client.blocking_key_value_get_bytes(self._key(seq), POLL_MS)
-            except Exception as e:  # DEADLINE_EXCEEDED: the leader is idle
+            except Exception as e:  # DEADLINE_EXCEEDED: the leader is idle (or leaving)
                 if "DEADLINE_EXCEEDED" not in str(e):
                     raise
+            why = self.leader_left()
+            if why is not None:
+                raise LockstepBroken(why)
             end = deadline()
             if end is not None and time.monotonic() > end:
                 raise LockstepBroken(f"asked to stop; no 'stop' from the leader (call {seq})")

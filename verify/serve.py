@@ -32,12 +32,18 @@ from grpc_reflection.v1alpha import reflection as grpc_reflection
 
 from jaxspec.ckpts.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
 from jaxspec.ckpts.gguf_import import find_gguf, gguf_config
+from jaxspec.nn.config import LlamaConfig
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec_host import hub
 from verify.local import LocalVerifier
 from verify.metrics import MetricsServer, serve_metrics
 from verify.scheduler import SchedulerConfig
-from verify.servicer import WRITE_TIMEOUT_S, VerifierService, add_to_server
+from verify.servicer import (
+    FIRST_MESSAGE_TIMEOUT_S,
+    WRITE_TIMEOUT_S,
+    VerifierService,
+    add_to_server,
+)
 from verify.tenants import Tenants
 
 log = logging.getLogger("verify.serve")
@@ -56,6 +62,53 @@ MAX_METADATA_BYTES = 16384
 # A connection that has not finished its handshake (TCP accepted, then TLS and the HTTP/2
 # preface and settings) within this time is closed (gRPC's default: 120 s).
 HANDSHAKE_TIMEOUT_S = 10.0
+
+# Connection and stream limits (gRPC's own options; gRPC's defaults are unbounded). A
+# connection with no RPC in flight for MAX_CONNECTION_IDLE_S is closed (GOAWAY, then the
+# socket), TLS or not: before, idle connections were kept for ever, and 1,010 of them filled
+# a server's 1,024 file descriptors. Every connection is sent GOAWAY after
+# MAX_CONNECTION_AGE_S, its streams then given MAX_CONNECTION_AGE_GRACE_S to end before it is
+# closed (a session's stream cut there resumes elsewhere, exactly: docs/service.md, Resume).
+# A connection carries at most MAX_CONCURRENT_STREAMS streams at once (HTTP/2's
+# SETTINGS_MAX_CONCURRENT_STREAMS, advertised; a stream beyond it is refused): above the
+# default 64 slots of one verifier, so one client can hold every session it may open.
+MAX_CONNECTION_IDLE_S = 60.0
+MAX_CONNECTION_AGE_S = 3600.0
+MAX_CONNECTION_AGE_GRACE_S = 300.0
+MAX_CONCURRENT_STREAMS = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectionLimits:
+    """The connection and stream limits `bind()` sets (module constants as defaults; the
+    fields are named as `python -m verify serve`'s flags)."""
+
+    max_connection_idle_s: float = MAX_CONNECTION_IDLE_S
+    max_connection_age_s: float = MAX_CONNECTION_AGE_S
+    max_connection_age_grace_s: float = MAX_CONNECTION_AGE_GRACE_S
+    max_concurrent_streams: int = MAX_CONCURRENT_STREAMS
+
+    def __post_init__(self) -> None:
+        for name in ("max_connection_idle_s", "max_connection_age_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.max_connection_age_grace_s >= 0:
+            raise ValueError(
+                f"max_connection_age_grace_s must be >= 0, got {self.max_connection_age_grace_s}"
+            )
+        if not 1 <= self.max_concurrent_streams < 2**31:
+            raise ValueError(
+                f"max_concurrent_streams must be in [1, 2**31), got {self.max_concurrent_streams}"
+            )
+
+    def options(self) -> list[tuple[str, int]]:
+        """As gRPC server options."""
+        return [
+            ("grpc.max_connection_idle_ms", int(self.max_connection_idle_s * 1000)),
+            ("grpc.max_connection_age_ms", int(self.max_connection_age_s * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(self.max_connection_age_grace_s * 1000)),
+            ("grpc.max_concurrent_streams", self.max_concurrent_streams),
+        ]
 
 
 class RateLimitedLog(logging.Filter):
@@ -138,24 +191,36 @@ def insecure_public_reason(host: str, *, tenants: bool, tls: bool) -> str | None
     )
 
 
-def checkpoint_vocab(checkpoint: str) -> int | None:
-    """The vocabulary size in a checkpoint's config.json (a directory or a built-in name),
-    read without loading any weights: the message limit is set when the port is bound,
-    before the target loads. None when it cannot be read so cheaply (then loading the
-    checkpoint says what is wrong with it)."""
+def checkpoint_config(checkpoint: str) -> tuple[LlamaConfig, int | None] | None:
+    """A checkpoint's config (a directory, a GGUF, a built-in or remote name) and, for a
+    quantized one, its group size (None: per channel or not quantized), read without loading
+    any weights: the message limit is set when the port is bound, and a mesh checked
+    (`verify.mesh`), before the target loads. None when it cannot be read so cheaply (then
+    loading the checkpoint says what is wrong with it)."""
     d = pathlib.Path(checkpoint)
     remote = hub.remote_model(checkpoint)
     if not d.exists() and checkpoint in BUILTIN_NAMES:
         d = BUILTIN_DIR / BUILTIN_NAMES[checkpoint]
     elif not d.exists() and remote is not None:
         d = hub.model_dir(remote)  # not there yet: the load pulls it, then says
+    elif not d.exists() and (copy := hub.quantized_copy(checkpoint)) is not None:
+        d = hub.copy_dir(copy)  # not built yet: the load builds it, then says
     try:
         g = find_gguf(d)
         if g is not None:
-            return gguf_config(gguf.GGUFReader(str(g)), str(g)).vocab_size
-        return int(json.loads((d / "config.json").read_text())["vocab_size"])
-    except (OSError, ValueError, KeyError, TypeError):  # CheckpointError is a ValueError
+            return gguf_config(gguf.GGUFReader(str(g)), str(g)), None
+        raw = json.loads((d / "config.json").read_text())
+        quant = raw.get("quantization_config") or {}
+        group = quant.get("group_size") if quant.get("quant_method") == "jaxspec-aqt" else None
+        return LlamaConfig.from_hf(raw), group
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # CheckpointError too
         return None
+
+
+def checkpoint_vocab(checkpoint: str) -> int | None:
+    """The vocabulary size in a checkpoint's config (`checkpoint_config`), or None."""
+    read = checkpoint_config(checkpoint)
+    return None if read is None else read[0].vocab_size
 
 
 def _why_not_bound(host: str, port: int) -> str:
@@ -245,8 +310,33 @@ class Server:
         if self.metrics is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.metrics.close)
         await self.grpc_server.stop(grace)
+        # streams' ends still closing their sessions (`VerifyStream._end`): let them finish
+        await asyncio.gather(*self.service.ending, return_exceptions=True)
         if self.service.verifier is not None:
             await self.service.verifier.aclose()
+
+
+def server_options(
+    limit: int, handshake_timeout_s: float, limits: ConnectionLimits | None = None
+) -> list[tuple[str, Any]]:
+    """The gRPC server's options: message size `limit`, header and flow-control limits, the
+    handshake timeout, and the connection and stream `limits`."""
+    return [
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", limit),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+        ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
+        # Flow control: a fixed per-stream receive window, not one grown by BDP probes
+        # (on loopback those let gRPC core buffer 50-100 MB of a stream whose handler
+        # reads nothing); with MAX_UNANSWERED blocks read ahead, a client that never
+        # reads its answers holds at most about two of these windows (what gRPC core
+        # grants beyond what the handler read) plus those blocks and one more message.
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
+        ("grpc.http2.lookahead_bytes", stream_window(limit)),
+        *(limits or ConnectionLimits()).options(),
+    ]
 
 
 async def bind(
@@ -263,6 +353,8 @@ async def bind(
     evict_every_s: float = 5.0,
     write_timeout_s: float = WRITE_TIMEOUT_S,
     handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+    first_message_timeout_s: float = FIRST_MESSAGE_TIMEOUT_S,
+    limits: ConnectionLimits | None = None,
 ) -> Server:
     """Listen on host:port (0 picks a free port) for a verifier of `config` over a target of
     `vocab` tokens (the message limit), warming up: health NOT_SERVING and every RPC but
@@ -273,27 +365,14 @@ async def bind(
     the Prometheus endpoint on `metrics_host`, loopback unless said otherwise, whatever
     `host` is. `write_timeout_s`: a Verify stream whose client reads no answer this long is
     ended (`verify.servicer.WRITE_TIMEOUT_S`); `handshake_timeout_s`: a connection that has
-    not finished its TLS and HTTP/2 handshake this long is closed."""
+    not finished its TLS and HTTP/2 handshake this long is closed; `first_message_timeout_s`:
+    a Verify stream that sends no first message this long is ended DEADLINE_EXCEEDED;
+    `limits`: idle and age of a connection, streams per connection (`ConnectionLimits`)."""
     for name, value in (("port", port), ("metrics_port", metrics_port)):
         if value is not None and not 0 <= value <= 65535:
             raise ValueError(f"{name} must be in [0, 65535] (0: a free one), got {value}")
     limit = message_limit(vocab, config.max_gamma, config.max_len)
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
-            ("grpc.so_reuseport", 0),
-            ("grpc.max_metadata_size", MAX_METADATA_BYTES),
-            ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
-            # Flow control: a fixed per-stream receive window, not one grown by BDP probes
-            # (on loopback those let gRPC core buffer 50-100 MB of a stream whose handler
-            # reads nothing); with MAX_UNANSWERED blocks read ahead, a client that never
-            # reads its answers holds at most this much plus those blocks.
-            ("grpc.http2.bdp_probe", 0),
-            ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
-            ("grpc.http2.lookahead_bytes", stream_window(limit)),
-        ]
-    )
+    server = grpc.aio.server(options=server_options(limit, handshake_timeout_s, limits))
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     why = _bind_error(host, port) if port else None
     if why is not None:
@@ -307,7 +386,10 @@ async def bind(
     except RuntimeError:
         raise OSError(f"cannot listen on {address}: {_why_not_bound(host, port)}") from None
     service = VerifierService(
-        tenants or Tenants(None), config.row_buckets, write_timeout_s=write_timeout_s
+        tenants or Tenants(None),
+        config.row_buckets,
+        write_timeout_s=write_timeout_s,
+        first_message_timeout_s=first_message_timeout_s,
     )
     add_to_server(service, server)
     health_servicer = health.aio.HealthServicer()

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any
 
 import grpc
@@ -37,6 +37,7 @@ from jaxspec.figures import AcceptanceFigures
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import (
+    DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -60,6 +61,10 @@ MAX_UNANSWERED = 16
 # A stream whose next answer cannot be written (the client reads none) for this long is ended
 # RESOURCE_EXHAUSTED and its session closed (--write-timeout-s).
 WRITE_TIMEOUT_S = 30.0
+# A Verify stream whose first message (its `open`, or a block naming its session) has not
+# come this long is ended DEADLINE_EXCEEDED (--first-message-timeout-s): before it has one, a
+# stream has no session, so no idle eviction ends it (2,000 silent streams stayed 150 s).
+FIRST_MESSAGE_TIMEOUT_S = 30.0
 
 WARMING_UP = (
     "the verifier is warming up (loading the target, compiling its batch shapes): "
@@ -72,6 +77,12 @@ _STATS_FIELDS = tuple(pb.StatsResponse.DESCRIPTOR.fields_by_name)
 
 class WriteTimeout(ResourceExhausted):
     """A Verify stream's client read no answer for the write timeout."""
+
+
+class CallGone(Exception):
+    """A Verify stream's call is over at gRPC's core: a write failed (`ExecuteBatchError`)
+    because the client reset the stream or its connection closed, before gRPC's own
+    cancellation of the handler came. Nobody is left to read an answer or a status."""
 
 
 class Undecodable:
@@ -136,10 +147,14 @@ class VerifierService(pb_grpc.VerifierServicer):
         *,
         write_timeout_s: float = WRITE_TIMEOUT_S,
         max_unanswered: int = MAX_UNANSWERED,
+        first_message_timeout_s: float = FIRST_MESSAGE_TIMEOUT_S,
     ):
-        if not write_timeout_s > 0 or max_unanswered < 1:
-            raise ValueError("write_timeout_s must be > 0 and max_unanswered >= 1")
+        if not write_timeout_s > 0 or not first_message_timeout_s > 0 or max_unanswered < 1:
+            raise ValueError(
+                "write_timeout_s and first_message_timeout_s must be > 0, max_unanswered >= 1"
+            )
         self.write_timeout_s = write_timeout_s
+        self.first_message_timeout_s = first_message_timeout_s
         self.max_unanswered = max_unanswered
         self.verifier: LocalVerifier | None = None
         self.tenants = tenants
@@ -148,6 +163,7 @@ class VerifierService(pb_grpc.VerifierServicer):
         self.metrics = ServiceMetrics(self.stats, self.row_buckets)
         self.draining = asyncio.Event()
         self.streams = 0
+        self.ending: set[asyncio.Future] = set()  # streams' ends in progress (`VerifyStream._end`)
         self.bound: set[str] = set()  # the sessions that have a live Verify stream (one each)
         self.answered_draining = 0  # blocks answered while draining
         self.unanswered_draining = 0  # taken, then the stream ended in the drain: must stay 0
@@ -306,7 +322,8 @@ class VerifierService(pb_grpc.VerifierServicer):
         `max_unanswered` blocks are read ahead of their answers; an answer the client does
         not read for `write_timeout_s` ends the stream (RESOURCE_EXHAUSTED) and closes its
         session whoever opened it. Every task started here is awaited or cancelled before
-        the handler returns."""
+        the handler returns; only the end's own task (the session's close, shielded from
+        the handler's cancellation) may finish just after it."""
         tenant = await self._auth(context, "Verify")
         verifier = await self._ready(context, "Verify")
         await VerifyStream(self, verifier, tenant, context).run(request_iterator)
@@ -336,6 +353,7 @@ class VerifyStream:
         self.session_id: str | None = None  # once known
         self.opened = False  # the session was opened by this stream: it ends with it
         self.failed = False  # a block of this stream failed: no later one reaches the scheduler
+        self.taken_any = False  # a first message was read
         self.taken = 0  # blocks read and submitted
         self.answered = 0  # ... whose answers were written
         self.ended = False  # `_end` ran
@@ -348,7 +366,10 @@ class VerifyStream:
         # The response headers on their own (not flow-controlled, sent at once): an answer
         # that cannot be written then holds only its message, and the status can still be
         # sent after it (`_write`'s timeout; gRPC refuses a second headers operation).
-        await self.context.send_initial_metadata(())
+        try:
+            await self._send(self.context.send_initial_metadata(()))
+        except CallGone:
+            raise asyncio.CancelledError from None  # as gRPC's cancellation would end it
         self.reader = asyncio.ensure_future(self._read(requests))
         self.drain = asyncio.ensure_future(self.service.draining.wait())
         self.service.streams += 1
@@ -358,8 +379,23 @@ class VerifyStream:
             # from OpenSession: it stays, for another stream (not if its answers went unread)
             await self._end(keep=not self.opened and not isinstance(e, WriteTimeout))
             await self._fail(e)
+        except CallGone:
+            # The client went away while an answer was being written: end as gRPC's
+            # cancellation (which had not reached this task yet) ends a stream, its session
+            # closed and no status sent. Raised out of the handler, the write's own error
+            # was logged by gRPC with a traceback whenever its cancellation came second.
+            await self._end(keep=False)
+            raise asyncio.CancelledError from None
         finally:
             await self._end(keep=False)
+
+    @staticmethod
+    async def _send(operation: Awaitable[None]) -> None:
+        """Await one of gRPC's send operations; `CallGone` when the call is over."""
+        try:
+            await operation
+        except grpc.aio.InternalError:  # ExecuteBatchError: the call is gone at the core
+            raise CallGone() from None
 
     # ---- the reader ----------------------------------------------------------------------
 
@@ -371,9 +407,10 @@ class VerifyStream:
             while True:
                 await self.room.acquire()  # the permit of the block this message may be
                 try:
-                    msg = await anext(messages)
+                    msg = await (anext(messages) if self.taken_any else self._first(messages))
                 except StopAsyncIteration:
                     break
+                self.taken_any = True
                 await self._take(msg)
             self.items.put_nowait(None)
         except VerifierError as e:
@@ -385,6 +422,19 @@ class VerifyStream:
         except Exception:  # a bug of ours: end the stream with INTERNAL, not a hang
             log.exception("reading a Verify stream")
             self.items.put_nowait(VerifierError("internal error reading the stream"))
+
+    async def _first(self, messages: AsyncIterator[Any]) -> Any:
+        """The stream's first message, or `DeadlineExceeded` when none comes within the
+        first-message timeout (a stream without one has no session that could time out)."""
+        timeout = self.service.first_message_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                return await anext(messages)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"no first message within {timeout:g} s: a Verify stream opens or names its "
+                "session at once"
+            ) from None
 
     async def _take(self, msg: Any) -> None:
         """One message: an `open` or a block (anything else is INVALID_ARGUMENT)."""
@@ -491,17 +541,23 @@ class VerifyStream:
             counted = AcceptanceFigures.of_round(len(block.tokens), res.accepted, len(res.tokens))
             metrics.count_round(self.tenant.name, counted)
         metrics.block_seconds.labels(self.tenant.name).observe(time.perf_counter() - received)
-        await self._write(pb.VerifyResponse(result=wire.result_to_proto(res)))
+        result = wire.result_to_proto(res)
+        if not self.tenant.admin:
+            # The step's time grows with its batch mates, other tenants' sessions among them:
+            # like Stats' step figures, only an admin (or the anonymous caller) sees it.
+            result.step_s = 0.0
+        await self._write(pb.VerifyResponse(result=result))
         self.service.answered_draining += self.service.draining.is_set()
         self.answered += 1
         metrics.unanswered.dec()
         self.room.release()
 
     async def _write(self, response: pb.VerifyResponse) -> None:
-        """Send one answer, or `WriteTimeout` when the client reads none for the timeout."""
+        """Send one answer: `WriteTimeout` when the client reads none for the timeout,
+        `CallGone` when the call is over."""
         timeout = self.service.write_timeout_s
         try:
-            await asyncio.wait_for(self.context.write(response), timeout)
+            await asyncio.wait_for(self._send(self.context.write(response)), timeout)
         except TimeoutError:
             raise WriteTimeout(
                 f"the client read no answer for {timeout:g} s: stream ended, session closed"
@@ -514,16 +570,22 @@ class VerifyStream:
         try:
             await self.service.reject(self.context, "Verify", e.code, str(e))
         except grpc.aio.InternalError:
-            # The status waited behind unread answers and the client went away meanwhile
-            # (gRPC's ExecuteBatchError): nobody is left to tell.
-            if not isinstance(e, WriteTimeout):
-                raise
+            # The call is over (gRPC's ExecuteBatchError): the status waited behind unread
+            # answers and the client went away meanwhile, or the client reset the stream as
+            # it failed. Nobody is left to tell; gRPC sees the abort, quietly.
+            pass
 
     async def _end(self, keep: bool) -> None:
         """Once: stop reading, cancel and await every task of the stream, give the slot
         back unless `keep` (the stream failed on bad input: a session from OpenSession
         stays for another stream). Before any status is sent: a status waits behind
-        answers the client has not read, maybe for ever."""
+        answers the client has not read, maybe for ever.
+
+        Cancellation-safe: the waiting and the close run in a task of their own that this
+        call shields. gRPC cancels the handler when the client resets the stream, also
+        after a half-close while this runs; a close behind an await that the cancellation
+        interrupts was skipped, and the session outlived its stream until the idle
+        eviction (about 1 stream in 150 of those ended half-close then cancel)."""
         if self.ended:
             return
         self.ended = True
@@ -534,13 +596,22 @@ class VerifyStream:
         pending = [t for t in (self.reader, self.drain, self.get, *self.tasks) if t is not None]
         for t in pending:  # blocks whose answers will never be sent among them
             t.cancel()
+        settle = asyncio.ensure_future(self._settle(pending, keep))
+        service.ending.add(settle)  # held until done, whatever happens to this call
+        settle.add_done_callback(service.ending.discard)
+        await asyncio.shield(settle)
+
+    async def _settle(self, pending: list[asyncio.Future], keep: bool) -> None:
+        """`_end`'s part that must run to its end: await the cancelled tasks, count what was
+        left unanswered, close the session (unless `keep`)."""
+        service = self.service
         await asyncio.gather(*pending, return_exceptions=True)
         service.metrics.unanswered.dec(self.taken - self.answered)
         if service.draining.is_set():
             service.unanswered_draining += self.taken - self.answered
-        if not keep and self.session_id is not None and not service.draining.is_set():
-            # Ended, cancelled, disconnected or past its deadline (a killed client can
-            # look like a half-close): nobody will send or read more, so the slot goes
+        if not keep and self.session_id is not None:
+            # Ended, cancelled, disconnected, past its deadline or drained (a killed client
+            # can look like a half-close): nobody will send or read more, so the slot goes
             # back to the pool now.
             await self._close_session()
 

@@ -170,9 +170,9 @@ def generate(
         map for every row or one per row (at most 32 entries, each within +-100).
       repetition_penalty, presence_penalty, frequency_penalty: scalars or one value per row
         (vLLM's semantics, applied after the logit bias, before temperature; greedy too):
-        repetition (> 0, 1 off) over prompt and output tokens divides positive logits and
-        multiplies the others; presence and frequency (within +-2, 0 off) over the output
-        tokens subtract `presence * (count > 0) + frequency * count`. Lossless under
+        repetition (within [0.01, 100], 1 off) over prompt and output tokens divides positive
+        logits and multiplies the others; presence and frequency (within +-2, 0 off) over the
+        output tokens subtract `presence * (count > 0) + frequency * count`. Lossless under
         speculation: draft and target both read the counts of the committed tokens plus
         the block's earlier drafts.
       sampling: `SamplingSettings` for every prompt, or one per prompt (not with the keywords).

@@ -159,7 +159,7 @@ class SamplingParams:
         (after temperature); 0 keeps every token.
       bias_ids: `[B, MAX_LOGIT_BIAS]` int32 token ids of the logit bias, -1 unused.
       bias_values: `[B, MAX_LOGIT_BIAS]` float32 biases added to those tokens' logits.
-      repetition_penalty: `[B]` float32 > 0; 1 is off.
+      repetition_penalty: `[B]` float32 in [0.01, 100]; 1 is off.
       presence_penalty, frequency_penalty: `[B]` float32; 0 is off.
       (The penalties read the row's `TokenCounts`, passed beside the params.)
     """
@@ -363,6 +363,14 @@ def warp(
 
     def sampled(_):
         scaled = logits_BV / jnp.where(t > 0, t, 1)
+        # A tiny temperature can overflow the division (100 / 1e-37 = +inf, then the
+        # softmax's inf - inf is NaN and the sampler gave token 0). Such a row is tempered
+        # from its largest logit instead (shift-invariant: the same distribution, now
+        # finite); every other row keeps its exact values.
+        top_B1 = jnp.max(logits_BV, axis=-1, keepdims=True)
+        shifted = (logits_BV - top_B1) / jnp.where(t > 0, t, 1)
+        overflow_B1 = jnp.any(scaled == jnp.inf, axis=-1, keepdims=True)
+        scaled = jnp.where(overflow_B1, shifted, scaled)
         if options:
             scaled = cond(
                 jnp.any(params.min_p > 0), lambda x: _min_p(x, params), lambda x: x, scaled
@@ -396,7 +404,11 @@ def _penalize(logits_BV: jax.Array, params: SamplingParams, counts: TokenCounts)
     r = jnp.where(seen, params.repetition_penalty.astype(dtype)[:, None], 1)
     x = jnp.where(logits_BV > 0, logits_BV / r, logits_BV * r)
     x = x - params.frequency_penalty.astype(dtype)[:, None] * counts.output.astype(dtype)
-    return x - params.presence_penalty.astype(dtype)[:, None] * (counts.output > 0).astype(dtype)
+    x = x - params.presence_penalty.astype(dtype)[:, None] * (counts.output > 0).astype(dtype)
+    # Never +-inf, whatever the params (an inf logit makes the softmax NaN): the identity on
+    # every finite value, so within the checked ranges nothing changes.
+    big = jnp.finfo(dtype).max
+    return jnp.clip(x, -big, big)
 
 
 def _min_p(scaled_BV: jax.Array, params: SamplingParams) -> jax.Array:

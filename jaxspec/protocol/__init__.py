@@ -176,6 +176,13 @@ class DraftSpec:
 MAX_LOGIT_BIAS = 32
 LOGIT_BIAS_LIMIT = 100.0
 PENALTY_LIMIT = 2.0
+# The repetition penalty's range: a factor of at most 100 either way. vLLM and HF take any
+# r > 0 and use (0, 2] in practice (1.1-1.3 is usual, below 1 rewards repetition); a tiny r
+# divided a seen token's positive logit into +inf (r = 1e-40: 5 / 1e-40 overflows float32)
+# and the softmax into NaN. Within [1/100, 100] a logit changes by at most 100 times, far
+# from float32's range (3.4e38) for any logit a model computes. Compared as float32, so the
+# wire's 0.01 (a float32 a hair below 0.01) is accepted.
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
 _INT32_LIMIT = 1 << 31  # top_k and the bias token ids become int32 arrays
 
 
@@ -234,8 +241,9 @@ class SamplingSettings:
     temperature >= 0 (0 greedy); top_k >= 0 (0 off); top_p in (0, 1] (1 off); min_p in [0, 1]
     (0 off); logit_bias: `(token id, bias)` pairs added to the logits first (a `{id: bias}`
     map is taken too), at most MAX_LOGIT_BIAS, each within +-LOGIT_BIAS_LIMIT; penalties
-    (vLLM's semantics): repetition_penalty finite and > 0 (1 off) over prompt and output
-    tokens, presence and frequency finite within +-PENALTY_LIMIT (0 off) over output tokens.
+    (vLLM's semantics): repetition_penalty within REPETITION_PENALTY_RANGE, [0.01, 100] (1
+    off), over prompt and output tokens, presence and frequency finite within +-PENALTY_LIMIT
+    (0 off) over output tokens.
 
     Validated when made (`InvalidArgument`, a `ValueError`, naming the field), so settings
     that exist are well formed: this is THE check of the values, made where they enter (the
@@ -266,8 +274,11 @@ class SamplingSettings:
         if not math.isfinite(m) or not 0 <= _float32(m) <= 1:
             raise InvalidArgument(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
         r = _number(self.repetition_penalty, "repetition_penalty")
-        if not math.isfinite(r) or r <= 0 or _float32(r) <= 0:
-            raise InvalidArgument(f"repetition_penalty must be finite and > 0 (1 = off), got {r}")
+        lo, hi = (_float32(b) for b in REPETITION_PENALTY_RANGE)
+        if not math.isfinite(r) or not lo <= _float32(r) <= hi:
+            raise InvalidArgument(
+                f"repetition_penalty must be within [{lo:g}, {hi:g}] (1 = off), got {r}"
+            )
         e = _number(self.presence_penalty, "presence_penalty")
         f = _number(self.frequency_penalty, "frequency_penalty")
         for v, name in ((e, "presence_penalty"), (f, "frequency_penalty")):
