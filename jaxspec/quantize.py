@@ -63,6 +63,7 @@ SCALE_DTYPE = aqt_compat.SCALE_DTYPE
 STORE_DTYPE = jnp.bfloat16  # everything that is not quantized
 QUANT_METHOD = "jaxspec-aqt"
 METHODS = ("gptq", "clip", "asym", "rtn")  # `quantize(method=...)`; quant_methods says how
+HEAD_METHODS = quant_methods.SYMMETRIC  # `quantize(head_method=...)`: "absmax" (GGUF's Q8_0)
 DEFAULT_METHOD = "gptq"  # the best measured on SmolLM2 (docs/quantization.md)
 FORMAT_VERSION = 1
 
@@ -138,10 +139,13 @@ def take_tile_columns(tiles: jax.Array, cols: jax.Array) -> jax.Array:
 class QuantSpec:
     """Static description of a quantized model (hashable: it is part of the jit key).
 
-    `method` "rtn" is symmetric absmax through AQT's own calibration; the others
-    (`jaxspec.quant_methods`) are asymmetric and store a float16 `minimum` beside the float16
-    `scale`. `head_bits` (None: as the rest) quantizes the token embedding / lm_head at other
-    bits; `bits` overrides the scheme's weight bits (set on the head's own spec)."""
+    `method` "rtn" is symmetric absmax through AQT's own calibration (bfloat16 scale);
+    "absmax" is GGUF's Q8_0 rule (`quant_methods.quantize_absmax`: symmetric, float16 scale,
+    no minimum; only as `head_method`); the others (`jaxspec.quant_methods.METHODS`) are
+    asymmetric and store a float16 `minimum` beside the float16 `scale`. `head_bits` and
+    `head_method` (None: as the rest) quantize the token embedding / lm_head at other bits
+    and by another method; `bits` overrides the scheme's weight bits (set on the head's own
+    spec)."""
 
     scheme: str
     group_size: int | None = None
@@ -152,6 +156,7 @@ class QuantSpec:
     bits: int | None = None
     layout: str = "tiles"  # packed int4: "tiles" (pack_tiles), or "rows" (pack_int4, read only)
     kernel: bool = True  # the int4 kernel where it applies (False: XLA's path, for comparison)
+    head_method: str | None = None
 
     @property
     def weight_bits(self) -> int:
@@ -159,17 +164,20 @@ class QuantSpec:
 
     @property
     def asymmetric(self) -> bool:
-        return self.method != "rtn"
+        return self.method not in ("rtn", *quant_methods.SYMMETRIC)
 
     @property
     def scale_dtype(self) -> Any:
-        return jnp.float16 if self.asymmetric else SCALE_DTYPE
+        return SCALE_DTYPE if self.method == "rtn" else jnp.float16
 
     def head(self) -> QuantSpec:
         """The spec of the token embedding and lm_head."""
-        if self.head_bits is None:
+        if self.head_bits is None and self.head_method is None:
             return self
-        return dataclasses.replace(self, bits=self.head_bits, head_bits=None)
+        return dataclasses.replace(
+            self, bits=self.head_bits or self.bits, head_bits=None,
+            method=self.head_method or self.method, head_method=None,
+        )  # fmt: skip
 
     @property
     def act_bits(self) -> int | None:
@@ -480,6 +488,7 @@ def quantize(
     *,
     method: str | None = None,
     head_bits: int | None = None,
+    head_method: str | None = None,
     calibration: Sequence[Sequence[int]] | None = None,
     embeddings: bool = True,
     packed: bool = True,
@@ -497,6 +506,10 @@ def quantize(
         measured, docs/quantization.md), "clip", "asym" (`jaxspec.quant_methods`) or "rtn"
         (symmetric absmax, AQT's calibration; the only one for w4a4 and mode="train").
       head_bits: bits of the token embedding / lm_head (e.g. 8); None: as the other layers.
+      head_method: how the token embedding / lm_head become ints; None: as the other layers
+        (GPTQ's head has a Hessian of its own), "absmax": GGUF's Q8_0 rule (symmetric, one
+        float16 scale per group, round half away from zero, no calibration), which gives a
+        table that was Q8_0 at `group_size` back bit for bit. Not with method "rtn".
       calibration: token sequences whose activations GPTQ's Hessians are taken on; None
         builds them (`jaxspec.calibration`: chat prompts from CPython's own documentation
         and the model's answers to them). Ignored by the other methods.
@@ -513,11 +526,13 @@ def quantize(
       `nbytes()` is its resident size.
     """
     method = _check_quantize(model, scheme, group_size, method, head_bits, mode)
+    _check_head_method(method, head_method, embeddings)
     if scheme == "none":
         return model
     if head_bits == SCHEMES[scheme][0]:
         head_bits = None
-    spec = QuantSpec(scheme, group_size, embeddings, packed, method, head_bits)
+    spec = QuantSpec(scheme, group_size, embeddings, packed, method, head_bits,
+                     head_method=head_method)  # fmt: skip
 
     def keep_or_store(path: Any, leaf: jax.Array) -> jax.Array:
         keys = tuple(str(p.key) for p in path)
@@ -527,6 +542,7 @@ def quantize(
     suffix = f"{scheme}" + ("" if group_size is None else f"-g{group_size}")
     suffix += "" if method == "rtn" else f"-{method}"
     suffix += "" if head_bits is None else f"-head{head_bits}"
+    suffix += "" if head_method is None else f"-head-{head_method}"
     if mode == "train":
         m = _module(model, spec, "train")
         name = f"{model.name}:{suffix}:train"
@@ -581,6 +597,21 @@ def _check_quantize(
     return method
 
 
+def _check_head_method(method: str, head_method: str | None, embeddings: bool) -> None:
+    """`quantize`'s head_method checked against its method (ValueError naming it)."""
+    if head_method is None:
+        return
+    if head_method not in HEAD_METHODS:
+        raise ValueError(f"unknown head_method {head_method!r}; choose one of {HEAD_METHODS}")
+    if method == "rtn":
+        raise ValueError(
+            "head_method is for the numpy methods (gptq, clip, asym); 'rtn' is AQT's own "
+            "symmetric absmax already (bfloat16 scales): give head_bits alone"
+        )
+    if not embeddings:
+        raise ValueError("head_method with embeddings=False: the head is not quantized")
+
+
 def _quantized_params(
     model: Model,
     spec: QuantSpec,
@@ -624,7 +655,8 @@ def _quantize_asym(
 ) -> Any:
     """The served params of an asymmetric method: each quantized float weight replaced by
     {qweight, scale, minimum} (`jaxspec.quant_methods`, in numpy, all weights in one
-    `quantize_many` call: shared Hessians once, on every CPU)."""
+    `quantize_many` call: shared Hessians once, on every CPU); a head of a symmetric
+    `head_method` by {qweight, scale}, from the float table alone (no Hessian)."""
     owners: dict[tuple[str, ...], QuantSpec] = {}
     jobs = []
 
@@ -634,9 +666,9 @@ def _quantize_asym(
             s = spec.head() if embed or path[0] == "lm_head" else spec
             w = np.asarray(node["embedding"], np.float32).T if embed else np.asarray(node["kernel"])
             owners[path] = s
-            jobs.append(
-                quant_methods.Job(w, hessians.get(path), s.weight_bits, s.groups(w.shape[0])[0])
-            )
+            h = hessians.get(path) if s.method == spec.method else None
+            g = s.groups(w.shape[0])[0]
+            jobs.append(quant_methods.Job(w, h, s.weight_bits, g, s.method))
         elif isinstance(node, dict):
             for k, v in node.items():
                 collect(v, (*path, k))
@@ -651,8 +683,8 @@ def _quantize_asym(
         if path in done:
             qz, s = done[path], owners[path]
             out = {k: v for k, v in node.items() if k not in ("kernel", "embedding")}
-            return out | {"qweight": s.pack(jnp.asarray(qz.q)), "scale": jnp.asarray(qz.scale),
-                          "minimum": jnp.asarray(qz.minimum)}  # fmt: skip
+            out |= {"qweight": s.pack(jnp.asarray(qz.q)), "scale": jnp.asarray(qz.scale)}
+            return out if qz.minimum is None else out | {"minimum": jnp.asarray(qz.minimum)}
         if isinstance(node, dict):
             return {k: walk(v, (*path, k)) for k, v in node.items()}
         return node
@@ -846,12 +878,15 @@ def load_quantized(
             q["scheme"], q["group_size"], bool(q["embeddings"]), bool(q["packed"]),
             q.get("method", "rtn"), q.get("head_bits"), q.get("bits"),
             q.get("int4_layout", "rows"),  # files from before the tiled layout
+            head_method=q.get("head_method"),  # files from before it: as the body
         )  # fmt: skip
         if spec.layout not in ("rows", "tiles"):
             raise KeyError(f"layout {spec.layout!r}")
         spec.weight_bits  # noqa: B018 (validates the scheme)
         if spec.method not in METHODS:
             raise KeyError(f"method {spec.method!r}")
+        if spec.head_method not in (None, *HEAD_METHODS):
+            raise KeyError(f"head_method {spec.head_method!r}")
     except (KeyError, TypeError) as e:
         raise CheckpointError(f"{d}: bad quantization_config {q}: {e}") from None
     config = LlamaConfig.from_hf(raw_cfg)
