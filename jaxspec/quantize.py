@@ -15,11 +15,14 @@ weights: with it in bf16 the w4a16 draft keeps 0.70x of its bf16 bytes, quantize
 softmax stay in float; norm scales, biases (and the embedding with `embeddings=False`) are
 stored in bfloat16. Activations run in `model.dtype`, unquantized except under "w4a4".
 
-Scales: symmetric absmax (a group's largest |w| maps to 2^(b-1) - 1 exactly; `aqt_compat` says
-why that is not AQT's default), one bfloat16 scale per output column and per group of
-`group_size` consecutive inputs (the contraction axis); `group_size=None` is per-channel (one
-group). A contraction axis that `group_size` does not divide is zero-padded to whole groups
-inside the matmul; only the real rows are stored.
+Scales of method "rtn": symmetric absmax (a group's largest |w| maps to 2^(b-1) - 1 exactly;
+`aqt_compat` says why that is not AQT's default), one bfloat16 scale per output column and per
+group of `group_size` consecutive inputs (the contraction axis); `group_size=None` is
+per-channel (one group). A contraction axis that `group_size` does not divide is zero-padded
+to whole groups inside the matmul; only the real rows are stored. The other methods
+(`jaxspec.quant_methods`) store float16 scales of the same shape, plus a float16 `minimum` of
+that shape for the asymmetric ones; a head of `head_method="absmax"` (GGUF's Q8_0 at 8 bits)
+has `qweight` and `scale` only: w = scale * q.
 
 Storage of a `[K, M]` weight (`qweight`, `scale`, plus `bias` when the layer has one):
 
@@ -27,7 +30,8 @@ Storage of a `[K, M]` weight (`qweight`, `scale`, plus `bias` when the layer has
                    q[i + ceil(K/2)] in the high nibble (two's complement)
     int4, unpacked qweight int4 [K, M]  (`packed=False`: XLA on CPU spends a byte on each)
     int8           qweight int8 [K, M]
-    scales         scale bfloat16 [ceil(K/group), M]
+    scales         scale bfloat16 [ceil(K/group), M]  (float16 for the numpy methods)
+    minimum        minimum float16 [ceil(K/group), M]  (asymmetric methods only)
 
 The embedding is stored transposed, `[hidden, vocab]`, as the weight of `attend`; a lookup
 gathers the columns of its tokens and unpacks only those.

@@ -231,8 +231,11 @@ def test_the_w4a16_copy_is_built_once_and_speculates_losslessly(
     )
     out = jaxspec.generate(smol, prompts, NEW, temperature=0.0, draft=draft, gamma=4)
     assert [list(t) for t in out.tokens] == answers
-    # its own copy drafts for it: measured alpha 0.7 here (the distilled draft: 4 of 112)
-    assert out.stats.figures.acceptance_rate > 0.4, out.stats.figures
+    # its own copy drafts for it with the target's own weights: every draft accepted here (32
+    # of 32; at most one rejected, for a near-tie that float rounding may flip elsewhere). The
+    # first copy's int4 head: 0.7 built by "asym", 30 of 32 by GPTQ; the distilled draft: 4 of 112
+    f = out.stats.figures
+    assert f.num_draft_tokens > 0 and f.num_accepted_tokens >= f.num_draft_tokens - 1, f
 
 
 def test_a_cached_copy_of_another_recipe_is_not_taken(tmp_path):
