@@ -54,10 +54,10 @@ from edge.openai_server import (
 )
 from edge.session import SessionTrace, run_session
 from edge.warmup import compile_drafter
-from jaxspec.checkpoint import generation_defaults, load, load_tokenizer
-from jaxspec.model import Model
+from jaxspec.ckpts.checkpoint import generation_defaults, load, load_tokenizer
+from jaxspec.nn.model import Model
+from jaxspec.nn.text import decode_text
 from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
-from jaxspec.text import decode_text
 from jaxspec_host.flags import (
     HelpFormatter,
     add_cache_flag,
@@ -223,9 +223,11 @@ async def _serve(args: argparse.Namespace, spec: DraftSpec) -> int:
             max_tokens=args.max_new_tokens,
             chat_defaults=generation_defaults(name),
             resume_timeout_s=args.resume_timeout_s,
+            # what the drafter can hold (gamma 0: no drafter; the verifier's --max-len decides)
+            max_context=text_model.config.max_position_embeddings if drafter else None,
         )
-        app = create_app(backend, api_key=args.api_key)
-        await serve_app(app, args.host, args.port, backend.model_id)
+        app = create_app(backend, api_key=args.api_key, limits=args.http_limits)
+        await serve_app(app, args.host, args.port, backend.model_id, args.http_limits)
     return 0
 
 

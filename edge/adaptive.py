@@ -2,7 +2,7 @@
 
 Before drafting a block the session asks `AdaptiveGamma.next_gamma()`; the answer is the
 block length in 0..longest with the least expected time per token under the papers' model
-(`jaxspec.analytic`, the same formulas the benchmarks evaluate and `proofs/latency.py`
+(`jaxspec.decoding.analytic`, the same formulas the benchmarks evaluate and `proofs/latency.py`
 proves), fed with running measurements:
 
     alpha[i]   acceptance of draft i of a block given drafts 0..i-1 were accepted, counted per
@@ -44,7 +44,7 @@ distributed as the target's, but not token-for-token equal to a fixed gamma's.
 
 from __future__ import annotations
 
-from jaxspec import analytic
+from jaxspec.decoding import analytic
 
 
 class AdaptiveGamma:

@@ -12,7 +12,7 @@ stale entries are masked, then overwritten). Since every draw is keyed by its ab
 position, a rolled-back position re-drafts exactly as before given the same prefix, and a
 drafter rolled back to a committed prefix drafts what a fresh drafter built on that prefix
 drafts. The first fed token re-feeds `t(n-2)` when its KV is missing: after a fully accepted
-block the bonus token follows a draft the model never fed (as in `jaxspec.speculative`).
+block the bonus token follows a draft the model never fed (as in `jaxspec.decoding.speculative`).
 
 Precondition (true for the verify protocol: roll back, then append the one correction or
 bonus token): the KV cache lags the context by at most two positions when `draft` is called.
@@ -27,7 +27,7 @@ An edge session's round is one call, `draft_round`: roll back, append the verifi
 and draft the next block, with the state donated, so the KV cache is written in place
 rather than copied once per call (three copies a round when the three ran apart).
 
-The per-step sampling is `jaxspec.speculative.draft_q_for`, so the q returned for each
+The per-step sampling is `jaxspec.decoding.speculative.draft_q_for`, so the q returned for each
 encoding (full / sparse top-k / onehot) is exactly the distribution the draft was drawn from.
 """
 
@@ -41,16 +41,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import trace_cache
-from jaxspec.checkpoint import load
-from jaxspec.model import KVCache, Llama, Model, init_cache
+from jaxspec.ckpts.checkpoint import load
+from jaxspec.compilation import trace_cache
+from jaxspec.compilation.shapes import bucket
+from jaxspec.decoding.sampling import SamplingParams, TokenCounts, cond
+from jaxspec.decoding.speculative import draft_block
+from jaxspec.decoding.verification import DraftQ
+from jaxspec.nn.model import KVCache, Llama, Model, init_cache
 from jaxspec.protocol import DraftSpec, InvalidArgument
-from jaxspec.quantize import quant_spec
-from jaxspec.quantize import quantize as quantize_model
-from jaxspec.sampling import SamplingParams, TokenCounts, cond
-from jaxspec.shapes import bucket
-from jaxspec.speculative import draft_block
-from jaxspec.verification import DraftQ
+from jaxspec.quant.quantize import quant_spec
+from jaxspec.quant.quantize import quantize as quantize_model
 
 
 @flax.struct.dataclass(kw_only=True)

@@ -1,38 +1,46 @@
 """The OpenAI API's requests and answers as pure functions (no HTTP, no model, no I/O).
 
+`decode_body` turns a request's bytes into JSON within bounds (nesting depth, no NaN, numbers
+Python can hold), so no body, however built, is anything but a request or a 400.
 `parse_request` checks a `/v1/chat/completions` or `/v1/completions` body field by field and
 returns an `ApiRequest`, or raises `ApiError` (HTTP 400) naming the field: an unknown or
 unsupported field is refused, never ignored, so a client never believes a setting took effect
 when it did not (the sampling fields by making the library's `SamplingSettings` of them: a
-request is a trust boundary). `session_fields` turns it into the `SessionConfig` keywords the
-edge session runs with; `TextStream` turns committed tokens into text, holding back what may
-still become a stop string; the `*_body` / `*_chunk` functions shape the JSON answers
-(docs/service.md). `status_of` maps the verifier's gRPC statuses to HTTP statuses and OpenAI
-error types.
+request is a trust boundary); the fields that ask for nothing jaxspec lacks (`user`, `name`
+on a message, `response_format` text, `logprobs: false`, ...: `NEUTRAL`, `IGNORED`) are
+accepted. `session_fields` turns it into the `SessionConfig` keywords the edge session runs
+with; `TextStream` turns committed tokens into text incrementally, holding back an unfinished
+UTF-8 character and what may still become a stop string; the `*_body` / `*_chunk` functions
+shape the JSON answers (docs/service.md). `status_of` maps the verifier's gRPC statuses to
+HTTP statuses and OpenAI error types.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from jaxspec.decoding.sampling import SEED_LIMIT
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import InvalidArgument, SamplingSettings, VerifierError
-from jaxspec.sampling import SEED_LIMIT
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
+MAX_STOP_CHARS = 256  # characters per stop string (the held-back tail is checked per chunk)
+MAX_DEPTH = 32  # JSON nesting of a body; a request needs 5 (messages[i].content[j].text)
 MAX_TOKENS = (1 << 31) - 1  # what the wire carries; a verifier's --max-len refuses far less
 ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's newer name of system
 COMMON = (
     "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
     "logit_bias", "presence_penalty", "frequency_penalty", "n", "stream", "stream_options",
-    "top_k", "min_p", "repetition_penalty", "user",
+    "top_k", "min_p", "repetition_penalty",
 )  # fmt: skip
 FIELDS = {"chat": ("messages", *COMMON), "completion": ("prompt", *COMMON)}
-# Fields jaxspec does not serve, accepted only with the value that asks for nothing (what
-# some clients send by default); any other value is a 400 naming the field.
+# Fields jaxspec does not serve, accepted only with a value that asks for nothing it lacks
+# (what clients send by default); any other value is a 400 naming the field.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
@@ -40,10 +48,43 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "suffix": (None, ""),
     "tools": (None, []),
-    "tool_choice": (None, "none"),
-    "parallel_tool_calls": (None,),
+    "tool_choice": (None, "none", "auto"),  # without tools both mean: answer in text
+    "parallel_tool_calls": (None, True, False),  # without tools: nothing to run in parallel
     "functions": (None, []),
+    "function_call": (None, "none", "auto"),
     "response_format": (None, {"type": "text"}),
+    "store": (None, False),
+    "service_tier": (None, "auto", "default"),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "verbosity": (None,),
+    "web_search_options": (None,),
+    # vLLM's extras, at what jaxspec does anyway
+    "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
+    "add_generation_prompt": (None, True),
+    "include_stop_str_in_output": (None, False),
+    "ignore_eos": (None, False),
+}
+# Fields accepted with any value of their type and not used: identifiers, tags and hints for
+# OpenAI's own bookkeeping (abuse tracking, stored completions, its prompt cache), which
+# change nothing in an answer.
+IGNORED: dict[str, type] = {
+    "user": str,
+    "safety_identifier": str,
+    "prompt_cache_key": str,
+    "metadata": dict,
+}
+# Keys a chat message may carry besides role and content: `name` (passed to the template),
+# and what an assistant message read back from an answer holds, at its empty value.
+MESSAGE_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "tool_calls": (None, []),
+    "function_call": (None,),
+    "refusal": (None,),
+    "audio": (None,),
+    "annotations": (None, []),
 }
 # gRPC status of a verifier error -> (HTTP status, OpenAI error type).
 STATUS: dict[str, tuple[int, str]] = {
@@ -55,6 +96,19 @@ STATUS: dict[str, tuple[int, str]] = {
     "UNAVAILABLE": (503, "service_unavailable"),
     "DEADLINE_EXCEEDED": (504, "timeout"),
 }
+# What gRPC says when a message is over a size limit: the request is too large, not the
+# verifier too busy (a 429 would be retried by the openai SDK, three times the work).
+TOO_LARGE = ("larger than max", "message too large", "exceeds the size limit")
+
+
+def show(value: Any) -> str:
+    """`repr(value)`, cut to a few dozen characters (a refusal never echoes a whole body)."""
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 40
+_REPR.maxlevel = 2
 
 
 class ApiError(Exception):
@@ -80,11 +134,48 @@ class ApiError(Exception):
 
 def status_of(error: VerifierError) -> ApiError:
     """The `ApiError` for a verifier's error: 400 bad input, 401 the edge's token refused,
-    429 the verifier is out of slots or queue (RESOURCE_EXHAUSTED), 503 no verifier answers
+    429 the verifier is out of slots or queue (RESOURCE_EXHAUSTED), 413 a message over a
+    size limit (RESOURCE_EXHAUSTED too, but retrying cannot help), 503 no verifier answers
     (UNAVAILABLE), 504 a deadline; anything else 500."""
     code = getattr(error, "code", "INTERNAL")
     status, kind = STATUS.get(code, (500, "server_error"))
+    if code == "RESOURCE_EXHAUSTED" and any(w in str(error).lower() for w in TOO_LARGE):
+        status, kind = 413, "invalid_request_error"
     return ApiError(f"verifier: {error}", status=status, type=kind, code=code.lower())
+
+
+def decode_body(raw: bytes) -> Any:
+    """A request body as JSON: `ApiError` (400) for bytes that are not UTF-8 JSON, for NaN
+    and Infinity (not JSON), for integers past Python's 4,300 digits and for nesting deeper
+    than `MAX_DEPTH` (the parser's recursion limit included)."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        value = json.loads(raw, parse_constant=refuse)
+    except RecursionError:
+        raise ApiError(f"the request body is nested deeper than {MAX_DEPTH} levels") from None
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        why = str(e) if "digits" not in str(e) else "a number has over 4,300 digits"
+        raise ApiError(f"the request body is not JSON: {why[:120]}") from None
+    if _depth(value) > MAX_DEPTH:
+        raise ApiError(f"the request body is nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """The nesting depth of decoded JSON (a scalar is 0), without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if items is None:
+            continue
+        deepest = max(deepest, d)
+        if d <= MAX_DEPTH:
+            todo.extend((x, d + 1) for x in items)
+    return deepest
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -112,9 +203,17 @@ def _number(body: Mapping[str, Any], field: str) -> float | None:
     v = body.get(field)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise _bad(field, f"must be a finite number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not _finite(v):
+        raise _bad(field, f"must be a finite number, got {show(v)}")
     return float(v)
+
+
+def _finite(v: float) -> bool:
+    """Whether `v` is a finite float, or an int a float can hold."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int past 1.8e308
+        return False
 
 
 def _integer(body: Mapping[str, Any], field: str, low: int | None = None) -> int | None:
@@ -122,26 +221,27 @@ def _integer(body: Mapping[str, Any], field: str, low: int | None = None) -> int
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
-        raise _bad(field, f"must be an integer, got {v!r}")
+        raise _bad(field, f"must be an integer, got {show(v)}")
     if low is not None and v < low:
-        raise _bad(field, f"must be >= {low}, got {v}")
+        raise _bad(field, f"must be >= {low}, got {show(v)}")
     return v
 
 
 def _check_fields(kind: str, body: Mapping[str, Any]) -> None:
     """400 for any field that is neither served nor neutral (naming it)."""
     for field, value in body.items():
-        if field in FIELDS[kind]:
+        if field in FIELDS[kind] or field in IGNORED:
             continue
+        if field == "response_format" and value not in NEUTRAL[field]:
+            raise _unsupported(field, _response_format(value))
         if field in NEUTRAL:
-            if value not in NEUTRAL[field]:
-                raise ApiError(
-                    f"{field}: not supported by jaxspec (only {NEUTRAL[field]!r} is accepted)",
-                    param=field,
-                    code="unsupported_field",
+            if not _neutral(value, NEUTRAL[field]):
+                raise _unsupported(
+                    field, f"not supported by jaxspec (only {NEUTRAL[field]!r} is accepted)"
                 )
             continue
         other = "prompt" if kind == "chat" else "messages"
+        field = show(field)
         hint = f" (this endpoint takes {FIELDS[kind][0]!r})" if field == other else ""
         raise ApiError(
             f"{field}: unknown or unsupported field{hint}; jaxspec serves "
@@ -149,6 +249,26 @@ def _check_fields(kind: str, body: Mapping[str, Any]) -> None:
             param=field,
             code="unsupported_field",
         )
+
+
+def _unsupported(field: str, why: str) -> ApiError:
+    return ApiError(f"{field}: {why}", param=field, code="unsupported_field")
+
+
+def _neutral(value: Any, allowed: tuple[Any, ...]) -> bool:
+    """Whether `value` is one of `allowed` (JSON's way: `true` is not `1`)."""
+    return any(type(value) is type(a) and value == a for a in allowed)
+
+
+def _response_format(value: Any) -> str:
+    """Why a `response_format` other than text is refused."""
+    kind = value.get("type") if isinstance(value, Mapping) else None
+    if kind in ("json_object", "json_schema"):
+        return (
+            f"{kind} is not supported: jaxspec does not constrain its output to JSON (ask "
+            'for JSON in the prompt, or send {"type": "text"})'
+        )
+    return f'must be {{"type": "text"}}, got {show(value)}'
 
 
 def _content(i: int, content: Any) -> str:
@@ -164,25 +284,36 @@ def _content(i: int, content: Any) -> str:
                 raise _bad(f"messages[{i}].content", "a text part needs a string 'text'")
             parts.append(part["text"])
         return "".join(parts)
-    raise _bad(f"messages[{i}].content", f"must be a string or text parts, got {content!r}")
+    raise _bad(f"messages[{i}].content", f"must be a string or text parts, got {show(content)}")
 
 
 def _messages(value: Any) -> tuple[dict[str, str], ...]:
-    """Checked chat messages as `{"role", "content"}` (developer read as system)."""
+    """Checked chat messages as `{"role", "content"}`, and `name` where given (the template
+    may use it); developer read as system; an assistant's null content as ""."""
     if not isinstance(value, list) or not value:
         raise _bad("messages", "must be a non-empty list of {role, content}")
     out = []
     for i, m in enumerate(value):
         if not isinstance(m, Mapping):
-            raise _bad(f"messages[{i}]", f"must be an object, got {m!r}")
-        extra = set(m) - {"role", "content"}
-        if extra:
-            raise _bad(f"messages[{i}]", f"unsupported keys {sorted(extra)} (role, content)")
+            raise _bad(f"messages[{i}]", f"must be an object, got {show(m)}")
+        for key in set(m) - {"role", "content", "name"}:
+            if key not in MESSAGE_NEUTRAL or not _neutral(m[key], MESSAGE_NEUTRAL[key]):
+                raise _bad(
+                    f"messages[{i}].{show(key)}",
+                    "unsupported (a message takes role, content and name)",
+                )
         role = m.get("role")
         if role not in ROLES:
-            raise _bad(f"messages[{i}].role", f"must be one of {ROLES}, got {role!r}")
-        role = "system" if role == "developer" else role
-        out.append({"role": role, "content": _content(i, m.get("content"))})
+            raise _bad(f"messages[{i}].role", f"must be one of {ROLES}, got {show(role)}")
+        content = m.get("content")
+        if content is None and role == "assistant":
+            content = ""
+        msg = {"role": "system" if role == "developer" else role, "content": _content(i, content)}
+        if m.get("name") is not None:
+            if not isinstance(m["name"], str):
+                raise _bad(f"messages[{i}].name", f"must be a string, got {show(m['name'])}")
+            msg["name"] = m["name"]
+        out.append(msg)
     return tuple(out)
 
 
@@ -209,6 +340,8 @@ def _stop(value: Any) -> tuple[str, ...]:
         raise _bad("stop", "must be a non-empty string or a list of them")
     if len(stops) > MAX_STOP:
         raise _bad("stop", f"at most {MAX_STOP} stop strings, got {len(stops)}")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise _bad("stop", f"a stop string has at most {MAX_STOP_CHARS} characters")
     return tuple(stops)
 
 
@@ -217,7 +350,7 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
     b = _integer(body, "max_completion_tokens", 1)
     for field, v in (("max_tokens", a), ("max_completion_tokens", b)):
         if v is not None and v > MAX_TOKENS:
-            raise _bad(field, f"must be <= {MAX_TOKENS}, got {v}")
+            raise _bad(field, f"must be <= {MAX_TOKENS}, got {show(v)}")
     if a is not None and b is not None and a != b:
         raise _bad("max_completion_tokens", f"differs from max_tokens ({b} != {a}); give one")
     return b if b is not None else a
@@ -255,9 +388,9 @@ def _logit_bias(value: Any) -> dict[int, float]:
         try:
             tok = int(key)
         except (TypeError, ValueError):
-            raise _bad("logit_bias", f"keys are token ids, got {key!r}") from None
-        if isinstance(bias, bool) or not isinstance(bias, int | float):
-            raise _bad("logit_bias", f"[{key}] must be a number, got {bias!r}")
+            raise _bad("logit_bias", f"keys are token ids, got {show(key)}") from None
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not _finite(bias):
+            raise _bad("logit_bias", f"[{show(key)}] must be a finite number, got {show(bias)}")
         out[tok] = float(bias)
     return out
 
@@ -266,18 +399,26 @@ def _stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
     """(stream, stream_options.include_usage)."""
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise _bad("stream", f"must be true or false, got {stream!r}")
+        raise _bad("stream", f"must be true or false, got {show(stream)}")
     opts = body.get("stream_options")
     if opts is None:
         return bool(stream), False
     if not stream:
         raise _bad("stream_options", "only allowed with stream: true")
-    if not isinstance(opts, Mapping) or set(opts) - {"include_usage"}:
-        raise _bad("stream_options", "jaxspec serves only {include_usage: bool}")
-    usage = opts.get("include_usage", False)
-    if not isinstance(usage, bool):
-        raise _bad("stream_options.include_usage", f"must be true or false, got {usage!r}")
-    return True, usage
+    if not isinstance(opts, Mapping):
+        raise _bad("stream_options", f"must be an object, got {show(opts)}")
+    for key, value in opts.items():
+        if key not in STREAM_OPTIONS:
+            raise _bad("stream_options", f"jaxspec serves {STREAM_OPTIONS}, not {show(key)}")
+        if not isinstance(value, bool) or (key != "include_usage" and value):
+            want = "true or false" if key == "include_usage" else "false"
+            raise _bad(f"stream_options.{key}", f"must be {want}, got {show(value)}")
+    return True, opts.get("include_usage", False)
+
+
+# stream_options keys: include_usage served; the others accepted at false (OpenAI's padding
+# against length side channels, vLLM's usage in every chunk) and refused otherwise.
+STREAM_OPTIONS = ("include_usage", "include_obfuscation", "continuous_usage_stats")
 
 
 def parse_request(kind: str, body: Any) -> ApiRequest:
@@ -296,12 +437,12 @@ def parse_request(kind: str, body: Any) -> ApiRequest:
         raise _bad("n", f"only n=1 is served (one choice per request), got {n}")
     seed = _integer(body, "seed", 0)
     if seed is not None and seed >= SEED_LIMIT:
-        raise _bad("seed", f"must be in [0, 2**32), got {seed}")
-    model, user = body.get("model"), body.get("user")
-    if model is not None and not isinstance(model, str):
-        raise _bad("model", f"must be a string, got {model!r}")
-    if user is not None and not isinstance(user, str):
-        raise _bad("user", f"must be a string, got {user!r}")
+        raise _bad("seed", f"must be in [0, 2**32), got {show(seed)}")
+    for field, want in (("model", str), *IGNORED.items()):
+        if (v := body.get(field)) is not None and not isinstance(v, want):
+            what = "a string" if want is str else "an object"
+            raise _bad(field, f"must be {what}, got {show(v)}")
+    model = body.get("model")
     stream, include_usage = _stream(body)
     return ApiRequest(
         kind=kind,
@@ -337,56 +478,81 @@ def session_fields(
 
 
 class TextStream:
-    """Committed tokens -> the answer's text, cut at the first stop string.
+    """Committed tokens -> the answer's text, cut before the first stop string.
 
-    `feed(tokens)` adds tokens; `take()` returns the text not returned yet that can no
-    longer change: it holds back a tail that a stop string starts with and an
-    unfinished UTF-8 character ("\ufffd"); `take(final=True)` returns the rest. Once a stop
-    string appears, the text ends before it, `stopped` is set and later tokens are not
-    counted (`tokens` ends with the token that completed the stop string).
+    `feed(tokens)` adds tokens; `take()` returns the text not returned yet that can no longer
+    change; `take(final=True)` returns the rest. The text grows incrementally, as vLLM's
+    detokenizer does: each token decodes a few tokens' window, never the whole answer again;
+    tokens that end in an unfinished UTF-8 character (byte tokens, "\ufffd" in their decoding)
+    add nothing until a later token finishes it, so a stop string is matched on the text
+    however the tokens split it. `take()` also holds back a tail that a stop string starts
+    with. Once a stop string appears the text ends before it (the one that starts first, if
+    one token completes several), `stopped` is set and later tokens are not counted
+    (`tokens` ends with the token that completed it).
     """
+
+    PENDING_MAX = 8  # tokens that may stay undecided (a UTF-8 character is at most 4 bytes)
 
     def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = ()):
         self.decode, self.stop = decode, tuple(stop)
-        self.hold = max((len(s) for s in self.stop), default=1) - 1
+        self.longest = max((len(s) for s in self.stop), default=0)
         self.tokens: list[int] = []
         self.text = ""
         self.sent = 0  # characters returned by take()
         self.stopped = False
+        self.prefix = self.read = 0  # the decode window: tokens[prefix:read] are in `text`
 
     def feed(self, tokens: Sequence[int]) -> None:
-        """Add committed tokens (one decode per token with stop strings, else one in all)."""
-        if self.stopped or not tokens:
-            return
-        if not self.stop:
-            self.tokens += tokens
-            self.text = self.decode(self.tokens)
-            return
+        """Add committed tokens (checked for stop strings one token at a time)."""
         for t in tokens:
-            self.tokens.append(t)
-            text = self.decode(self.tokens)
-            start = max(0, len(self.text) - self.hold)
-            hits = [i for s in self.stop if (i := text.find(s, start)) >= 0]
-            if hits:
-                self.text, self.stopped = text[: min(hits)], True
+            if self.stopped:
                 return
-            self.text = text
+            self.tokens.append(int(t))
+            self._advance(final=False)
+
+    def _advance(self, final: bool) -> None:
+        """Move the decoded text up to the last token, unless it ends mid-character (or
+        `final`: whatever it is)."""
+        end = len(self.tokens)
+        done = self.decode(self.tokens[self.prefix : self.read]) if self.read > self.prefix else ""
+        full = self.decode(self.tokens[self.prefix : end])
+        # an unfinished character (wait for its next byte), or nothing printable yet (a
+        # special token)
+        if (full.endswith("\ufffd") or len(full) <= len(done)) and not final:
+            if end - self.read < self.PENDING_MAX:
+                return
+            # Bytes that never become a character: take all but the last 3 tokens (a
+            # character still in progress has at most 3 of its bytes, one token each).
+            end -= 3
+            full = self.decode(self.tokens[self.prefix : end])
+        self.prefix, self.read = self.read, end
+        self._append(full[len(done) :])
+
+    def _append(self, new: str) -> None:
+        """Add decoded text, cutting it before the first stop string that now appears."""
+        start = max(0, len(self.text) - self.longest + 1)
+        self.text += new
+        hits = [i for s in self.stop if (i := self.text.find(s, start)) >= 0]
+        if hits:
+            self.text, self.stopped = self.text[: min(hits)], True
 
     def _held(self) -> int:
         """Length of the text's longest tail that a stop string starts with."""
-        t = self.text
-        for k in range(min(self.hold, len(t)), 0, -1):
-            if any(s.startswith(t[-k:]) for s in self.stop):
-                return k
-        return 0
+        t, best = self.text, 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(t)), best, -1):
+                if t.endswith(s[:k]):
+                    best = k
+                    break
+        return best
 
     def take(self, final: bool = False) -> str:
         """The text ready to send since the last call."""
+        if final and not self.stopped and self.read < len(self.tokens):
+            self._advance(final=True)  # the answer ended mid-character: send what it is
         end = len(self.text)
         if not (final or self.stopped):
             end -= self._held()
-            while end > self.sent and self.text[end - 1] == "\ufffd":
-                end -= 1
         if end <= self.sent:
             return ""
         piece, self.sent = self.text[self.sent : end], end

@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP endpoint: an ASGI app (FastAPI, SSE by sse-starlette) in front
-of edge sessions (docs/service.md, "An OpenAI-compatible endpoint").
+"""The OpenAI-compatible HTTP endpoint: an ASGI app (FastAPI) in front of edge sessions,
+served by uvicorn with bounds of its own (docs/service.md, "An OpenAI-compatible endpoint").
 
     GET  /v1/models              the one model served
     POST /v1/chat/completions    messages through the model's chat template
@@ -9,8 +9,17 @@ Each request runs its own `EdgeSession` against the backend's `VerifierEndpoint`
 `GrpcEndpoint` for `python -m edge serve`, an in-process `LocalVerifier` for `jaxspec
 serve`), so requests run concurrently and each is the target's distribution exactly, the same
 tokens as `edge generate` gives for the same prompt, settings and seed. A client that goes
-away (mid-stream or while waiting for a whole answer) cancels its session, which closes it on
-the verifier. The request/answer shapes are `edge.openai_api`'s pure functions.
+away (mid-stream or while waiting for a whole answer) cancels its session at once, which ends
+its stream to the verifier (`GrpcEndpoint.close_session` from a cancelled task: no waiting
+for blocks in flight). The request/answer shapes are `edge.openai_api`'s pure functions.
+
+Every request is bounded before work is spent on it (`HttpLimits`): its head must arrive
+within `header_timeout_s` (`GuardedH11Protocol`: uvicorn keeps a silent connection open
+forever), its body within `body_timeout_s` and `max_body_bytes` (408, 413), at most
+`max_connections` are open (the longest idle closed to make room), and its prompt must fit
+the context (400) before a session opens. JSON decoding, checks and tokenizing run in a
+worker thread, so a large request never stalls another's stream; every refusal, the HTTP
+layer's own included, is OpenAI's error shape.
 """
 
 from __future__ import annotations
@@ -22,17 +31,20 @@ import dataclasses
 import hmac
 import json
 import os
+import resource
 import secrets
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
+import h11
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edge.adaptive import AdaptiveGamma
 from edge.drafter import Drafter
@@ -42,6 +54,7 @@ from edge.openai_api import (
     TextStream,
     chunk,
     completion_body,
+    decode_body,
     finish_reason,
     parse_request,
     session_fields,
@@ -49,21 +62,48 @@ from edge.openai_api import (
     usage,
 )
 from edge.session import EdgeSession
-from jaxspec.model import Model
+from jaxspec.decoding.sampling import SEED_LIMIT
+from jaxspec.nn.model import Model
+from jaxspec.nn.text import chat_prompt, decode_text, encode_prompt
 from jaxspec.protocol import DraftSpec, SessionConfig, VerifierEndpoint, VerifierError
-from jaxspec.sampling import SEED_LIMIT
-from jaxspec.text import chat_prompt, decode_text, encode_prompt
 from jaxspec_host.flags import add_max_new_tokens, port_arg
 
 COMMITS = ("accept", "correct", "bonus")  # session events that commit tokens
 DEFAULT_COMPLETION_TOKENS = 16  # /v1/completions without max_tokens: OpenAI's default
+PING_S = 15.0  # an SSE comment line after this long without a token (proxies close idle streams)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HttpLimits:
+    """The HTTP side's bounds (docs/service.md lists them with their flags): a request's
+    head (request line and headers, at most `max_header_bytes`: h11's limit) must arrive
+    within `header_timeout_s` of its connection opening or of the previous answer, its body
+    (at most `max_body_bytes`, else 413) within `body_timeout_s` (else 408); a keep-alive
+    connection idle `keep_alive_s` after an answer is closed (uvicorn's `timeout_keep_alive`);
+    at most `max_connections` are open (lowered to what the process's file limit allows),
+    and a new one past it closes the one idle longest (503 when none is idle)."""
+
+    max_body_bytes: int = 1 << 20
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_s: float = 5.0
+    max_connections: int = 1000
+    max_header_bytes: int = 16 << 10
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not value > 0:
+                raise ValueError(f"{field.name} must be > 0, got {value}")
 
 
 @dataclasses.dataclass(kw_only=True)
 class Backend:
     """What the app serves with: the verifier (shared by every session), the drafter, the
     model whose tokenizer and chat template encode prompts and decode answers, and the
-    session settings the server was started with (the same for every request)."""
+    session settings the server was started with (the same for every request).
+    `max_context` (positions, prompt + answer; None: the verifier alone decides) refuses a
+    request that cannot fit before a session opens."""
 
     endpoint: VerifierEndpoint
     drafter: Drafter | None
@@ -75,6 +115,13 @@ class Backend:
     max_tokens: int = 256  # a chat request without max_tokens
     chat_defaults: Mapping[str, float] = dataclasses.field(default_factory=dict)
     resume_timeout_s: float = 0.0
+    max_context: int | None = None
+
+    def __post_init__(self) -> None:
+        tok = self.text_model.tokenizer
+        # The most characters one token stands for: a text longer than this many times the
+        # context cannot fit, whatever it tokenizes to (refused without tokenizing it).
+        self.token_chars = max(map(len, tok.get_vocab()), default=1) if tok is not None else 0
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -86,7 +133,8 @@ class Generation:
     """One request's session, run as its own task; `pieces()` yields its text as it commits.
 
     `close()` cancels a session still running (the client went away, or a stop string ended
-    the answer): the session's own `finally` closes it on the verifier."""
+    the answer): the session's own `finally` closes it on the verifier, at once (a cancelled
+    task does not wait for its blocks in flight)."""
 
     def __init__(self, backend: Backend, config: SessionConfig, stop: tuple[str, ...]):
         self.backend, self.config = backend, config
@@ -106,6 +154,7 @@ class Generation:
         )
         self.task: asyncio.Task | None = None
         self.seen = 0  # tokens of the trace fed to `text`
+        self.closed = False
 
     def _on_event(self, kind: str, _tokens: tuple[int, ...]) -> None:
         if kind in COMMITS:
@@ -116,15 +165,18 @@ class Generation:
         raises here, before any answer has started."""
         self.task = asyncio.ensure_future(self.session.run())
         self.task.add_done_callback(lambda _: self.changed.set())
+        # a session whose client went away may fail with nobody to hear it: seen here
+        self.task.add_done_callback(lambda t: t.cancelled() or t.exception())
         while not self.task.done() and not self.session.trace.tokens:
             await self.changed.wait()
             self.changed.clear()
         if self.task.done() and self.task.exception() is not None:
             raise self.task.exception()
 
-    async def pieces(self) -> AsyncIterator[str]:
+    async def pieces(self, ping_s: float | None = None) -> AsyncIterator[str | None]:
         """The answer's text in pieces, as tokens commit, until the session finishes or a
-        stop string appears; raises the session's error."""
+        stop string appears; raises the session's error. With `ping_s`, None after each
+        `ping_s` seconds without a piece."""
         while True:
             done = self.task.done()
             tokens = self.session.trace.tokens
@@ -141,11 +193,17 @@ class Generation:
             if piece:
                 yield piece
             self.changed.clear()
-            await self.changed.wait()
+            try:
+                async with asyncio.timeout(ping_s):
+                    await self.changed.wait()
+            except TimeoutError:
+                yield None
 
     def close(self) -> None:
-        """Cancel the session if it still runs (its task closes it on the verifier)."""
-        if self.task is not None and not self.task.done():
+        """Cancel the session if it still runs (its task closes it on the verifier); once: a
+        second cancel would cut that close short."""
+        if self.task is not None and not self.task.done() and not self.closed:
+            self.closed = True
             self.task.cancel()
             _BACKGROUND.add(self.task)
             self.task.add_done_callback(_BACKGROUND.discard)
@@ -165,16 +223,17 @@ _BACKGROUND: set[asyncio.Task] = set()  # cancelled sessions, kept alive while t
 DISCONNECTED = object()  # what `_until_disconnect` returns when the client went away
 
 
+async def _gone(receive: Callable[[], Awaitable[dict]]) -> None:
+    """Return once the client has disconnected (its request body already read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 async def _until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
     """Await `work` unless the client disconnects first: then cancel it and return
     `DISCONNECTED` (a client that goes away does not keep a session running)."""
     task = asyncio.ensure_future(work)
-
-    async def watch() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(watch())
+    watcher = asyncio.ensure_future(_gone(request.receive))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -184,10 +243,65 @@ async def _until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
     return task.result() if task.done() and not task.cancelled() else DISCONNECTED
 
 
+class EventStream(Response):
+    """A streamed answer as Server-Sent Events: `data: <event>` per string of `events`, a
+    `: ping` comment per None. `on_end()` runs however the answer ends, at once: the events
+    running out, an error, or the client going away (watched on `receive`, not left to the
+    generator's finalization, which may come much later or never)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[str | None], on_end: Callable[[], None]) -> None:
+        self.status_code, self.background = 200, None
+        self.events, self.on_end = events, on_end
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),  # nginx: pass each event on at once
+        ]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        sender = asyncio.ensure_future(self._send_all(send))
+        watcher = asyncio.ensure_future(_gone(receive))
+        try:
+            await asyncio.wait({sender, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.on_end()
+            for task in (sender, watcher):
+                task.cancel()
+            await asyncio.gather(sender, watcher, return_exceptions=True)
+            await self.events.aclose()
+        if sender.done() and not sender.cancelled() and sender.exception() is not None:
+            raise sender.exception()
+
+    async def _send_all(self, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        async for event in self.events:
+            data = b": ping\n\n" if event is None else f"data: {event}\n\n".encode()
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _context_error(backend: Backend, req: ApiRequest, prompt: int, answer: int) -> ApiError:
+    field = "messages" if req.kind == "chat" else "prompt"
+    return ApiError(
+        f"this model's context is {backend.max_context} tokens; the request needs "
+        f"{prompt + answer} ({prompt} in the {field}, {answer} for the answer): shorten the "
+        f"{field} or lower max_tokens",
+        param=field if req.max_tokens is None else "max_tokens",
+        code="context_length_exceeded",
+    )
+
+
 def _prompt_ids(backend: Backend, req: ApiRequest) -> tuple[int, ...]:
     """The request's prompt as token ids (chat: through the model's chat template); token ids
-    it names (prompt, logit_bias) checked against the vocabulary."""
+    it names (prompt, logit_bias) checked against the vocabulary. A text that cannot fit the
+    context whatever it tokenizes to is refused without being tokenized."""
     model = backend.text_model
+    chars = sum(len(m["content"]) for m in req.messages) + len(req.prompt)
+    if backend.max_context and backend.token_chars:
+        if chars > backend.max_context * backend.token_chars:
+            raise _context_error(backend, req, -(-chars // backend.token_chars), 0)
     if req.kind == "chat":
         if model.tokenizer is None or not getattr(model.tokenizer, "chat_template", None):
             raise ApiError(
@@ -210,31 +324,75 @@ def _prompt_ids(backend: Backend, req: ApiRequest) -> tuple[int, ...]:
 
 
 def _config(backend: Backend, req: ApiRequest) -> SessionConfig:
-    """The session a request runs (its seed drawn at random when it gave none)."""
+    """The session a request runs (its seed drawn at random when it gave none), checked
+    against the context: the prompt and max_tokens must fit; without max_tokens, the default
+    is cut to what fits (as vLLM does)."""
+    prompt = _prompt_ids(backend, req)
     default = backend.max_tokens if req.kind == "chat" else DEFAULT_COMPLETION_TOKENS
+    room = None if backend.max_context is None else backend.max_context - len(prompt)
+    if room is not None:
+        if room < 1 or (req.max_tokens is not None and req.max_tokens > room):
+            raise _context_error(backend, req, len(prompt), req.max_tokens or 1)
+        default = min(default, room)
     fields = session_fields(
         req,
         defaults=backend.chat_defaults,
         max_tokens=default,
         seed=secrets.randbelow(SEED_LIMIT),
     )
-    return SessionConfig(
-        prompt=_prompt_ids(backend, req),
-        mode=backend.mode,
-        draft=backend.draft,
-        **fields,
+    return SessionConfig(prompt=prompt, mode=backend.mode, draft=backend.draft, **fields)
+
+
+def _prepare(backend: Backend, kind: str, raw: bytes) -> tuple[ApiRequest, SessionConfig]:
+    """A request's bytes -> (the checked request, its session): decoding, checks, the chat
+    template and tokenizing, all CPU work (run in a worker thread, off the event loop)."""
+    req = parse_request(kind, decode_body(raw))
+    if req.model not in (None, backend.model_id):
+        raise ApiError(
+            f"model {req.model!r} is not served here (this server serves {backend.model_id!r})",
+            status=404,
+            type="not_found_error",
+            param="model",
+            code="model_not_found",
+        )
+    return req, _config(backend, req)
+
+
+async def _read_body(request: Request, limits: HttpLimits) -> bytes:
+    """The request's body: 413 past `max_body_bytes` (by its Content-Length, unread, or as
+    it arrives), 408 when it has not all arrived within `body_timeout_s`."""
+    limit = limits.max_body_bytes
+    too_large = ApiError(
+        f"the request body is over {limit} bytes (--max-body-bytes)",
+        status=413,
+        code="request_too_large",
     )
-
-
-async def _body(request: Request) -> Any:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+        raise too_large
+    parts, size = [], 0
     try:
-        return json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(f"the request body is not JSON: {e}") from None
+        async with asyncio.timeout(limits.body_timeout_s):
+            async for part in request.stream():
+                size += len(part)
+                if size > limit:
+                    raise too_large
+                parts.append(part)
+    except TimeoutError:
+        raise ApiError(
+            f"the request body did not arrive within {limits.body_timeout_s:g} s",
+            status=408,
+            code="request_timeout",
+        ) from None
+    except ClientDisconnect:
+        raise ApiError("the client went away before its body arrived") from None
+    return b"".join(parts)
 
 
 def _error(e: ApiError) -> JSONResponse:
     headers = {"Retry-After": "1"} if e.status == 429 else None
+    if e.status in (408, 413):  # the rest of the body is not read: end the connection
+        headers = {"Connection": "close"}
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
@@ -256,17 +414,18 @@ def _explained(e: ApiError, req: ApiRequest, config: SessionConfig) -> ApiError:
     return e
 
 
-async def _stream(gen: Generation, req: ApiRequest, rid: str, model: str) -> AsyncIterator[str]:
-    """The SSE `data:` payloads of a streamed answer, `[DONE]` last; an error mid-stream is
-    sent as an `{"error": ...}` payload. A cancellation (the client went away) closes the
-    session."""
+async def _stream(
+    gen: Generation, req: ApiRequest, rid: str, model: str
+) -> AsyncIterator[str | None]:
+    """The SSE `data:` payloads of a streamed answer (None: a ping), `[DONE]` last; an error
+    mid-stream is sent as an `{"error": ...}` payload."""
     created = int(time.time())
     try:
         if req.kind == "chat":
             yield json.dumps(chunk(req, rid, created, model, None))
         try:
-            async for piece in gen.pieces():
-                yield json.dumps(chunk(req, rid, created, model, piece))
+            async for piece in gen.pieces(PING_S):
+                yield None if piece is None else json.dumps(chunk(req, rid, created, model, piece))
         except Exception as e:
             yield json.dumps(_failure(e).body())
             yield "[DONE]"
@@ -283,27 +442,22 @@ async def _whole(gen: Generation) -> str:
     return "".join([piece async for piece in gen.pieces()])
 
 
-async def _complete(backend: Backend, request: Request, kind: str, api_key: str | None) -> Response:
-    """One request: check it, open its session, then stream or wait for the whole answer."""
-    _check_key(request, api_key)
-    req = parse_request(kind, await _body(request))
-    if req.model not in (None, backend.model_id):
-        raise ApiError(
-            f"model {req.model!r} is not served here (this server serves {backend.model_id!r})",
-            status=404,
-            type="not_found_error",
-            param="model",
-            code="model_not_found",
-        )
-    gen = Generation(backend, _config(backend, req), req.stop)
+async def _complete(
+    backend: Backend, request: Request, kind: str, key: bytes | None, limits: HttpLimits
+) -> Response:
+    """One request: check it (off the event loop), open its session, then stream or wait for
+    the whole answer."""
+    _check_key(request, key)
+    raw = await _read_body(request, limits)
+    req, config = await asyncio.to_thread(_prepare, backend, kind, raw)
+    gen = Generation(backend, config, req.stop)
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12)
     try:
         if await _until_disconnect(request, gen.start()) is DISCONNECTED:
             gen.close()
             return Response(status_code=499)  # nobody reads it: the client is gone
         if req.stream:
-            stream = _stream(gen, req, rid, backend.model_id)
-            return EventSourceResponse(stream, sep="\n", ping=15)
+            return EventStream(_stream(gen, req, rid, backend.model_id), gen.close)
         text = await _until_disconnect(request, _whole(gen))
     except Exception as e:
         gen.close()
@@ -320,23 +474,43 @@ async def _complete(backend: Backend, request: Request, kind: str, api_key: str 
     return JSONResponse(body)
 
 
-def _check_key(request: Request, api_key: str | None) -> None:
-    """401 unless the request carries `Authorization: Bearer <api_key>` (when one is set)."""
-    if api_key is None:
-        return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), api_key):
-        raise ApiError(
-            "missing or wrong API key (Authorization: Bearer <key>)",
-            status=401,
-            type="authentication_error",
-            code="invalid_api_key",
+def check_api_key(key: str) -> str:
+    """`key` if a client can send it (`Authorization: Bearer <key>`): visible ASCII, no
+    spaces; `ValueError` otherwise (a blank key no client could match, a character a header
+    cannot carry as the client would send it)."""
+    if not key or not all("!" <= c <= "~" for c in key):
+        raise ValueError(
+            "--api-key (or $JAXSPEC_API_KEY) must be visible ASCII without spaces, got "
+            f"{len(key)} characters that are not"
         )
+    return key
 
 
-def create_app(backend: Backend, *, api_key: str | None = None) -> FastAPI:
-    """The ASGI app serving `backend`; with `api_key`, every /v1 route wants
-    `Authorization: Bearer <api_key>` (401 otherwise)."""
+def _check_key(request: Request, key: bytes | None) -> None:
+    """401 unless the request carries exactly one `Authorization: Bearer <key>` (when a key
+    is set; compared as bytes, so any header byte is just a wrong key)."""
+    if key is None:
+        return
+    values = [v for k, v in request.scope["headers"] if k == b"authorization"]
+    why = "missing or wrong API key (Authorization: Bearer <key>)"
+    if len(values) > 1:
+        why = f"{len(values)} Authorization headers (send exactly one)"
+    scheme, _, token = (values[0] if values else b"").partition(b" ")
+    if (
+        len(values) != 1
+        or scheme.lower() != b"bearer"
+        or not hmac.compare_digest(token.strip(), key)
+    ):
+        raise ApiError(why, status=401, type="authentication_error", code="invalid_api_key")
+
+
+def create_app(
+    backend: Backend, *, api_key: str | None = None, limits: HttpLimits | None = None
+) -> FastAPI:
+    """The ASGI app serving `backend`; with `api_key`, every /v1 route wants exactly one
+    `Authorization: Bearer <api_key>` (401 otherwise). `limits`: the body's bounds."""
+    limits = limits or HttpLimits()
+    key = None if api_key is None else check_api_key(api_key).encode()
     app = FastAPI(title="jaxspec", docs_url=None, redoc_url=None, openapi_url=None)
     started = int(time.time())
 
@@ -353,9 +527,14 @@ def create_app(backend: Backend, *, api_key: str | None = None) -> FastAPI:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         return _error(ApiError(str(e.detail), status=e.status_code, type=kind))
 
+    @app.exception_handler(Exception)
+    async def bug(_request: Request, e: Exception) -> JSONResponse:  # logged by uvicorn too
+        return _error(ApiError(f"internal error: {type(e).__name__}", status=500,
+                               type="server_error"))  # fmt: skip
+
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
-        _check_key(request, api_key)
+        _check_key(request, key)
         card = {
             "id": backend.model_id,
             "object": "model",
@@ -366,13 +545,208 @@ def create_app(backend: Backend, *, api_key: str | None = None) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await _complete(backend, request, "chat", api_key)
+        return await _complete(backend, request, "chat", key, limits)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _complete(backend, request, "completion", api_key)
+        return await _complete(backend, request, "completion", key, limits)
 
     return app
+
+
+# -- the HTTP server: uvicorn's h11 protocol with the endpoint's own bounds ------------------
+
+FD_RESERVE = 128  # files kept for what is not a client connection (models, gRPC, logs)
+# uvicorn's backlog: the kernel's queue of connections not yet accepted, and how many asyncio
+# accepts at one wake-up, before any of them is seen (uvicorn's 2,048 ran a 1,024-file
+# process out of files mid-batch: accepting then stopped for a second at a time). The cap on
+# open connections leaves room for two batches in flight.
+ACCEPT_BATCH = 128
+LINGER_S = 2.0  # a closing connection reads (and drops) what the client still sends this long
+
+
+class LingeringTransport:
+    """A connection's transport whose `close()` lingers: it sends what is buffered, ends our
+    side (`write_eof`), then drops what the client still sends until it closes or `LINGER_S`
+    passes. A plain close with the request's body unread (a 413 answered from the
+    Content-Length alone) resets the connection, and a client still sending can lose the
+    answer and retry. Everything else is the transport's own."""
+
+    def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport, self.loop = transport, loop
+        self.lingering = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self.transport.is_closing()
+
+    def close_now(self) -> None:
+        """Close without lingering (nothing of the client's is left to read)."""
+        self.lingering = True
+        self.transport.close()
+
+    def close(self) -> None:
+        if self.is_closing():
+            return
+        self.lingering = True
+        try:
+            self.transport.write_eof()
+            self.transport.resume_reading()
+        except (NotImplementedError, RuntimeError, OSError):  # TLS has no half-close
+            self.transport.close()
+            return
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+
+def _raw_error(status: int, e: ApiError) -> bytes:
+    """A whole HTTP/1.1 answer (the connection then closes) for the protocol layer, which
+    answers before or outside any request h11 could pair it with."""
+    body = json.dumps(e.body()).encode()
+    reason = {400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavailable"}
+    head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n" % (status, reason[status])
+    return head + b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol (one per connection) with the endpoint's bounds (`limits`): a
+    request's head must arrive within `header_timeout_s` of the connection opening or of the
+    previous answer (uvicorn alone keeps a silent or byte-a-minute connection open forever);
+    past `max_open` connections the one idle longest is closed (503 for the new one when
+    none is idle); a malformed request is answered in OpenAI's error shape; a connection
+    closes lingering (`LingeringTransport`)."""
+
+    limits = HttpLimits()
+    max_open = HttpLimits().max_connections
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(LingeringTransport(transport, self.loop))
+        self.idle_since = self.loop.time()
+        self.head_deadline: asyncio.TimerHandle | None = None
+        self._await_head()
+        if len(self.connections) > self.max_open:
+            self._make_room()
+
+    def waiting(self) -> bool:
+        """Whether the connection waits for a request (none, or part of one's head)."""
+        answering = self.cycle is not None and not self.cycle.response_complete
+        return self.conn.their_state is h11.IDLE and not answering
+
+    def _make_room(self) -> None:
+        open_ = [p for p in self.connections if not p.transport.is_closing()]
+        if len(open_) <= self.max_open:
+            return
+        idle = [p for p in open_ if p is not self and getattr(p, "waiting", bool)()]
+        if idle:
+            min(idle, key=lambda p: p.idle_since).transport.close_now()
+            return
+        why = f"the endpoint is at its limit of {self.max_open} connections, none idle"
+        err = ApiError(why, status=503, type="service_unavailable", code="too_many_connections")
+        self.transport.write(_raw_error(503, err))
+        self.transport.close()
+
+    def _await_head(self) -> None:
+        self._cancel_deadline()
+        self.head_deadline = self.loop.call_later(self.limits.header_timeout_s, self._head_late)
+
+    def _cancel_deadline(self) -> None:
+        if self.head_deadline is not None:
+            self.head_deadline.cancel()
+            self.head_deadline = None
+
+    def _head_late(self) -> None:
+        """The head did not come in time: close (with a 408 if part of it came)."""
+        self.head_deadline = None
+        if self.transport.is_closing() or not self.waiting():
+            return
+        if not self.conn.trailing_data[0]:
+            self.transport.close_now()  # nothing came: an idle connection
+            return
+        why = f"the request's head did not arrive within {self.limits.header_timeout_s:g} s"
+        self.transport.write(_raw_error(408, ApiError(why, status=408, code="request_timeout")))
+        self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.lingering:
+            return  # closing: what the client still sends is dropped
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._cancel_deadline()  # the head is in: the body has the app's deadline
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self.idle_since = self.loop.time()
+            self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_deadline()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        why = (
+            "invalid HTTP request: malformed, or a head over "
+            f"{self.limits.max_header_bytes} bytes ({msg})"
+        )
+        body = json.dumps(ApiError(why, code="invalid_http").body()).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+            (b"connection", b"close"),
+        ]
+        try:
+            out = self.conn.send(
+                h11.Response(status_code=400, headers=headers, reason=b"Bad Request")
+            )
+            out += self.conn.send(h11.Data(data=body)) + self.conn.send(h11.EndOfMessage())
+            self.transport.write(out)
+        except h11.LocalProtocolError:
+            pass  # an answer had begun: closing is all that is left
+        self.transport.close()
+
+
+def open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (a common soft
+    default, 1,024, is a few idle connections' worth) and return the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 16
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def http_server(app: FastAPI, host: str, port: int, limits: HttpLimits) -> uvicorn.Server:
+    """uvicorn serving `app` with `limits` (`GuardedH11Protocol`); `max_connections` is
+    lowered to what the file limit leaves, `FD_RESERVE` files kept, and a line says so."""
+    files = open_files_limit()
+    max_open = max(16, min(limits.max_connections, files - FD_RESERVE - 2 * ACCEPT_BATCH))
+    if max_open < limits.max_connections:
+        print(
+            f"the OpenAI endpoint: at most {max_open} connections (the process may open {files} "
+            f"files; --max-connections {limits.max_connections})",
+            file=sys.stderr,
+            flush=True,
+        )
+    protocol = type(
+        "GuardedH11Protocol", (GuardedH11Protocol,), {"limits": limits, "max_open": max_open}
+    )
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        http=protocol,
+        ws="none",
+        backlog=ACCEPT_BATCH,
+        timeout_keep_alive=limits.keep_alive_s,
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+    )
+    return uvicorn.Server(config)
 
 
 def ready_line(model_id: str, host: str, port: int) -> str:
@@ -380,10 +754,12 @@ def ready_line(model_id: str, host: str, port: int) -> str:
     return f"jaxspec OpenAI endpoint serving {model_id} on http://{host}:{port}/v1"
 
 
-async def serve_app(app: FastAPI, host: str, port: int, model_id: str) -> None:
-    """Run `app` under uvicorn in this event loop until SIGINT/SIGTERM; print `ready_line`
-    (with the port bound: `port` 0 picks a free one) once it listens."""
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+async def serve_app(
+    app: FastAPI, host: str, port: int, model_id: str, limits: HttpLimits | None = None
+) -> None:
+    """Run `app` under uvicorn (`http_server`) in this event loop until SIGINT/SIGTERM; print
+    `ready_line` (with the port bound: `port` 0 picks a free one) once it listens."""
+    server = http_server(app, host, port, limits or HttpLimits())
 
     async def announce() -> None:
         while not server.started:
@@ -394,10 +770,32 @@ async def serve_app(app: FastAPI, host: str, port: int, model_id: str) -> None:
         print(ready_line(model_id, host, bound), file=sys.stderr, flush=True)
 
     told = asyncio.ensure_future(announce())
+    asyncio.get_running_loop().set_exception_handler(_quiet_out_of_files())
     try:
         await server.serve()
     finally:
         told.cancel()
+
+
+def _quiet_out_of_files(every_s: float = 10.0) -> Callable[[Any, dict], None]:
+    """The event loop's exception handler, with asyncio's "socket.accept() out of system
+    resource" (a traceback per failed accept, thousands under a connection flood) said at
+    most once per `every_s`, with how many were dropped."""
+    last, dropped = [float("-inf")], [0]
+
+    def handle(loop: Any, context: dict) -> None:
+        if "out of system resource" in str(context.get("message", "")):
+            now = time.monotonic()
+            if now - last[0] < every_s:
+                dropped[0] += 1
+                return
+            last[0] = now
+            context = {**context, "message": f"{context['message']} ({dropped[0]} dropped)"}
+            context.pop("exception", None)  # the traceback says nothing more
+            dropped[0] = 0
+        loop.default_exception_handler(context)
+
+    return handle
 
 
 # -- the command-line side, shared by `python -m edge serve` and `jaxspec serve` ------------
@@ -407,7 +805,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     """`--host --port --api-key --served-model-name --chat-template --max-new-tokens
-    --allow-insecure-public`: the HTTP side of both serve commands."""
+    --allow-insecure-public` and the HTTP bounds (`HttpLimits`): the HTTP side of both serve
+    commands."""
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
     parser.add_argument(
         "--port", type=port_arg(zero_picks_free=True), default=8000, help="0 picks a free one"
@@ -415,8 +814,8 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key",
         default=None,
-        help="clients must send `Authorization: Bearer KEY` (or $JAXSPEC_API_KEY); without it "
-        "anyone who reaches the port is served",
+        help="clients must send `Authorization: Bearer KEY` (or $JAXSPEC_API_KEY; visible "
+        "ASCII, no spaces); without it anyone who reaches the port is served",
     )
     parser.add_argument(
         "--allow-insecure-public",
@@ -436,17 +835,42 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     add_max_new_tokens(
         parser, 256, what=" for a chat request that gives no max_tokens (completions: 16)"
     )
+    d = HttpLimits()
+    g = parser.add_argument_group("HTTP bounds")
+    g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                   help="a larger request body is refused, 413")  # fmt: skip
+    g.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help="open connections at most (lowered to what the process's file limit "
+                   "allows); past it the one idle longest is closed")  # fmt: skip
+    g.add_argument("--header-timeout-s", type=float, default=d.header_timeout_s,
+                   help="a request's head must arrive within this of its connection opening "
+                   "(or the previous answer), else the connection is closed")  # fmt: skip
+    g.add_argument("--body-timeout-s", type=float, default=d.body_timeout_s,
+                   help="a request's body must arrive within this, else 408")  # fmt: skip
+    g.add_argument("--keep-alive-s", type=float, default=d.keep_alive_s,
+                   help="an idle keep-alive connection is closed after this")  # fmt: skip
 
 
 def check_serve_args(args: argparse.Namespace) -> None:
     """The serve flags, before anything loads: `ValueError` naming the bad one. Fills
-    `args.api_key` from $JAXSPEC_API_KEY and `args.chat_template_text` from the file."""
-    args.api_key = args.api_key or os.environ.get("JAXSPEC_API_KEY") or None
+    `args.api_key` from $JAXSPEC_API_KEY (checked: a key no client can send is refused, a
+    blank one included), `args.http_limits` and `args.chat_template_text` from the file."""
+    if args.api_key is None:  # an empty $JAXSPEC_API_KEY is an unset one
+        args.api_key = os.environ.get("JAXSPEC_API_KEY") or None
+    if args.api_key is not None:
+        check_api_key(args.api_key)
     if args.host not in LOOPBACK and args.api_key is None and not args.allow_insecure_public:
         raise ValueError(
             f"--host {args.host} is not loopback: give --api-key (or $JAXSPEC_API_KEY), or "
             "--allow-insecure-public to serve anyone who reaches it"
         )
+    flags = {"max_body_bytes": "--max-body-bytes", "max_connections": "--max-connections",
+             "header_timeout_s": "--header-timeout-s", "body_timeout_s": "--body-timeout-s",
+             "keep_alive_s": "--keep-alive-s"}  # fmt: skip
+    for field, flag in flags.items():
+        if not getattr(args, field) > 0:
+            raise ValueError(f"{flag} must be > 0, got {getattr(args, field)}")
+    args.http_limits = HttpLimits(**{field: getattr(args, field) for field in flags})
     args.chat_template_text = None
     if args.chat_template is not None:
         with open(args.chat_template, encoding="utf-8") as f:  # OSError: exit status 2

@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 
 from edge.drafter import DraftBatch, Drafter, DrafterState
+from jaxspec.compilation.shapes import bucket
+from jaxspec.decoding.sampling import SamplingParams, session_key
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import (
     DraftBlock,
@@ -40,8 +42,6 @@ from jaxspec.protocol import (
     VerifierEndpoint,
     VerifyResult,
 )
-from jaxspec.sampling import SamplingParams, session_key
-from jaxspec.shapes import bucket
 
 
 @dataclasses.dataclass

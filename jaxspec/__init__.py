@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 
@@ -29,18 +27,20 @@ logging.getLogger("transformers").addFilter(_NoTorchNotice())
 
 # public name -> the submodule that defines it
 _EXPORTS = {
-    "load": "checkpoint", "load_gguf": "checkpoint", "save": "checkpoint",
-    "generation_defaults": "checkpoint",
-    "CheckpointError": "config", "LlamaConfig": "config", "RopeScaling": "config",
+    "load": "ckpts.checkpoint", "load_gguf": "ckpts.checkpoint", "save": "ckpts.checkpoint",
+    "generation_defaults": "ckpts.checkpoint",
+    "CheckpointError": "nn.config", "LlamaConfig": "nn.config", "RopeScaling": "nn.config",
     "AcceptanceFigures": "figures",
-    "GenerateOutput": "generate", "GenerateStats": "generate", "generate": "generate",
-    "KVCache": "model", "Llama": "model", "Model": "model", "forward": "model",
-    "init_cache": "model", "init_params": "model",
+    "GenerateOutput": "decoding.generate", "GenerateStats": "decoding.generate",
+    "generate": "decoding.generate",
+    "KVCache": "nn.model", "Llama": "nn.model", "Model": "nn.model", "forward": "nn.model",
+    "init_cache": "nn.model", "init_params": "nn.model",
     "DraftSpec": "protocol", "SamplingSettings": "protocol",
-    "quantize": "quantize",
-    "Purpose": "sampling", "SamplingParams": "sampling", "position_key": "sampling",
-    "session_key": "sampling", "warp": "sampling",
-    "chat_prompt": "text", "decode_text": "text", "encode_prompt": "text",
+    "quantize": "quant.quantize",
+    "Purpose": "decoding.sampling", "SamplingParams": "decoding.sampling",
+    "position_key": "decoding.sampling",
+    "session_key": "decoding.sampling", "warp": "decoding.sampling",
+    "chat_prompt": "nn.text", "decode_text": "nn.text", "encode_prompt": "nn.text",
 }  # fmt: skip
 
 __all__ = [
@@ -93,27 +93,13 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_EXPORTS})
 
 
-class _Package(types.ModuleType):
-    """`jaxspec.generate` and `jaxspec.quantize` stay the functions: the import system binds a
-    submodule to its package's attribute when it loads it, which would shadow a function of
-    the same name once anything imported the submodule itself."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == name:
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
 if TYPE_CHECKING:
-    from jaxspec.checkpoint import generation_defaults, load, load_gguf, save
-    from jaxspec.config import CheckpointError, LlamaConfig, RopeScaling
+    from jaxspec.ckpts.checkpoint import generation_defaults, load, load_gguf, save
+    from jaxspec.decoding.generate import GenerateOutput, GenerateStats, generate
+    from jaxspec.decoding.sampling import Purpose, SamplingParams, position_key, session_key, warp
     from jaxspec.figures import AcceptanceFigures
-    from jaxspec.generate import GenerateOutput, GenerateStats, generate
-    from jaxspec.model import KVCache, Llama, Model, forward, init_cache, init_params
+    from jaxspec.nn.config import CheckpointError, LlamaConfig, RopeScaling
+    from jaxspec.nn.model import KVCache, Llama, Model, forward, init_cache, init_params
+    from jaxspec.nn.text import chat_prompt, decode_text, encode_prompt
     from jaxspec.protocol import DraftSpec, SamplingSettings
-    from jaxspec.quantize import quantize
-    from jaxspec.sampling import Purpose, SamplingParams, position_key, session_key, warp
-    from jaxspec.text import chat_prompt, decode_text, encode_prompt
+    from jaxspec.quant.quantize import quantize

@@ -37,10 +37,10 @@ from rich.progress import (
 
 import jaxspec
 from jaxspec import kernels
-from jaxspec.generate import choose_gamma, conditional_alphas  # noqa: F401 (re-exported)
-from jaxspec.sampling import session_keys
-from jaxspec.testing import write_random_checkpoint
-from jaxspec.text import decode_text
+from jaxspec.ckpts.tiny import write_random_checkpoint
+from jaxspec.decoding.generate import choose_gamma, conditional_alphas  # noqa: F401 (re-exported)
+from jaxspec.decoding.sampling import session_keys
+from jaxspec.nn.text import decode_text
 from jaxspec_apps import bench, demo, serve
 from jaxspec_host import hub
 from jaxspec_host.flags import (
@@ -120,7 +120,7 @@ def choose_colocated_gamma(
     """`--gamma auto` for co-located decoding: what `jaxspec.generate(..., gamma="auto")`
     picks (`jaxspec.generate`'s `choose_gamma`: the draft's and the target's time per token
     from short plain runs, the acceptance per position from a speculative run at `longest`,
-    the least expected time per token under `jaxspec.analytic`'s co-located model), on the
+    the least expected time per token under `jaxspec.decoding.analytic`'s co-located model), on the
     one prompt. Returns the gamma and the figures in words."""
     choice = choose_gamma(
         target, draft, [list(ids)], jaxspec.SamplingParams.of([sampling]),

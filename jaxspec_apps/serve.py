@@ -79,9 +79,10 @@ async def _serve(args: argparse.Namespace, spec: jaxspec.DraftSpec) -> int:
             depth=args.depth,
             max_tokens=args.max_new_tokens,
             chat_defaults=jaxspec.generation_defaults(args.checkpoint),
+            max_context=args.max_len,
         )
-        await serve_app(create_app(backend, api_key=args.api_key), args.host, args.port,
-                        backend.model_id)  # fmt: skip
+        app = create_app(backend, api_key=args.api_key, limits=args.http_limits)
+        await serve_app(app, args.host, args.port, backend.model_id, args.http_limits)
     finally:
         await verifier.aclose()
     return 0

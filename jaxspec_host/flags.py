@@ -25,10 +25,10 @@ import importlib
 import sys
 from collections.abc import Mapping
 
-from jaxspec.model import Model
+from jaxspec.decoding.sampling import check_seed
+from jaxspec.nn.model import Model
+from jaxspec.nn.text import chat_prompt, encode_prompt
 from jaxspec.protocol import ENCODINGS, MODES, Q_DTYPES, DraftSpec, SamplingSettings
-from jaxspec.sampling import check_seed
-from jaxspec.text import chat_prompt, encode_prompt
 from jaxspec_host.xla_cache import compilation_cache_dir, configure_compilation_cache
 
 SAMPLING_HELP = {
@@ -201,7 +201,7 @@ PENALTY_DEFAULTS = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequen
 
 def add_penalty_flags(parser: argparse.ArgumentParser) -> None:
     """Add `--repetition-penalty --presence-penalty --frequency-penalty` (vLLM's semantics,
-    `jaxspec.sampling`), off by default; `penalties_from_args` reads and checks them."""
+    `jaxspec.decoding.sampling`), off by default; `penalties_from_args` reads and checks them."""
     _add(parser, {k: (v, float, None) for k, v in PENALTY_DEFAULTS.items()}, PENALTY_HELP, None)
 
 

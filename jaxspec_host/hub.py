@@ -27,8 +27,8 @@ import threading
 import zipfile
 from collections.abc import Callable
 
-from jaxspec import checkpoint
-from jaxspec.config import CheckpointError
+from jaxspec.ckpts import checkpoint
+from jaxspec.nn.config import CheckpointError
 
 # progress(stage, done, total): stage is "download" (bytes), "convert" (tensors), "save", or a
 # quantized copy's stages ("answers", "hessians", "weights").
@@ -85,7 +85,7 @@ class QuantizedCopy:
     def recipe(self) -> dict[str, object]:
         """What the copy's build depends on beyond its base, recorded in its source file: a
         cached copy of another recipe is built again."""
-        from jaxspec.quantize import DEFAULT_METHOD
+        from jaxspec.quant.quantize import DEFAULT_METHOD
 
         method = self.method or DEFAULT_METHOD
         return {"method": method, "head_bits": self.head_bits, "head_method": self.head_method}
@@ -136,12 +136,12 @@ def ensure_copy(name: str, progress: Progress | None = None) -> pathlib.Path:
     """The checkpoint directory of quantized copy `name`, built (and its base pulled) first
     if not cached, or cached from another recipe. Written to a temporary directory and
     renamed into place, as `pull` does."""
-    from jaxspec.checkpoint import load, save  # (the quantizer is heavy: imported on use)
+    from jaxspec.ckpts.checkpoint import load, save  # (the quantizer is heavy: imported on use)
 
     spec = quantized_copy(name)
     if spec is None:
         raise CheckpointError(f"no quantized copy named {name!r} (known: {sorted(_COPY_BY_NAME)})")
-    from jaxspec.quantize import quantize
+    from jaxspec.quant.quantize import quantize
 
     final = copy_dir(spec)
     recipe = spec.recipe()
@@ -180,7 +180,7 @@ def remote_names() -> list[str]:
 
 
 def names() -> list[str]:
-    """The names this fetcher resolves (the core's fetcher protocol, `jaxspec.checkpoint`)."""
+    """The names this fetcher resolves (the core's fetcher protocol, `jaxspec.ckpts.checkpoint`)."""
     return remote_names()
 
 
@@ -251,7 +251,7 @@ def pull(
     Raises:
       CheckpointError: unknown name, failed download (saying what to run), wrong checksum.
     """
-    from jaxspec.checkpoint import load_gguf, save
+    from jaxspec.ckpts.checkpoint import load_gguf, save
 
     spec = remote_model(name)
     if spec is None:

@@ -20,7 +20,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from jaxspec.config import CheckpointError
+from jaxspec.nn.config import CheckpointError
 from jaxspec_host import hub
 
 PAIRS = ("auto", "smollm2", "tiny")

@@ -9,7 +9,7 @@ $XDG_CACHE_HOME/jaxspec/xla (~/.cache/jaxspec/xla). Several processes may share 
 writes an entry in place without a lock, so a process that reads an entry another is still
 writing finds it truncated, warns, and compiles that shape itself; nothing wrong is loaded.
 
-Its `traces/` subdirectory keeps traced programs (`jaxspec.trace_cache`), bounded by
+Its `traces/` subdirectory keeps traced programs (`jaxspec.compilation.trace_cache`), bounded by
 $JAXSPEC_TRACE_CACHE_MB (default 1024, least recently used entries evicted). A directory that
 another user owns or that group or others may write is not used at all (a warning; compiling
 and tracing without it): its entries are programs and executables this process would run.
@@ -26,10 +26,10 @@ from collections.abc import Mapping
 
 import jax
 
-from jaxspec import trace_cache
+from jaxspec.compilation import trace_cache
 
 log = logging.getLogger("jaxspec_host.xla_cache")
-TRACES = "traces"  # the subdirectory of saved traces (jaxspec.trace_cache)
+TRACES = "traces"  # the subdirectory of saved traces (jaxspec.compilation.trace_cache)
 
 
 def compilation_cache_dir(flag: str | None, environ: Mapping[str, str] = os.environ) -> str | None:

@@ -61,10 +61,10 @@ def hf_checkpoints(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _no_kept_traces():
     """Every test traces its own code: a command run in-process (its `main`) turns on the
-    kept traces (`jaxspec.trace_cache`) with the compilation cache, and a later test that
-    swaps in a deliberately wrong function (a mutant) must not be served the right one's
+    kept traces (`jaxspec.compilation.trace_cache`) with the compilation cache, and a later test
+    that swaps in a deliberately wrong function (a mutant) must not be served the right one's
     trace from disk. Only tests/test_trace_cache.py turns them on, in a directory of its own."""
-    from jaxspec import trace_cache
+    from jaxspec.compilation import trace_cache
 
     trace_cache.configure(None)
     yield

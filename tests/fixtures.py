@@ -3,7 +3,7 @@ fixtures): transformers/torch oracle checkpoints, GGUF files written the way lla
 converter writes them, the architectures the parity tests cover, and the float64 target/draft
 pair of the edge and verifier tests.
 
-They lived in `jaxspec.testing`, but nothing outside tests/ used them and `write_hf_checkpoint`
+They lived in `jaxspec.ckpts.tiny`, but nothing outside tests/ used them and `write_hf_checkpoint`
 needs torch, which no module of the package may need. What the CLI's `init-random` and the
 tools use stays there.
 """
@@ -17,9 +17,10 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxspec.config import LlamaConfig, RopeScaling
-from jaxspec.model import Model, init_params
-from jaxspec.testing import tiny_config, to_dtype
+from jaxspec.ckpts.tiny import tiny_config, to_dtype
+from jaxspec.nn.config import LlamaConfig, RopeScaling
+from jaxspec.nn.model import Model, init_params
+from jaxspec.protocol import Unavailable, VerifyResult
 
 
 def write_hf_checkpoint(
@@ -78,7 +79,7 @@ def config_variants() -> dict[str, LlamaConfig]:
 
 def permute_for_gguf(w: Any, n_head: int) -> Any:
     """llama.cpp's converter `permute` of Q/K rows `[n_head * d, in]` (halves -> pairs): what
-    a GGUF stores, and what `jaxspec.gguf_import` must undo."""
+    a GGUF stores, and what `jaxspec.ckpts.gguf_import` must undo."""
     import numpy as np
 
     w = np.asarray(w)
@@ -97,7 +98,7 @@ def write_gguf(path: str | os.PathLike[str], model: Model, qtype: str = "F32") -
     import jax
     import numpy as np
 
-    from jaxspec.checkpoint import hf_name
+    from jaxspec.ckpts.checkpoint import hf_name
 
     c = model.config
     kind = gguf.GGMLQuantizationType[qtype]
@@ -171,3 +172,27 @@ def peaked_pair(seeds: tuple[int, int] = (0, 7), scale: float = 3.0) -> tuple[Mo
         spread = m.with_params(jax.tree.map(lambda a: a * scale, m.params))
         out.append(to_dtype(spread, jnp.float64))
     return out[0], out[1]
+
+
+class Recorder:
+    """An endpoint that keeps every (block, result) it answered, in answer order, and can
+    fail the `fail_at`-th verify call with UNAVAILABLE (a verifier that went away)."""
+
+    def __init__(self, inner, fail_at: int | None = None):
+        self.inner, self.fail_at = inner, fail_at
+        self.seen: list[tuple[object, VerifyResult]] = []
+        self.calls = 0
+
+    async def open_session(self, config):
+        return await self.inner.open_session(config)
+
+    async def close_session(self, session_id):
+        await self.inner.close_session(session_id)
+
+    async def verify(self, block):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise Unavailable("gone")
+        r = await self.inner.verify(block)
+        self.seen.append((block, r))
+        return r

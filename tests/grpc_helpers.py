@@ -18,8 +18,8 @@ import jaxspec
 from edge.client import GrpcEndpoint
 from edge.drafter import Drafter
 from edge.session import run_session
+from jaxspec.ckpts.tiny import write_random_checkpoint
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
-from jaxspec.testing import write_random_checkpoint
 from verify import LocalVerifier, SchedulerConfig
 from verify.process import VerifierProcess
 

@@ -1,14 +1,14 @@
-"""Co-located decoding with a deliberately wrong variant (`jaxspec.verification.Variant`):
-the mutants reach the jitted code through `jaxspec.generate.decode`, the layer below the
+"""Co-located decoding with a deliberately wrong variant (`jaxspec.decoding.verification.Variant`):
+the mutants reach the jitted code through `jaxspec.decoding.generate.decode`, the layer below the
 public `generate`, never through its keywords."""
 
 from __future__ import annotations
 
-from jaxspec.generate import decode
-from jaxspec.model import Model
+from jaxspec.decoding.generate import decode
+from jaxspec.decoding.sampling import SamplingParams, session_keys
+from jaxspec.decoding.verification import Variant
+from jaxspec.nn.model import Model
 from jaxspec.protocol import DraftSpec
-from jaxspec.sampling import SamplingParams, session_keys
-from jaxspec.verification import Variant
 
 
 def mutated(

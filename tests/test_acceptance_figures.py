@@ -15,16 +15,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec import wire
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import (
     DraftSpec,
     SamplingSettings,
     SessionConfig,
-    Unavailable,
-    VerifyResult,
+    wire,
 )
-from tests.fixtures import peaked_pair
+from tests.fixtures import Recorder, peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 from verify.metrics import ServiceMetrics
 
@@ -47,30 +45,6 @@ def models():
 @functools.cache
 def scheduler() -> Scheduler:
     return Scheduler(models()[0], CONFIG)
-
-
-class Recorder:
-    """An endpoint that keeps every (block, result) it answered, in answer order, and can
-    fail the `fail_at`-th verify call with UNAVAILABLE (a verifier that went away)."""
-
-    def __init__(self, inner, fail_at: int | None = None):
-        self.inner, self.fail_at = inner, fail_at
-        self.seen: list[tuple[object, VerifyResult]] = []
-        self.calls = 0
-
-    async def open_session(self, config):
-        return await self.inner.open_session(config)
-
-    async def close_session(self, session_id):
-        await self.inner.close_session(session_id)
-
-    async def verify(self, block):
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise Unavailable("gone")
-        r = await self.inner.verify(block)
-        self.seen.append((block, r))
-        return r
 
 
 def expected(pairs, gamma: int) -> AcceptanceFigures:

@@ -17,9 +17,9 @@ from edge.adaptive import AdaptiveGamma
 from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec import analytic
+from jaxspec.ckpts.tiny import tiny_config, to_dtype
+from jaxspec.decoding import analytic
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
-from jaxspec.testing import tiny_config, to_dtype
 from proofs import latency as proofs_latency
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 

@@ -29,8 +29,9 @@ from jaxspec import kernels
 from jaxspec.kernels import attention as attention_kernel
 from jaxspec.kernels import dense as floatkernel
 from jaxspec.kernels.attention import einsum_attention
-from jaxspec.model import forward
-from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig, Unavailable
+from jaxspec.nn.model import forward
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
+from tests.fixtures import Recorder
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 needs_kernel = pytest.mark.skipif(
@@ -150,6 +151,29 @@ def test_attention_equals_xla_and_is_invariant(b, t, s, seed):
     np.testing.assert_array_equal(scalar, out)
 
 
+@needs_kernel
+def test_attention_over_the_whole_cache_reads_the_slices_in_place():
+    """`cache_attention` on the stacked cache [L, N, Smax, H, D] (a layer, a slot per row) is
+    the same bits as `attention` on the gathered slices, under jit the cache is not copied
+    for the call, and a slot out of range is an error, not a read past the cache."""
+    rng = np.random.default_rng(7)
+    L, N, Smax, S = 3, 4, 48, 32
+    cache = [jnp.asarray(rng.standard_normal((L, N, Smax, 2, 16)), jnp.float32) for _ in "kv"]
+    q = jnp.asarray(rng.standard_normal((2, 5, 2, 3, 16)), jnp.float32)
+    rows, pos = jnp.asarray([3, 1], jnp.int32), jnp.asarray(rng.integers(0, S, (2, 5)), jnp.int32)
+
+    def whole(q, k, v):
+        return attention_kernel.cache_attention(q, k, v, 2, rows, pos, S)
+
+    got = np.asarray(jax.jit(whole)(q, *cache))
+    k, v = (c[2, rows, :S] for c in cache)
+    np.testing.assert_array_equal(got, np.asarray(attention_kernel.attention(q, k, v, pos)))
+    hlo = jax.jit(whole).lower(q, *cache).compile().as_text()
+    assert " copy(" not in hlo and "gather" not in hlo
+    with pytest.raises(Exception, match="slot out of range"):
+        attention_kernel.cache_attention(q, *cache, 2, jnp.asarray([0, N], jnp.int32), pos, S)
+
+
 # ------------------------------------------------------------------------------ the model
 
 P, S = 30, 64
@@ -217,25 +241,6 @@ CONFIG = SchedulerConfig(max_sessions=4, max_len=128, max_gamma=4, row_buckets=(
 PROMPT = tuple((i * 53 + 3) % 4096 for i in range(30))  # the issue's prompt
 
 
-class FailAt:
-    """An endpoint whose `fail_at`-th verify call finds the verifier gone (UNAVAILABLE)."""
-
-    def __init__(self, inner, fail_at: int):
-        self.inner, self.fail_at, self.calls = inner, fail_at, 0
-
-    async def open_session(self, config):
-        return await self.inner.open_session(config)
-
-    async def close_session(self, session_id):
-        await self.inner.close_session(session_id)
-
-    async def verify(self, block):
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise Unavailable("gone")
-        return await self.inner.verify(block)
-
-
 @needs_kernel
 @pytest.mark.parametrize(
     "gamma,encoding,seed",
@@ -254,7 +259,7 @@ def test_sampled_resume_at_every_point_equals_the_uninterrupted_run(gamma, encod
 
     async def run(fail_at=None):
         drafter = Drafter(draft, spec) if gamma else None
-        endpoint = verifier if fail_at is None else FailAt(verifier, fail_at)
+        endpoint = verifier if fail_at is None else Recorder(verifier, fail_at)
         trace = await run_session(endpoint, drafter, config, resume_timeout_s=5.0)
         return trace.tokens, trace.resumes, getattr(endpoint, "calls", trace.blocks_sent)
 

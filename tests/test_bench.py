@@ -19,8 +19,8 @@ import jax
 import pytest
 
 import jaxspec
-from jaxspec import analytic
-from jaxspec.testing import byte_tokenizer, tiny_config
+from jaxspec.ckpts.tiny import byte_tokenizer, tiny_config
+from jaxspec.decoding import analytic
 from jaxspec_apps import bench, cli
 from jaxspec_apps.bench import adaptive, peer, target
 from jaxspec_apps.bench.capacity import bisect_capacity, capacity_at
@@ -281,7 +281,7 @@ def test_a_mismatch_fails_the_command_but_still_writes_the_report(
 
 
 def test_the_analytic_model_equals_the_proofs_exactly():
-    """`jaxspec.analytic` is the installed copy of `proofs/latency.py`'s formulas."""
+    """`jaxspec.decoding.analytic` is the installed copy of `proofs/latency.py`'s formulas."""
     fracs = [Fraction(0), Fraction(1, 3), Fraction(9, 10), Fraction(1)]
     times = [Fraction(1, 7), Fraction(2), Fraction(5)]
     for g, a, td, tv, rtt, depth in itertools.product(

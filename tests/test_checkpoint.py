@@ -13,7 +13,7 @@ import torch
 
 import jaxspec
 from jaxspec import CheckpointError
-from jaxspec.testing import byte_tokenizer, tiny_config
+from jaxspec.ckpts.tiny import byte_tokenizer, tiny_config
 from tests.fixtures import write_hf_checkpoint
 
 

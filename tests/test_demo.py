@@ -29,7 +29,7 @@ import pytest
 from rich.console import Console
 
 from edge.client import GrpcEndpoint, check_verifier
-from jaxspec.testing import write_random_checkpoint
+from jaxspec.ckpts.tiny import write_random_checkpoint
 from jaxspec_apps.demo import _check, add_arguments, run
 from jaxspec_apps.demo import _pair as demo_pair
 from jaxspec_apps.demo._pair import resolve_pair

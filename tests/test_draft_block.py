@@ -23,11 +23,10 @@ import jaxspec
 import jaxspec.protocol as protocol
 from edge.drafter import DraftBatch
 from edge.session import _to_wire
-from jaxspec import wire
+from jaxspec.ckpts.tiny import tiny_config
+from jaxspec.decoding.verification import DraftQ
 from jaxspec.proto import verifier_pb2 as pb
-from jaxspec.protocol import DraftBlock, DraftSpec, InvalidArgument, SessionConfig
-from jaxspec.testing import tiny_config
-from jaxspec.verification import DraftQ
+from jaxspec.protocol import DraftBlock, DraftSpec, InvalidArgument, SessionConfig, wire
 from verify import Scheduler, SchedulerConfig
 
 V = tiny_config().vocab_size

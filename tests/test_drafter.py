@@ -17,9 +17,9 @@ import pytest
 
 import jaxspec
 from edge.drafter import DraftBatch, Drafter
+from jaxspec.ckpts.tiny import tiny_config
+from jaxspec.decoding.sampling import Purpose, SamplingParams, sample, session_keys, uniforms, warp
 from jaxspec.protocol import DraftSpec
-from jaxspec.sampling import Purpose, SamplingParams, sample, session_keys, uniforms, warp
-from jaxspec.testing import tiny_config
 
 ENCODINGS = ("full", "sparse", "onehot")
 GAMMA, SPARSE_K = 4, 5
@@ -173,7 +173,7 @@ def test_edge_imports_jaxspec_but_never_verify():
         elif isinstance(node, ast.ImportFrom) and node.module:
             mods.add(node.module.split(".")[0])
     assert "jaxspec" in mods and "verify" not in mods, mods
-    assert "aqt" not in mods  # AQT lives in jaxspec.aqt_compat only
+    assert "aqt" not in mods  # AQT lives in jaxspec.quant.aqt_compat only
 
 
 def test_bad_arguments(model):

@@ -16,8 +16,8 @@ import jaxspec
 from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
 from edge.session import EdgeSession, run_session
+from jaxspec.decoding.verification import Variant
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
-from jaxspec.verification import Variant
 from tests.fixtures import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 

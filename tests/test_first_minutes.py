@@ -282,7 +282,7 @@ def test_generation_defaults_from_hf_gguf_and_the_conversion_record(tmp_path, mo
 
     import gguf
 
-    from jaxspec.checkpoint import generation_defaults
+    from jaxspec.ckpts.checkpoint import generation_defaults
 
     hf = tmp_path / "hf"
     hf.mkdir()
@@ -357,7 +357,7 @@ def test_jaxspec_generate_gamma_auto_says_what_it_picked(capsys, monkeypatch, tm
     tokens here), picks a gamma in [1, --longest-block], says so with its figures, and decodes
     with it (the stats line names the gamma)."""
     import jaxspec_apps.cli as cli
-    from jaxspec.testing import write_random_checkpoint
+    from jaxspec.ckpts.tiny import write_random_checkpoint
 
     tiny = str(write_random_checkpoint(tmp_path / "tiny", seed=0))
     monkeypatch.setattr(cli, "PROBE_TOKENS", 4)

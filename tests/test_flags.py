@@ -1,5 +1,5 @@
 """The shared command-line flags (`jaxspec_host.flags`) and the one shape bucket
-(`jaxspec.shapes`)."""
+(`jaxspec.compilation.shapes`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import argparse
 
 import pytest
 
+from jaxspec.compilation.shapes import bucket
 from jaxspec.protocol import DraftSpec
-from jaxspec.shapes import bucket
 from jaxspec_host.flags import (
     add_draft_flags,
     add_penalty_flags,
@@ -53,9 +53,8 @@ def test_gamma_auto_is_an_adaptive_spec_and_reaches_the_wire():
     """--gamma auto (commands that opt in): DraftSpec(gamma=--longest-block, adaptive=True), and
     the flag survives the protocol's bytes; an old client's message (no field) is not
     adaptive. Commands that did not opt in refuse "auto" as a usage error."""
-    from jaxspec import wire
     from jaxspec.proto import verifier_pb2 as pb
-    from jaxspec.protocol import SessionConfig
+    from jaxspec.protocol import SessionConfig, wire
 
     auto = parser(auto_gamma=True)
     assert draft_spec_from_args(auto.parse_args(["--gamma", "auto"])) == DraftSpec(

@@ -15,7 +15,6 @@ import pytest
 import jaxspec
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec import wire
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.protocol import (
@@ -24,6 +23,7 @@ from jaxspec.protocol import (
     InvalidArgument,
     SamplingSettings,
     SessionConfig,
+    wire,
 )
 from tests.fixtures import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import jaxspec
-from jaxspec.generate import _decode
-from jaxspec.testing import to_dtype
+from jaxspec.ckpts.tiny import to_dtype
+from jaxspec.decoding.generate import _decode
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import jaxspec
-from jaxspec import CheckpointError, gguf_import
-from jaxspec.model import Model, init_params
-from jaxspec.testing import tiny_config
+from jaxspec import CheckpointError
+from jaxspec.ckpts import gguf_import
+from jaxspec.ckpts.tiny import tiny_config
+from jaxspec.nn.model import Model, init_params
 from jaxspec_host import hub
 from tests.fixtures import write_gguf
 

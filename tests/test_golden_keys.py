@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 import jaxspec
-import jaxspec.sampling
+import jaxspec.decoding.sampling
+from jaxspec.ckpts.tiny import tiny_config
+from jaxspec.decoding.sampling import Purpose, position_key, session_key, session_keys, uniforms
 from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
-from jaxspec.sampling import Purpose, position_key, session_key, session_keys, uniforms
-from jaxspec.testing import tiny_config
 from verify import Scheduler, SchedulerConfig
 
 # (seed, row, position, purpose) -> session key words, position key words, the uniform
@@ -76,7 +76,7 @@ def _mutant_keys(monkeypatch: pytest.MonkeyPatch):
     """Every draw derived with `_swapped_position_key` while inside (compiled functions are
     dropped on the way in and out: a cached trace would keep the other scheme)."""
     jax.clear_caches()
-    monkeypatch.setattr(jaxspec.sampling, "position_key", _swapped_position_key)
+    monkeypatch.setattr(jaxspec.decoding.sampling, "position_key", _swapped_position_key)
     try:
         yield
     finally:
@@ -111,7 +111,7 @@ def test_the_swapped_fold_in_misses_every_golden_vector(monkeypatch):
     with _mutant_keys(monkeypatch):
         for (seed, row, position, purpose), _, pk, u, _ in GOLDEN:
             key = session_key(seed, row)
-            assert _words(jaxspec.sampling.position_key(key, position, purpose)) != pk
+            assert _words(jaxspec.decoding.sampling.position_key(key, position, purpose)) != pk
             got = float(uniforms(key[None], jnp.asarray([[position]]), purpose)[0, 0])
             assert got != u
 
@@ -185,9 +185,9 @@ def test_the_verifier_draws_the_golden_accept_residual_and_bonus_uniforms(zero_m
 
 
 def test_the_swapped_fold_in_changes_what_generate_and_the_verifier_draw(zero_model, monkeypatch):
-    """The two tests above can fail: with the mutant in `jaxspec.sampling.position_key` (which
-    `uniforms`, and so every sampler, the drafter and the verifier, calls) the real code paths
-    produce other tokens."""
+    """The two tests above can fail: with the mutant in `jaxspec.decoding.sampling.position_key`
+    (which `uniforms`, and so every sampler, the drafter and the verifier, calls) the real code
+    paths produce other tokens."""
     with _mutant_keys(monkeypatch):
         mutant_generate = _generate_tokens(zero_model)
         mutant_verifier = _verifier_blocks(zero_model)

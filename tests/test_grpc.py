@@ -25,15 +25,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import jaxspec
 from edge.client import error_from_rpc
-from jaxspec import wire
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
-from jaxspec.protocol import NotFound, ResourceExhausted, Unauthenticated
+from jaxspec.protocol import NotFound, ResourceExhausted, Unauthenticated, wire
 from tests import grpc_helpers as h
 from verify.process import VerifierProcess
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-VOCAB = 258  # the byte tokenizer of jaxspec.testing
+VOCAB = 258  # the byte tokenizer of jaxspec.ckpts.tiny
 ALLOWED_OPEN = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
 ALLOWED_VERIFY = {
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -421,7 +420,7 @@ def test_a_killed_client_frees_its_slot_and_others_are_unaffected(world, bob_ref
 import asyncio, sys
 sys.path.insert(0, {str(ROOT)!r})
 from tests import grpc_helpers as h
-from jaxspec import wire
+from jaxspec.protocol import wire
 from jaxspec.proto import verifier_pb2 as pb
 import numpy as np
 async def main():

@@ -14,9 +14,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from jaxspec import wire
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
+from jaxspec.protocol import wire
 from jaxspec_apps.bench.fleet import Fault
 from tests import grpc_helpers as h
 

@@ -354,8 +354,7 @@ def metric(world, name: str, **labels) -> float:
 def test_a_client_that_reads_no_answer_holds_bounded_memory_and_loses_its_slot(world):
     import numpy as np
 
-    from jaxspec import wire
-    from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig
+    from jaxspec.protocol import DraftBlock, DraftSpec, SessionConfig, wire
     from tests.h2_client import NonReadingClient
     from verify.servicer import MAX_UNANSWERED
 

@@ -10,10 +10,9 @@ import threading
 import grpc
 import pytest
 
-from jaxspec import wire
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
-from jaxspec.protocol import DraftBlock
+from jaxspec.protocol import DraftBlock, wire
 from tests import grpc_helpers as h
 
 BOB_CFG = h.BOB_CFG
@@ -152,7 +151,7 @@ def test_an_undecodable_verify_message_ends_the_stream_and_frees_the_session(wor
     bob.check()
 
 
-VOCAB = 258  # the byte tokenizer of jaxspec.testing
+VOCAB = 258  # the byte tokenizer of jaxspec.ckpts.tiny
 
 
 def open_code(world, **fields) -> tuple[grpc.StatusCode, str]:

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from jaxspec import kernels
 from jaxspec.kernels import int4 as int4kernel
-from jaxspec.quantize import pack_int4
+from jaxspec.quant.quantize import pack_int4
 
 needs_kernel = pytest.mark.skipif(
     not kernels.available(), reason=f"kernel not built: {kernels.status()}"

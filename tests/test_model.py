@@ -126,7 +126,7 @@ def test_param_shapes_are_what_init_params_makes(name):
     import jax
 
     cfg = config_variants()[name]
-    got = jaxspec.model.param_shapes(cfg)
+    got = jaxspec.nn.model.param_shapes(cfg)
     want = jax.eval_shape(lambda: jaxspec.init_params(cfg))
     assert jax.tree.structure(got) == jax.tree.structure(want)
     assert jax.tree.leaves(got) == jax.tree.leaves(want)

@@ -52,12 +52,26 @@ READY = re.compile(r"jaxspec OpenAI endpoint serving \S+ on (http://\S+/v1)")
 WAIT_S = 120.0  # first compiles on a loaded 2-core machine (tests/grpc_helpers.py)
 
 
-class HttpServer:
-    """`python -m <module> serve ARGS` in a subprocess; `url` once its ready line appeared."""
+# Sets the open-files limit, then execs the server (no preexec_fn: the test process has
+# JAX's threads, and Python code between fork and exec could deadlock on their locks).
+_LIMIT_FILES = (
+    "import os, resource, sys; n = int(sys.argv[1]); "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)); os.execv(sys.argv[2], sys.argv[2:])"
+)
 
-    def __init__(self, module: str, args: list[str], env: dict[str, str]) -> None:
+
+class HttpServer:
+    """`python -m <module> serve ARGS` in a subprocess; `url` once its ready line appeared.
+    `files`: the server's limit on open files (soft and hard), as a host may set it."""
+
+    def __init__(
+        self, module: str, args: list[str], env: dict[str, str], files: int | None = None
+    ) -> None:
+        command = [sys.executable, "-m", module, "serve", *args]
+        if files is not None:
+            command = [sys.executable, "-c", _LIMIT_FILES, str(files), *command]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, "serve", *args],
+            command,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -14,7 +14,7 @@ import pytest
 from edge.__main__ import build_parser as edge_parser
 from edge.__main__ import main as edge_main
 from edge.__main__ import resolve_models
-from jaxspec.config import CheckpointError
+from jaxspec.nn.config import CheckpointError
 from jaxspec_apps.cli import main as jaxspec_main
 from jaxspec_host import hub, pairs
 from jaxspec_host.flags import check_args

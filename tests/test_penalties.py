@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from scipy import stats
 
 import jaxspec
-from jaxspec.sampling import SamplingParams, TokenCounts, warp
-from jaxspec.testing import tiny_config, to_dtype
+from jaxspec.ckpts.tiny import tiny_config, to_dtype
+from jaxspec.decoding.sampling import SamplingParams, TokenCounts, warp
 from proofs.enumerate import Params
 from tests.mutant_helpers import mutated
 
@@ -247,8 +247,7 @@ def test_draft_counts_stale_is_caught_by_acceptance(pair):
 
 
 def test_penalties_travel_on_the_wire():
-    from jaxspec import wire
-    from jaxspec.protocol import InvalidArgument, SamplingSettings, SessionConfig
+    from jaxspec.protocol import InvalidArgument, SamplingSettings, SessionConfig, wire
 
     pen = SamplingSettings(repetition_penalty=1.3, presence_penalty=-0.5, frequency_penalty=2.0)
     c = SessionConfig(prompt=(1, 2), sampling=pen)

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec import calibration, quant_methods
-from jaxspec.quantize import dequantize, quant_spec
-from jaxspec.testing import tiny_config
+from jaxspec.ckpts.tiny import tiny_config
+from jaxspec.quant import calibration
+from jaxspec.quant import methods as quant_methods
+from jaxspec.quant.quantize import dequantize, quant_spec
 
-qmod = importlib.import_module("jaxspec.quantize")  # the package attribute is the function
+qmod = importlib.import_module("jaxspec.quant.quantize")  # the package attribute is the function
 IDS = np.random.RandomState(1).randint(0, 64, (2, 6))
 
 

@@ -14,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxspec
-from jaxspec.quantize import (
+from jaxspec.ckpts.tiny import byte_tokenizer, tiny_config, to_dtype
+from jaxspec.compilation.traces import traces
+from jaxspec.quant.quantize import (
     dequantize,
     pack_int4,
     pack_tiles,
@@ -24,8 +26,6 @@ from jaxspec.quantize import (
     unpack_tiles,
     with_kernel,
 )
-from jaxspec.testing import byte_tokenizer, tiny_config, to_dtype
-from jaxspec.traces import traces
 
 # intermediate 72 and hidden 32: group 16 divides one and not the other (zero-padded groups).
 VARIANTS = {
@@ -222,7 +222,7 @@ def test_save_and_load_give_identical_logits(tmp_path, models, quantized, monkey
     q = quantized("untied_bias", "w4a16", 7)
     q = q.with_params(q.params, tokenizer=byte_tokenizer())
     jaxspec.save(q, tmp_path / "q")
-    qmod = importlib.import_module("jaxspec.quantize")  # the attribute is the function
+    qmod = importlib.import_module("jaxspec.quant.quantize")  # the attribute is the function
     monkeypatch.setattr(qmod, "_convert", lambda *a: pytest.fail("re-quantized"))
     loaded = jaxspec.load(tmp_path / "q")
     assert quant_spec(loaded) == quant_spec(q)

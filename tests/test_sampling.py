@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxspec.sampling import (
+from jaxspec.decoding.sampling import (
     Purpose,
     SamplingParams,
     check_seed,

@@ -12,11 +12,10 @@ import pytest
 
 import jaxspec
 from edge.openai_api import ApiError, parse_request, session_fields
-from jaxspec import wire
+from jaxspec.ckpts.tiny import tiny_config
+from jaxspec.decoding.sampling import SamplingParams, settings_per_row
 from jaxspec.proto import verifier_pb2 as pb
-from jaxspec.protocol import InvalidArgument, SamplingSettings, SessionConfig
-from jaxspec.sampling import SamplingParams, settings_per_row
-from jaxspec.testing import tiny_config
+from jaxspec.protocol import InvalidArgument, SamplingSettings, SessionConfig, wire
 from jaxspec_host.flags import (
     add_penalty_flags,
     add_sampling_flags,

@@ -18,11 +18,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from jaxspec import wire
-from jaxspec.model import Model, init_params
+from jaxspec.ckpts.tiny import tiny_config
+from jaxspec.nn.model import Model, init_params
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
-from jaxspec.testing import tiny_config
+from jaxspec.protocol import wire
 from jaxspec_host.xla_cache import compilation_cache_dir
 from tests import grpc_helpers as h
 from verify import LocalVerifier, Scheduler, SchedulerConfig

@@ -17,9 +17,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import jaxspec
-from jaxspec import quant_methods
-from jaxspec.gguf_import import gguf_reader
-from jaxspec.quantize import dequantize, quant_spec, with_kernel
+from jaxspec.ckpts.gguf_import import gguf_reader
+from jaxspec.quant import methods as quant_methods
+from jaxspec.quant.quantize import dequantize, quant_spec, with_kernel
 from jaxspec_apps import cli
 from jaxspec_host import hub
 
@@ -222,7 +222,7 @@ def test_the_w4a16_copy_is_built_once_and_speculates_losslessly(
     flat = dict(jax.tree_util.tree_leaves_with_path(smol.params))
     for path, w in jax.tree_util.tree_leaves_with_path(dequantize(draft).params):
         np.testing.assert_array_equal(np.asarray(w), np.asarray(flat[path]), str(path))
-    qmod = importlib.import_module("jaxspec.quantize")
+    qmod = importlib.import_module("jaxspec.quant.quantize")
     monkeypatch.setattr(qmod, "quantize", lambda *a, **k: pytest.fail("built twice"))
     again = jaxspec.load("smollm2-w4a16")
     np.testing.assert_array_equal(

@@ -11,9 +11,9 @@ import pytest
 from scipy import stats
 
 import jaxspec
-from jaxspec import analytic
-from jaxspec.sampling import SamplingParams, warp
-from jaxspec.testing import tiny_config, to_dtype
+from jaxspec.ckpts.tiny import tiny_config, to_dtype
+from jaxspec.decoding import analytic
+from jaxspec.decoding.sampling import SamplingParams, warp
 from tests.mutant_helpers import mutated
 
 N_NEW, PROMPT, ROWS = 3, [1, 2], 8192

@@ -15,7 +15,7 @@ import jax
 import pytest
 
 import jaxspec
-from jaxspec.checkpoint import save
+from jaxspec.ckpts.checkpoint import save
 from tests import grpc_helpers as h
 from verify import Scheduler
 

@@ -1,7 +1,7 @@
-"""jaxspec.trace_cache: a saved trace is loaded instead of tracing again, gives the same bits
-as `jax.jit`, and is never used for another function, static argument, shape, JAX setting or
-kernel build; a damaged, misplaced or planted entry is traced anew (never a crash, never code
-run); a directory others can write is not used; old entries are evicted."""
+"""jaxspec.compilation.trace_cache: a saved trace is loaded instead of tracing again, gives the
+same bits as `jax.jit`, and is never used for another function, static argument, shape, JAX
+setting or kernel build; a damaged, misplaced or planted entry is traced anew (never a crash,
+never code run); a directory others can write is not used; old entries are evicted."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec import kernels, trace_cache
-from jaxspec.config import LlamaConfig
+from jaxspec import kernels
+from jaxspec.compilation import trace_cache
 from jaxspec.kernels import dense as floatkernel
-from jaxspec.model import Llama, init_cache, init_params
+from jaxspec.nn.config import LlamaConfig
+from jaxspec.nn.model import Llama, init_cache, init_params
 from jaxspec_host import xla_cache
 from verify.step import prefill_fn
 
@@ -160,10 +161,10 @@ def test_an_edge_drafter_round_is_the_same_from_a_kept_trace(cache_dir):
     """The drafter's jitted functions (prefill, the donated round) through kept traces: the
     same drafts and state as with the cache off."""
     from edge.drafter import Drafter
-    from jaxspec.model import Model
+    from jaxspec.ckpts.tiny import tiny_config
+    from jaxspec.decoding.sampling import SamplingParams, session_key
+    from jaxspec.nn.model import Model
     from jaxspec.protocol import DraftSpec
-    from jaxspec.sampling import SamplingParams, session_key
-    from jaxspec.testing import tiny_config
 
     cfg = tiny_config()
     model = Model(config=cfg, params=init_params(cfg, 3))
@@ -302,7 +303,7 @@ def test_a_traces_file_in_the_cache_directory_is_a_warning(tmp_path, caplog, jax
 CHILD = """
 import sys
 import jax.numpy as jnp
-from jaxspec import trace_cache
+from jaxspec.compilation import trace_cache
 from jaxspec_host.xla_cache import configure_compilation_cache
 
 def double(x):
@@ -473,7 +474,8 @@ FRESH_PROCESS = """
 import sys
 import jax.numpy as jnp
 import numpy as np
-from jaxspec import kernels, trace_cache
+from jaxspec import kernels
+from jaxspec.compilation import trace_cache
 from jaxspec.kernels import dense as floatkernel
 
 def project(x, w):

@@ -208,7 +208,8 @@ def test_warmup_learning_rate_does_not_depend_on_the_planned_total(tool):
 
 @pytest.mark.skipif(
     not (MODELS / "target").is_dir(),
-    reason="jaxspec/models/target does not exist yet (train it with tools/train_default_models.py)",
+    reason="jaxspec/ckpts/models/target does not exist yet "
+    "(train it with tools/train_default_models.py)",
 )
 class TestShippedModels:
     def test_default_pair_loads_in_jaxspec_and_transformers(self):

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxspec.sampling import Purpose, SamplingParams, session_keys, uniforms, warp
-from jaxspec.traces import traces
-from jaxspec.verification import DraftQ, Variant, _accepts, check_draft_q, verify_block
+from jaxspec.compilation.traces import traces
+from jaxspec.decoding.sampling import Purpose, SamplingParams, session_keys, uniforms, warp
+from jaxspec.decoding.verification import DraftQ, Variant, _accepts, check_draft_q, verify_block
 from proofs import rule
 from proofs import warp as exact_warp
 

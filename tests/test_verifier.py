@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 
 import jaxspec
+from jaxspec.ckpts.tiny import tiny_config, to_dtype
+from jaxspec.decoding.sampling import Purpose, SamplingParams, session_key, uniforms
+from jaxspec.decoding.speculative import draft_q_for
 from jaxspec.protocol import (
     GAMMA_CEILING,
     DraftBlock,
@@ -26,9 +29,6 @@ from jaxspec.protocol import (
     SamplingSettings,
     SessionConfig,
 )
-from jaxspec.sampling import Purpose, SamplingParams, session_key, uniforms
-from jaxspec.speculative import draft_q_for
-from jaxspec.testing import tiny_config, to_dtype
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 from verify.__main__ import build_parser, scheduler_config_from_args
 

@@ -16,6 +16,7 @@ from hypothesis.stateful import (
 )
 
 import jaxspec
+from jaxspec.ckpts.tiny import tiny_config
 from jaxspec.protocol import (
     DraftBlock,
     DraftSpec,
@@ -24,7 +25,6 @@ from jaxspec.protocol import (
     SamplingSettings,
     SessionConfig,
 )
-from jaxspec.testing import tiny_config
 from verify import Scheduler, SchedulerConfig
 
 MAX_SESSIONS, NEW = 4, 12

@@ -26,7 +26,9 @@ from hypothesis.extra import numpy as hnp
 import jaxspec
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec import wire
+from jaxspec.decoding.sampling import SamplingParams
+from jaxspec.decoding.speculative import draft_q_for
+from jaxspec.decoding.verification import Variant
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.protocol import (
     DraftBlock,
@@ -36,10 +38,8 @@ from jaxspec.protocol import (
     SessionConfig,
     q_from_f16,
     q_to_f16,
+    wire,
 )
-from jaxspec.sampling import SamplingParams
-from jaxspec.speculative import draft_q_for
-from jaxspec.verification import Variant
 from tests.fixtures import peaked_pair
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 

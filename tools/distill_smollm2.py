@@ -26,7 +26,7 @@ own package, `jaxspec.load("smollm2")`):
    gamma 4 (T=0 and T=0.7) measured by `jaxspec.generate` on the held-out prompts, the
    draft's cost per token over the target's, bytes, and the command that reproduces it.
 
-    python tools/distill_smollm2.py --out jaxspec/models/smollm2-draft --seed 0
+    python tools/distill_smollm2.py --out jaxspec/ckpts/models/smollm2-draft --seed 0
     python tools/distill_smollm2.py --tiny --out /tmp/d   # a quick pass of every step
 """
 
@@ -320,7 +320,7 @@ def init_draft(target: Any, config: Any, seed: int) -> Any:
     directions (so the draft starts out knowing which tokens are alike)."""
     import jax.numpy as jnp
 
-    from jaxspec.model import init_params
+    from jaxspec.nn.model import init_params
 
     params = init_params(config, seed=seed)
     table = np.asarray(target.params["embed_tokens"]["embedding"], np.float32)  # [V, 576]

@@ -21,7 +21,7 @@ import dataclasses
 import sys
 
 import jaxspec
-from jaxspec.model import Model, init_params
+from jaxspec.nn.model import Model, init_params
 
 
 def first_layers(model: Model, k: int) -> Model:

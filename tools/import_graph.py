@@ -2,6 +2,7 @@
 
     python tools/import_graph.py          # the picture docs/design.md §1 shows
     python tools/import_graph.py --dot    # Graphviz (dot -Tsvg) of the same edges
+    python tools/import_graph.py --core   # the rooms of jaxspec/ and their arrows
 
 Every import statement counts, those inside function bodies too (`imports` is what
 tests/test_layering.py checks the layering with). An edge is drawn from the importing
@@ -75,10 +76,47 @@ def picture(found: collections.Counter[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def core_edges(root: pathlib.Path = ROOT) -> collections.Counter[tuple[str, str]]:
+    """(importer, imported) rooms of the core (jaxspec's subpackages; "jaxspec" for its
+    top-level modules) -> number of import statements, a room's imports of itself left out.
+    The package face (jaxspec/__init__.py: lazy public names) is not a room."""
+
+    def room(parts: Sequence[str]) -> str:
+        return (
+            parts[1]
+            if len(parts) > 2 or (len(parts) == 2 and (root / "jaxspec" / parts[1]).is_dir())
+            else "jaxspec"
+        )
+
+    found: collections.Counter[tuple[str, str]] = collections.Counter()
+    for path in sorted((root / "jaxspec").rglob("*.py")):
+        if path == root / "jaxspec" / "__init__.py":
+            continue
+        here = room(path.relative_to(root).with_suffix("").parts)
+        for mod, _ in imports(path.read_text()):
+            parts = mod.split(".")
+            if parts[0] == "jaxspec" and len(parts) > 1 and (there := room(parts)) != here:
+                found[here, there] += 1
+    return found
+
+
+def core_picture(found: collections.Counter[tuple[str, str]]) -> str:
+    rooms = sorted({r for pair in found for r in pair})
+    return "\n".join(
+        f"{r + '/':14} -> "
+        + (", ".join(f"{b} ({n})" for (a, b), n in sorted(found.items()) if a == r) or "nothing")
+        for r in rooms
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dot", action="store_true", help="print Graphviz instead of text")
+    p.add_argument("--core", action="store_true", help="the rooms of jaxspec/ instead")
     args = p.parse_args(argv)
+    if args.core:
+        print(core_picture(core_edges()))
+        return 0
     found = edges()
     if args.dot:
         body = "".join(f'  "{a}" -> "{b}" [label={n}];\n' for (a, b), n in sorted(found.items()))

@@ -51,9 +51,9 @@ if str(REPO) not in sys.path:
 
 import jaxspec  # noqa: E402
 from edge.drafter import Drafter  # noqa: E402
+from jaxspec.ckpts.tiny import byte_tokenizer, tiny_config, to_dtype  # noqa: E402
+from jaxspec.decoding.sampling import SamplingParams, session_keys  # noqa: E402
 from jaxspec.protocol import DraftSpec  # noqa: E402
-from jaxspec.sampling import SamplingParams, session_keys  # noqa: E402
-from jaxspec.testing import byte_tokenizer, tiny_config, to_dtype  # noqa: E402
 from jaxspec_apps.bench.quality import acceptance, batches, heldout_metrics, target_logp  # noqa: E402
 
 
@@ -125,7 +125,7 @@ def heldout_streams(trainer: Any, tokenizer: Any, tiny: bool) -> dict[str, np.nd
 
 def weights_digest(name: str) -> str | None:
     """sha256 (first 16 hex) of a checkpoint's weights, to tell which models were measured."""
-    from jaxspec.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
+    from jaxspec.ckpts.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
 
     d = pathlib.Path(name)
     if not d.is_dir() and name in BUILTIN_NAMES:

@@ -3,7 +3,7 @@
 perplexity ratio, greedy agreement, alpha at T=0 / 0.7 as a draft for the float model,
 quantization time).
 
-Held out: the chat prompts come from `jaxspec.calibration.chat_prompts(..., heldout=True)`,
+Held out: the chat prompts come from `jaxspec.quant.calibration.chat_prompts(..., heldout=True)`,
 sources (help topics, modules) the calibration never uses; the float model answers them
 greedily and each variant is scored teacher-forced on those answers (agreement: its argmax
 equals the float model's) and on held-out help-topic text (perplexity ratio). alpha is vLLM's
@@ -174,8 +174,8 @@ def _gptq(target: Any, group: int, head: int | None, hess: dict) -> Any:
     it calibrate: `default_sequences` and `hessians` are deterministic)."""
     import importlib
 
-    qmod = importlib.import_module("jaxspec.quantize")
-    calib = importlib.import_module("jaxspec.calibration")
+    qmod = importlib.import_module("jaxspec.quant.quantize")
+    calib = importlib.import_module("jaxspec.quant.calibration")
     keep = calib.hessians
     calib.hessians = lambda *a, **k: hess
     try:

@@ -44,8 +44,8 @@ FIGURES = ("forward", "serve", "demo", "build")
 
 FORWARD = """\
 import json, time, jax, jax.numpy as jnp
-from jaxspec.checkpoint import load
-from jaxspec.model import forward, init_cache
+from jaxspec.ckpts.checkpoint import load
+from jaxspec.nn.model import forward, init_cache
 from jaxspec_host import hub
 jax.config.update("jax_enable_compilation_cache", False)
 m = load(str(hub.ensure("smollm2")))

@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxspec
-from jaxspec.model import Model
+from jaxspec.nn.model import Model
 from jaxspec_host.flags import (
     HelpFormatter,
     add_cache_flag,

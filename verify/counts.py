@@ -3,9 +3,9 @@
 Slot s holds `TokenCounts` row s: which tokens its session's prompt holds and how often
 each token occurs among its committed output tokens. The verify step reads the rows of its
 batch (`gather`), adds each block's drafts position by position itself
-(`jaxspec.verification`), and the scheduler then adds only what it committed (`commit`): the
-rejected drafts of a block are never counted, which is the rollback that goes with lowering
-the slot's KV length. A session (re)opened — a resume included — sets its row from its
+(`jaxspec.decoding.verification`), and the scheduler then adds only what it committed
+(`commit`): the rejected drafts of a block are never counted, which is the rollback that goes
+with lowering the slot's KV length. A session (re)opened — a resume included — sets its row from its
 prompt and committed tokens (`reset`).
 """
 
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.sampling import TokenCounts
+from jaxspec.decoding.sampling import TokenCounts
 
 
 def init(slots: int, vocab: int) -> TokenCounts:

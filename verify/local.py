@@ -17,7 +17,7 @@ from typing import Any
 
 import jax
 
-from jaxspec.model import Model
+from jaxspec.nn.model import Model
 from jaxspec.protocol import DraftBlock, SessionConfig, SessionInfo, VerifyResult
 from verify.scheduler import Scheduler, SchedulerConfig
 

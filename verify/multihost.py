@@ -55,7 +55,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxspec.sampling import SamplingParams, TokenCounts
+from jaxspec.decoding.sampling import SamplingParams, TokenCounts
 from verify.step import DATA, VerifyBatch
 
 log = logging.getLogger("verify.multihost")

@@ -28,8 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.decoding.sampling import SamplingParams, check_seed, session_key
+from jaxspec.decoding.verification import EXACT, Variant
 from jaxspec.figures import AcceptanceFigures
-from jaxspec.model import Model, init_cache
+from jaxspec.nn.model import Model, init_cache
 from jaxspec.protocol import (
     GAMMA_CEILING,
     MODES,
@@ -43,8 +45,6 @@ from jaxspec.protocol import (
     SessionInfo,
     VerifyResult,
 )
-from jaxspec.sampling import SamplingParams, check_seed, session_key
-from jaxspec.verification import EXACT, Variant
 from verify import counts as slot_counts
 from verify.step import (
     VerifyBatch,
@@ -503,7 +503,7 @@ class Scheduler:
         """What of a block's q needs its session: the session's encoding and q dtype, q's
         width at this vocabulary (or sparse_k), drafts and sparse ids inside the vocabulary.
         q's values were checked once, as the block was made (`DraftBlock`: in-process, or
-        `jaxspec.wire` off the wire), and are not read again here."""
+        `jaxspec.protocol.wire` off the wire), and are not read again here."""
         n = len(b.tokens)
         if any(t < 0 or t >= self.vocab for t in b.tokens):
             raise InvalidArgument(f"draft token ids must be in [0, {self.vocab})")

@@ -30,8 +30,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection as grpc_reflection
 
-from jaxspec.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
-from jaxspec.gguf_import import find_gguf, gguf_config
+from jaxspec.ckpts.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
+from jaxspec.ckpts.gguf_import import find_gguf, gguf_config
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec_host import hub
 from verify.local import LocalVerifier

@@ -33,7 +33,6 @@ from typing import Any
 
 import grpc
 
-from jaxspec import wire
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
@@ -45,6 +44,7 @@ from jaxspec.protocol import (
     SessionInfo,
     Unavailable,
     VerifierError,
+    wire,
 )
 from verify.local import LocalVerifier
 from verify.metrics import ServiceMetrics

@@ -31,10 +31,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxspec import trace_cache
-from jaxspec.model import KVCache, Llama
-from jaxspec.sampling import Purpose, SamplingParams, TokenCounts, sample_at
-from jaxspec.verification import DraftQ, verify_block
+from jaxspec.compilation import trace_cache
+from jaxspec.decoding.sampling import Purpose, SamplingParams, TokenCounts, sample_at
+from jaxspec.decoding.verification import DraftQ, verify_block
+from jaxspec.nn.model import KVCache, Llama
 
 DATA, MODEL = "data", "model"
 
@@ -161,7 +161,7 @@ def prefill_fn(
 @functools.cache
 def make_verify_step(module: Llama, mesh: Mesh | None = None):
     """The jitted step for `module` (cache donated; sharded over `mesh` when given)."""
-    if mesh is None:  # traces kept between runs where configured (jaxspec.trace_cache)
+    if mesh is None:  # traces kept between runs where configured (jaxspec.compilation.trace_cache)
         return trace_cache.jit(functools.partial(verify_step_fn, module), donate_argnums=(1,))
     cs = cache_sharding(mesh)
     return jax.jit(

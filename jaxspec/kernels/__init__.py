@@ -6,7 +6,8 @@ holds XLA FFI handlers that XLA:CPU calls from jitted code:
 - `jaxspec.kernels.dense`: the batch-invariant float32/bfloat16-weight matmul (every linear
   layer and the tied head of a float model);
 - `jaxspec.kernels.attention`: the batch-invariant grouped-query attention over the cache;
-- `jaxspec.kernels.int4`: the int4 x float32 matmul of W4A16 models.
+- `jaxspec.kernels.int4`: the int4 x float32 matmul of W4A16 models;
+- `jaxspec.kernels.int8`: the int8 x float32 matmul of a head kept at 8 bits (GGUF's Q8_0).
 
 Each kernel is written once (csrc/body_*.inc) and built for three instruction sets: AVX-512,
 AVX2 (both with FMA and F16C) and portable C++. The best the CPU has is chosen at load, and
@@ -21,7 +22,7 @@ kernel alike:
 is still read). The library is optional: without a compiler at install, `available()` is
 False and every model runs on XLA's own ops.
 
-Pure module: imports only jax, the standard library and `jaxspec.trace_cache`.
+Pure module: imports only jax, the standard library and `jaxspec.compilation.trace_cache`.
 """
 
 from __future__ import annotations
@@ -34,14 +35,16 @@ import threading
 
 import jax
 
-from jaxspec import trace_cache
+from jaxspec.compilation import trace_cache
 
 _HERE = pathlib.Path(__file__).resolve().parent
 # FFI target name -> the handler's symbol in the library
 TARGETS = {
     "jaxspec_float_matmul": "JaxspecFloatMatmul",
     "jaxspec_int4_matmul": "JaxspecInt4Matmul",
+    "jaxspec_int8_matmul": "JaxspecInt8Matmul",
     "jaxspec_attention": "JaxspecAttention",
+    "jaxspec_attention_cache": "JaxspecAttentionCache",
 }
 ISA_NAMES = {3: "AVX-512", 2: "AVX2", 0: "scalar"}
 _ISA_CODES = {"best": 99, "AVX-512": 3, "AVX2": 2, "scalar": 0}
@@ -67,6 +70,8 @@ def _open(path: pathlib.Path) -> ctypes.CDLL:
     for name in ("set_isa", "set_threads"):
         fn = getattr(lib, f"jaxspec_kernels_{name}")
         fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int]
+    probe = lib.jaxspec_kernels_read_bandwidth
+    probe.restype, probe.argtypes = ctypes.c_double, [ctypes.c_double, ctypes.c_int, ctypes.c_int]
     for target, symbol in TARGETS.items():
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     for var in ("JAXSPEC_KERNEL_THREADS", "JAXSPEC_INT4_THREADS"):
@@ -118,6 +123,7 @@ def why_unavailable() -> str:
 
 
 trace_cache.before_load(available)  # a kept trace may call these targets untraced
+trace_cache.allow_custom_calls(TARGETS)
 # a kept trace is valid only with the very library it was traced against (or none)
 trace_cache.key_part("kernel_lib", lambda: trace_cache.file_digest(available() and library_path()))
 
@@ -157,6 +163,17 @@ def set_threads(n: int) -> int:
     if n < 0:
         raise ValueError(f"threads must be >= 0, got {n}")
     return _lib_or_raise().jaxspec_kernels_set_threads(n)
+
+
+def read_bandwidth(gib: float = 1.0, threads: int = 0, repeats: int = 3) -> float:
+    """This machine's read bandwidth in bytes/s as the kernels reach it: `gib` GiB read front to
+    back by `threads` threads (0: every CPU the process may use) with the kernels' own
+    streaming loop, the best of `repeats` passes. The limit every roofline is measured against."""
+    if gib <= 0 or threads < 0 or repeats < 1:
+        raise ValueError(
+            f"need gib > 0, threads >= 0, repeats >= 1; got {gib}, {threads}, {repeats}"
+        )
+    return float(_lib_or_raise().jaxspec_kernels_read_bandwidth(gib, threads, repeats))
 
 
 def status() -> str:

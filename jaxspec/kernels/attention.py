@@ -1,16 +1,19 @@
 """Grouped-query attention over a KV cache: the batch-invariant CPU kernel
 (csrc/body_attention.inc) and its XLA form.
 
-`attention` runs on the kernel: query (b, t) sees cache indices `s <= positions[b, t]`, and
-every number is summed in an order fixed by D and the query's position alone, so a position's
-output does not depend on T, B or the KV bucket S. `einsum_attention` is the same attention in
-XLA's ops: the model's form where the kernel is not used (accelerators, float64, no library)
-and the kernel's gradient (a custom JVP).
+`attention` runs on the kernel, and `cache_attention` too, reading the model's stacked cache
+in place (no slot's keys copied out per layer): query (b, t) sees cache indices
+`s <= positions[b, t]`, and every number is summed in an order fixed by D and the query's
+position alone, so a position's output does not depend on T, B or the KV bucket S.
+`einsum_attention` is the same attention in XLA's ops: the model's form where the kernel is
+not used (accelerators, float64, no library) and the kernel's gradient (a custom JVP).
 
 Pure module: imports only jax, numpy and `jaxspec.kernels`.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +23,7 @@ from jaxtyping import Array, Bool, Float
 from jaxspec import kernels
 
 TARGET = "jaxspec_attention"
+CACHE_TARGET = "jaxspec_attention_cache"
 
 
 def _acc(dtype) -> jnp.dtype:
@@ -87,3 +91,48 @@ def _attention_jvp(primals, tangents):
         lambda q, k, v: einsum_attention(q, k, v, visible), (q, k, v), (dq, dk, dv)
     )
     return _kernel(q, k, v, pos), tangent
+
+
+def cache_attention(
+    q_BTKGD: Float[Array, "B T K G D"],
+    k_all_LNSKD: Float[Array, "L N Smax K D"],
+    v_all_LNSKD: Float[Array, "L N Smax K D"],
+    layer: int,
+    rows_B: jax.Array,
+    positions_BT: jax.Array,
+    S: int,
+) -> Float[Array, "B T K G D"]:
+    """`attention` over `k_all[layer, rows, :S]` read in place from the whole float32 cache (a
+    slice or gather of it would be copied for the call). `layer`, `S` static; the same bits
+    as `attention` on the slices. Gradients: `einsum_attention`'s on the slices."""
+    if not kernels.available():
+        raise RuntimeError(kernels.status())
+    return _cache_attention(
+        q_BTKGD.astype(jnp.float32), k_all_LNSKD, v_all_LNSKD,
+        jnp.asarray(rows_B, jnp.int32), jnp.asarray(positions_BT, jnp.int32), layer, S,
+    )  # fmt: skip
+
+
+def _cache_kernel(q, k_all, v_all, rows, pos, layer, S):
+    call = jax.ffi.ffi_call(
+        CACHE_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32), vmap_method="sequential"
+    )
+    return call(q, k_all, v_all, rows, pos, layer=np.int64(layer), S=np.int64(S))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6))
+def _cache_attention(q, k_all, v_all, rows, pos, layer, S):
+    return _cache_kernel(q, k_all, v_all, rows, pos, layer, S)
+
+
+@_cache_attention.defjvp
+def _cache_attention_jvp(layer, S, primals, tangents):
+    q, k_all, v_all, rows, pos = primals
+    dq, dk, dv, _, _ = tangents
+
+    def sliced(q, k_all, v_all):
+        k, v = k_all[layer, rows, :S], v_all[layer, rows, :S]
+        return einsum_attention(q, k, v, _visible(k, pos))
+
+    _, tangent = jax.jvp(sliced, (q, k_all, v_all), (dq, dk, dv))
+    return _cache_kernel(q, k_all, v_all, rows, pos, layer, S), tangent

@@ -32,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from jaxspec import kernels, trace_cache
+from jaxspec import kernels
+from jaxspec.compilation import trace_cache
 
 TARGET = "jaxspec_float_matmul"
 _W_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))

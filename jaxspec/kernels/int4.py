@@ -13,7 +13,7 @@ Semantics (float32 accumulate), with q the int4 values of the checkpoint:
     W[k, m] = f32(scale[k // group, m]) * q[k, m] + (f32(offset[k // group, m]) or 0)
     result  = x @ W
 
-Checkpoint layout (jaxspec.quantize.pack_int4): uint8 [ceil(K/2), M]; row i holds q[i] in the
+Checkpoint layout (jaxspec.quant.quantize.pack_int4): uint8 [ceil(K/2), M]; row i holds q[i] in the
 low nibble and q[i + ceil(K/2)] in the high nibble (two's complement; zero pad for odd K).
 
 Kernel layout (`prepare`): uint8 [T, K, 32], T = ceil(M / 64) tiles of 64 output columns (M

@@ -29,11 +29,11 @@ import numpy as np
 
 import jaxspec
 from edge.drafter import Drafter
-from jaxspec import analytic
+from jaxspec.compilation.shapes import bucket
+from jaxspec.decoding import analytic
+from jaxspec.decoding.sampling import SamplingParams, session_keys
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
-from jaxspec.sampling import SamplingParams, session_keys
-from jaxspec.shapes import bucket
 from jaxspec_apps.bench.common import best_time, make_scheduler, prompts_from
 from jaxspec_apps.bench.report_tables import ratio, save
 from jaxspec_apps.bench.section import Context, Page, Section

@@ -5,7 +5,7 @@ Everything runs in this process: the edge drafter (`edge.Drafter`), the verifier
 (`verify.LocalVerifier`) behind `edge.DelayedEndpoint` (one-way delay RTT/2 each way, FIFO).
 t_d (draft time per token), t_v (one verify step) and t_ar (one target decode step) are
 measured first, alpha from co-located speculative decoding of the same prompt; the
-predictions are `jaxspec.analytic` at those numbers. Cloud autoregressive and
+predictions are `jaxspec.decoding.analytic` at those numbers. Cloud autoregressive and
 co-located speculative decoding stream tokens the cloud computes, so their inter-token
 latency is their measured compute time per token (the RTT delays only the first token).
 """
@@ -23,9 +23,9 @@ import jaxspec
 from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec import analytic
+from jaxspec.decoding import analytic
+from jaxspec.decoding.sampling import SamplingParams, session_key
 from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
-from jaxspec.sampling import SamplingParams, session_key
 from jaxspec_apps.bench.common import best_time, make_scheduler
 from jaxspec_apps.bench.section import Context, Page, Section
 from verify import LocalVerifier
@@ -317,7 +317,7 @@ def markdown_tiny(lat: dict[str, Any], page: Page) -> list[str]:
         "drafter and `verify.LocalVerifier` run in this process behind "
         "`edge.delayed.DelayedEndpoint` (RTT/2 each way); pipelined depth covers the "
         "round trip "
-        "(capped at 8). Predictions: the papers' model (`jaxspec.analytic`, "
+        "(capped at 8). Predictions: the papers' model (`jaxspec.decoding.analytic`, "
         "held equal to `proofs/latency.py`) at the measured t_d, t_v, α. Cloud AR and "
         "co-located decoding stream what the cloud computes, so their time per token is "
         "their compute time.",

@@ -35,8 +35,8 @@ from typing import Any
 from edge.client import GrpcEndpoint
 from edge.drafter import load_drafter
 from edge.session import run_session
+from jaxspec.nn.text import decode_text, encode_prompt
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
-from jaxspec.text import decode_text, encode_prompt
 from jaxspec_apps.bench.section import Context, Page, Section
 from verify.process import VerifierProcess
 

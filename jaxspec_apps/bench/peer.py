@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jaxspec
-from jaxspec.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
-from jaxspec.quantize import dequantize, quant_spec
+from jaxspec.ckpts.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
+from jaxspec.quant.quantize import dequantize, quant_spec
 from jaxspec_apps.bench.common import check_same_tokens
 from jaxspec_apps.bench.report_tables import ratio, save
 from jaxspec_apps.bench.section import Context, Page, Section
@@ -228,7 +228,7 @@ def markdown_real(pr: dict[str, Any], page: Page) -> list[str]:
         "",
         f"transformers {pr['transformers']}, torch {pr['torch']} ({pr['torch_threads']} "
         "threads, float32); the draft given to transformers is ours dequantized to float32 "
-        "(`jaxspec.quantize.dequantize`: same weights, float matmuls). Greedy, batch 1, "
+        "(`jaxspec.quant.quantize.dequantize`: same weights, float matmuls). Greedy, batch 1, "
         f"{pr['prompts']} prompts, {pr['new_tokens']} new tokens in all, default stop "
         "tokens; **all five decoders gave identical tokens (asserted)**.",
         "",

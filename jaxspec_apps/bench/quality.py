@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxspec
-from jaxspec.model import Llama, init_cache
+from jaxspec.nn.model import Llama, init_cache
 from jaxspec_apps.bench.common import prompts_from
 from jaxspec_apps.bench.profile import SELF_DRAFT, SMALL_DRAFT, Profile
 from jaxspec_apps.bench.section import Context, Page, Section

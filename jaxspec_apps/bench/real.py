@@ -4,7 +4,8 @@ own W4A16 copy as the draft (`smollm2-w4a16`, the papers' pair), on chat prompts
 Its suite (`SECTIONS`) is the tiny pair's sections (co-located, peer, capacity, RTT, batch
 sweep, wire cost, W4A16 quality) plus Spec-Bench's per-category report (`specbench`), the
 decode cost of each model against the roofline (`cost`) and the float kernel against XLA's
-ops (`kernels`). Everything lands in `results["real"]`; the tiny pair's keys stay at the top
+ops (`kernels`), and llama.cpp's parts beside ours on the same GGUF (`llamacpp`).
+Everything lands in `results["real"]`; the tiny pair's keys stay at the top
 level. Kept apart (`KEPT`, each run only when named): `target` (plain greedy against
 transformers), `int4` (the int4 kernel against XLA's paths), `two_process` (the edge and
 the verifier as two pinned processes over gRPC) and `round_profile` (where each mode's time
@@ -15,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec import analytic
-from jaxspec.quantize import quant_spec
-from jaxspec.shapes import bucket
+from jaxspec.compilation.shapes import bucket
+from jaxspec.decoding import analytic
+from jaxspec.quant.quantize import quant_spec
 from jaxspec_apps.bench import (
     capacity,
     colocated,
@@ -25,6 +26,7 @@ from jaxspec_apps.bench import (
     int4,
     kernels,
     latency,
+    llamacpp,
     peer,
     quality,
     roundprofile,
@@ -49,6 +51,7 @@ SECTIONS = (
     latency.REAL,
     wirecost.REAL,
     quality.REAL,
+    llamacpp.SECTION,
 )
 REAL_SECTIONS = tuple(s.name for s in SECTIONS)
 KEPT = (target.SECTION, int4.SECTION, twoproc.SECTION, roundprofile.SECTION)
@@ -140,6 +143,9 @@ def headline(res: dict[str, Any]) -> dict[str, Any]:
         out["selfdraft_alpha_t07"] = d["alpha_t0.7"]
         out["selfdraft_agreement"] = d["greedy_agreement"]
         out["selfdraft_ppl_ratio"] = d["ppl"] / ref["ppl"]
+    if "llamacpp" in s:
+        out["vs_llamacpp"] = s["llamacpp"]["vs_llamacpp"]
+        out["decode_bandwidth_fraction"] = s["llamacpp"]["decode_bandwidth_fraction"]
     if "wirecost" in s:
         out["wire_bytes_per_token"] = {
             r["encoding"]: r["bytes_per_token"] for r in s["wirecost"]["rows"]
@@ -162,6 +168,7 @@ HEADLINE = [
     ("capacity_factor_predicted", "1 + γ·t_d/t_v at t_d, t_v measured where co-located saturates"),
     ("capacity_vs_cloud_ar", "clients sustained, edge-cloud SD ÷ cloud autoregressive"),
     ("verify_over_decode", "verify step at batch 1 (γ + 1 positions) ÷ one plain decode token"),
+    ("decode_bandwidth_fraction", "float32 decode: bytes per token ÷ time ÷ probed bandwidth"),
 ]
 
 
@@ -174,4 +181,7 @@ def headline_table(r: dict[str, Any]) -> list[str]:
             f"| `verify_roofline_fraction` | {v} | verify step: roofline (weights + live KV) ÷ "
             "measured, by batch |"
         )
+    if "vs_llamacpp" in r:
+        v = ", ".join(f"{k} {x:.2f}" for k, x in r["vs_llamacpp"].items())
+        middle.append(f"| `vs_llamacpp` | {v} | ours ÷ llama.cpp tokens/s, same GGUF and cores |")
     return headline_md(HEADLINE, r, middle)

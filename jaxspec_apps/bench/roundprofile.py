@@ -36,8 +36,8 @@ from typing import Any
 import jaxspec
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec.calibration import prompt_ids
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
+from jaxspec.quant.calibration import prompt_ids
 from jaxspec_apps.bench.common import make_scheduler
 from jaxspec_apps.bench.section import Context, Page, Section
 from verify import LocalVerifier

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jaxspec
-from jaxspec.text import chat_prompt, encode_prompt
+from jaxspec.nn.text import chat_prompt, encode_prompt
 from jaxspec_apps.bench.colocated import pooled
 from jaxspec_apps.bench.common import best_time, check_same_tokens
 from jaxspec_apps.bench.report_tables import ratio

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec.shapes import bucket
+from jaxspec.compilation.shapes import bucket
 from jaxspec_apps.bench import (
     adaptive,
     capacity,

@@ -8,7 +8,7 @@ in-process sweep (`latency`) shares one process and both cores between the two s
 The verifier: `python -m verify serve --checkpoint <target>` pinned to core 0 (affinity set
 as the process starts, before JAX makes its threads; JAXSPEC_INT4_THREADS=1 and XLA's Eigen
 pool off). The edge: `python -m jaxspec_apps.bench.twoproc_edge` pinned to core 1 (its doc
-says what it times). "Predicted" is the papers' model (`jaxspec.analytic`) at the t_d, t_v
+says what it times). "Predicted" is the papers' model (`jaxspec.decoding.analytic`) at the t_d, t_v
 and acceptance measured in the same run; the ratios are measured / predicted and the edge
 user's tokens/s over cloud decoding's at the same round trip.
 """
@@ -21,7 +21,7 @@ import subprocess
 import sys
 from typing import Any
 
-from jaxspec import analytic
+from jaxspec.decoding import analytic
 from jaxspec_apps.bench.section import Context, Page, Section
 from verify.process import VerifierProcess
 

@@ -30,9 +30,9 @@ from edge.client import GrpcEndpoint
 from edge.delayed import DelayedEndpoint
 from edge.drafter import load_drafter
 from edge.session import run_session
-from jaxspec.calibration import prompt_ids
+from jaxspec.decoding.sampling import SamplingParams, session_key
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
-from jaxspec.sampling import SamplingParams, session_key
+from jaxspec.quant.calibration import prompt_ids
 from jaxspec_apps.bench.latency import pipeline_depth
 
 

@@ -2,7 +2,7 @@
 
 Real edge sessions (`edge.run_session`, `edge.Drafter`) run against a `verify.LocalVerifier`
 wrapped in `CountingEndpoint`, which converts every message exactly as the gRPC client and
-server do (`jaxspec.wire.block_to_proto` / `result_to_proto`) and adds up their serialized
+server do (`jaxspec.protocol.wire.block_to_proto` / `result_to_proto`) and adds up their serialized
 sizes (`ByteSize()`, the protobuf payload; gRPC/HTTP2 framing and TLS add a few bytes per
 message on top). Session open/close are one-off and not counted. The encodings trade bytes
 for acceptance: `full` sends q over the whole vocabulary, `sparse` k (id, prob) pairs per
@@ -21,9 +21,8 @@ from typing import Any
 
 from edge.drafter import Drafter
 from edge.session import run_session
-from jaxspec import wire
 from jaxspec.figures import AcceptanceFigures
-from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig, wire
 from jaxspec_apps.bench.report_tables import save
 from jaxspec_apps.bench.section import Context, Page, Section
 from verify import LocalVerifier
@@ -188,8 +187,8 @@ def markdown_tiny(w: dict[str, Any], page: Page) -> list[str]:
         f"Sampled (T = {w['rows'][0]['temperature']:g}), sync, γ = {w['gamma']}, "
         f"{w['new_tokens']} tokens per session, one session per prompt, the same seeds for "
         "every encoding. Bytes are the protobuf messages of the gRPC service "
-        "(`jaxspec.wire.block_to_proto` / `result_to_proto`, `ByteSize()`) for every block "
-        "sent up and result sent down in real edge sessions (`edge.run_session` against "
+        "(`jaxspec.protocol.wire.block_to_proto` / `result_to_proto`, `ByteSize()`) for every "
+        "block sent up and result sent down in real edge sessions (`edge.run_session` against "
         "`verify.LocalVerifier`), per committed token; HTTP/2 framing and TLS come on top.",
         "",
         *table_md(w),

@@ -34,8 +34,8 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from edge.client import channel_target
+from jaxspec.compilation.shapes import bucket
 from jaxspec.protocol import VerifierError
-from jaxspec.shapes import bucket
 from jaxspec_apps.demo._pair import needs_fetch, resolve_pair
 from jaxspec_apps.demo._progress import StageLines, describe
 from jaxspec_apps.demo._render import Dashboard, save_capture, summary

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from jaxspec.checkpoint import CheckpointError  # noqa: F401  (tests raise it through here)
+from jaxspec.ckpts.checkpoint import CheckpointError  # noqa: F401  (tests raise it through here)
 from jaxspec_host import hub, pairs
 from jaxspec_host.pairs import PAIRS, REAL_DRAFTS, TINY  # noqa: F401  (the demo's names)
 

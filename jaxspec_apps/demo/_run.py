@@ -31,10 +31,10 @@ from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter, load_drafter
 from edge.session import run_session
 from edge.warmup import compile_drafter
-from jaxspec.checkpoint import load
-from jaxspec.model import Model
+from jaxspec.ckpts.checkpoint import load
+from jaxspec.nn.model import Model
+from jaxspec.nn.text import chat_prompt, encode_prompt
 from jaxspec.protocol import DraftSpec, SessionConfig
-from jaxspec.text import chat_prompt, encode_prompt
 from jaxspec_apps.demo._pair import resolve_pair
 from jaxspec_apps.demo._progress import warmup_progress
 from jaxspec_apps.demo._state import DemoSettings, DemoState, TenantView

@@ -98,13 +98,39 @@ struct Int4MM {
   const float* xsum;   // [N, G]
 };
 
-// Grouped-query attention over a cache: query (b, t) sees cache indices s <= pos[b, t].
+// out[n, m] = sum_g scale[g, m] * (sum_{k in group g} x[n, k] * q[k, m]), q int8 [K, M] (a
+// symmetric grid, as GGUF's Q8_0). Per (row, column): over the groups of each part (the
+// parts split k at group boundaries, Part8), acc = fma chain of x[k] * q[k, m] over the
+// group, then y = fma(scale, acc, y); the parts' y added left to right. The same for one row
+// or many, on every ISA.
+struct Int8MM {
+  const float* x;     // [N, K]
+  const int8_t* q;    // [K, M]
+  const void* scale;  // [G, M]
+  Dt scale_type;
+  float* out;         // [N, M]
+  int64_t N, K, M, G, group;
+};
+inline int64_t Part8(const Int8MM& p, int part) {  // first k of a part: a group boundary
+  const int64_t k = p.G * part / kParts * p.group;
+  return k < p.K ? k : p.K;
+}
+
+// Grouped-query attention over a cache: query (b, t) sees cache indices s <= pos[b, t], s < S.
+// Batch row b reads cache row row0 + (rows ? rows[b] : b) of k, v [rows, Sc, H, D] (a plain
+// [B, S, H, D] input is rows = null, row0 = 0, Sc = S; the model's whole stacked cache
+// [L, N, Smax, H, D] is row0 = layer * N, rows = the batch's slots, Sc = Smax).
 struct Attn {
-  const float *q, *k, *v;  // q [B, T, H, G, D]; k, v [B, S, H, D]
+  const float *q, *k, *v;  // q [B, T, H, G, D]; k, v: see above
   const int32_t* pos;      // [B, T]
+  const int32_t* rows;     // [B] or null
   float* out;              // [B, T, H, G, D]
-  int64_t B, T, H, G, D, S;
+  int64_t B, T, H, G, D, S, Sc, row0;
   float scale;
+  const float* KeyRow(const float* base, int64_t b, int64_t s, int64_t h) const {
+    const int64_t row = row0 + (rows != nullptr ? rows[b] : b);
+    return base + ((row * Sc + s) * H + h) * D;
+  }
 };
 
 // What one instruction set provides. Ranges are half-open; scratch is per calling thread.
@@ -119,6 +145,11 @@ struct KernelTable {
   void (*int4)(const Int4MM& p, int64_t t0, int64_t t1, float* scratch);
   // one (b, t, kv head); scratch holds S floats.
   void (*attention)(const Attn& a, int64_t b, int64_t t, int64_t h, float* scratch);
+  // int8, all rows, contraction part `part`, columns [c0, c1) (c0 a multiple of 16), into y
+  // [N, M]; scratch holds N * (c1 - c0) floats.
+  void (*int8)(const Int8MM& p, int part, int64_t c0, int64_t c1, float* y, float* scratch);
+  // the bandwidth probe: the sum of n floats read front to back (n a multiple of 64).
+  float (*stream_sum)(const float* x, int64_t n);
 };
 
 namespace isa_scalar {

@@ -5,10 +5,13 @@
 //
 //   JaxspecFloatMatmul  x f32[N, K] . w [K, M] (or w [M, K] with transpose_w), w f32 / bf16
 //   JaxspecInt4Matmul   x f32[N, K] . int4 w in the tiled layout, with scale and offset
+//   JaxspecInt8Matmul   x f32[N, K] . int8 q [K, M] with a scale per group of k
 //   JaxspecAttention    grouped-query attention over a KV cache
+//   JaxspecAttentionCache  the same over the model's stacked cache, read in place
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -117,6 +120,32 @@ bool ToDt(ffi::DataType t, Dt* out) {
 
 // ---------------------------------------------------------------------------- float matmul
 
+// The split of a contraction-parts kernel (float NN, int8): units are (part of k, span of
+// columns in whole vectors of 16); part 0 sums into out, the others into their own buffers,
+// added to out in order once every unit is done. `run(part, c0, c1, y, scratch)` with
+// scratch of 4 * (c1 - c0) floats.
+void RunParts(ffi::ThreadPool& pool, int64_t N, int64_t M, double work,
+              const std::function<void(int, int64_t, int64_t, float*, float*)>& run,
+              float* out) {
+  const int64_t vecs = (M + 15) / 16;
+  const int64_t spans =
+      std::max<int64_t>(1, std::min(vecs, (Threads(pool, 64, work) + kParts - 1) / kParts));
+  const int64_t units = kParts * spans;
+  std::vector<float> parts((kParts - 1) * N * M);
+  const int64_t widest = (vecs + spans - 1) / spans * 16;
+  ParallelFor(pool, units, Threads(pool, units, work), 4 * widest, [&](int64_t u, float* s) {
+    const int part = static_cast<int>(u / spans);
+    const int64_t span = u % spans;
+    const int64_t c0 = vecs * span / spans * 16, c1 = std::min(M, vecs * (span + 1) / spans * 16);
+    float* y = part == 0 ? out : parts.data() + (part - 1) * N * M;
+    if (c0 < c1) run(part, c0, c1, y, s);
+  });
+  for (int part = 1; part < kParts; ++part) {
+    const float* y = parts.data() + (part - 1) * N * M;
+    for (int64_t i = 0; i < N * M; ++i) out[i] = out[i] + y[i];
+  }
+}
+
 ffi::Error FloatMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
                            ffi::ResultBuffer<ffi::F32> out, int64_t transpose_w) {
   auto xd = x.dimensions();
@@ -146,23 +175,10 @@ ffi::Error FloatMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::A
     });
     return ffi::Error::Success();
   }
-  // units: (part of k, span of columns); part 0 sums into out, the others into their own
-  // buffers, added to out in order once every unit is done
-  const int64_t vecs = (M + 15) / 16;
-  const int64_t spans = std::max<int64_t>(1, std::min(vecs, (Threads(pool, 64, work) + kParts - 1) / kParts));
-  const int64_t units = kParts * spans;
-  std::vector<float> parts((kParts - 1) * N * M);
-  ParallelFor(pool, units, Threads(pool, units, work), 0, [&](int64_t u, float*) {
-    const int part = static_cast<int>(u / spans);
-    const int64_t s = u % spans;
-    const int64_t c0 = vecs * s / spans * 16, c1 = std::min(M, vecs * (s + 1) / spans * 16);
-    float* y = part == 0 ? p.out : parts.data() + (part - 1) * N * M;
-    if (c0 < c1) table.float_nn(p, part, c0, c1, y);
-  });
-  for (int part = 1; part < kParts; ++part) {
-    const float* y = parts.data() + (part - 1) * N * M;
-    for (int64_t i = 0; i < N * M; ++i) p.out[i] = p.out[i] + y[i];
-  }
+  RunParts(
+      pool, N, M, work,
+      [&](int part, int64_t c0, int64_t c1, float* y, float*) { table.float_nn(p, part, c0, c1, y); },
+      p.out);
   return ffi::Error::Success();
 }
 
@@ -215,7 +231,43 @@ ffi::Error Int4MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   return ffi::Error::Success();
 }
 
+// ---------------------------------------------------------------------------- int8 matmul
+
+ffi::Error Int8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> q,
+                          ffi::AnyBuffer scale, ffi::ResultBuffer<ffi::F32> out, int64_t group) {
+  auto xd = x.dimensions();
+  auto qd = q.dimensions();
+  auto sd = scale.dimensions();
+  auto rd = out->dimensions();
+  if (xd.size() != 2 || qd.size() != 2 || rd.size() != 2 || qd[0] != xd[1] || group < 1)
+    return ffi::Error::InvalidArgument("int8: x [N, K], q [K, M], group >= 1");
+  const int64_t N = xd[0], K = xd[1], M = qd[1], G = (K + group - 1) / group;
+  Dt scale_type;
+  if (sd.size() != 2 || sd[0] != G || sd[1] != M || !ToDt(scale.element_type(), &scale_type))
+    return ffi::Error::InvalidArgument("int8: scale must be [G, M] of bf16, f16 or f32");
+  if (rd[0] != N || rd[1] != M) return ffi::Error::InvalidArgument("int8: out is not [N, M]");
+  if (N == 0 || M == 0) return ffi::Error::Success();
+  const Int8MM p{x.typed_data(), q.typed_data(), scale.untyped_data(), scale_type,
+                 out->typed_data(), N, K, M, G, group};
+  RunParts(pool, N, M, std::max(StreamNs(double(K) * M), MacNs(double(N) * M * K)),
+           [&](int part, int64_t c0, int64_t c1, float* y, float* scratch) {
+             Table().int8(p, part, c0, c1, y, scratch);
+           },
+           p.out);
+  return ffi::Error::Success();
+}
+
 // ---------------------------------------------------------------------------- attention
+
+void RunAttention(ffi::ThreadPool& pool, const Attn& a) {
+  const int64_t units = a.B * a.T * a.H;
+  if (units == 0) return;
+  const KernelTable& table = Table();
+  const double work = MacNs(2.0 * a.B * a.T * a.H * a.G * a.S * a.D);
+  ParallelFor(pool, units, Threads(pool, units, work), a.S, [&](int64_t u, float* p) {
+    table.attention(a, u / (a.T * a.H), (u / a.H) % a.T, u % a.H, p);
+  });
+}
 
 ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                          ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> pos,
@@ -231,50 +283,81 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buf
     return ffi::Error::InvalidArgument("attention: shapes disagree");
   if (vd.size() != 4 || vd[0] != B || vd[1] != S || vd[2] != H || vd[3] != D)
     return ffi::Error::InvalidArgument("attention: v must match k");
-  const Attn a{q.typed_data(), k.typed_data(), v.typed_data(), pos.typed_data(), out->typed_data(),
-               B, T, H, G, D, S, 1.0f / std::sqrt(static_cast<float>(D))};
-  const int64_t units = B * T * H;
-  if (units == 0) return ffi::Error::Success();
-  const KernelTable& table = Table();
-  const double work = MacNs(2.0 * B * T * H * G * S * D);
-  ParallelFor(pool, units, Threads(pool, units, work), S, [&](int64_t u, float* p) {
-    table.attention(a, u / (T * H), (u / H) % T, u % H, p);
-  });
+  const Attn a{q.typed_data(), k.typed_data(), v.typed_data(), pos.typed_data(), nullptr,
+               out->typed_data(), B, T, H, G, D, S, S, 0,
+               1.0f / std::sqrt(static_cast<float>(D))};
+  RunAttention(pool, a);
+  return ffi::Error::Success();
+}
+
+// The same attention reading the model's stacked cache in place: k_all, v_all [L, N, Smax, H,
+// D], layer `layer`, batch row b's slot rows[b], the first S positions.
+ffi::Error AttentionCacheImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
+                              ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                              ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::S32> pos,
+                              ffi::ResultBuffer<ffi::F32> out, int64_t layer, int64_t S) {
+  auto qd = q.dimensions();
+  auto kd = k.dimensions();
+  auto vd = v.dimensions();
+  auto rd = rows.dimensions();
+  auto pd = pos.dimensions();
+  if (qd.size() != 5 || kd.size() != 5 || rd.size() != 1 || pd.size() != 2)
+    return ffi::Error::InvalidArgument(
+        "attention: q [B,T,H,G,D], k/v [L,N,Smax,H,D], rows [B], pos [B,T]");
+  const int64_t B = qd[0], T = qd[1], H = qd[2], G = qd[3], D = qd[4];
+  const int64_t L = kd[0], N = kd[1], Smax = kd[2];
+  if (kd[3] != H || kd[4] != D || rd[0] != B || pd[0] != B || pd[1] != T)
+    return ffi::Error::InvalidArgument("attention: shapes disagree");
+  for (size_t i = 0; i < 5; ++i)
+    if (vd.size() != 5 || vd[i] != kd[i]) return ffi::Error::InvalidArgument("attention: v must match k");
+  if (layer < 0 || layer >= L || S < 1 || S > Smax)
+    return ffi::Error::InvalidArgument("attention: layer or S out of range");
+  const int32_t* r = rows.typed_data();
+  for (int64_t b = 0; b < B; ++b)
+    if (r[b] < 0 || r[b] >= N) return ffi::Error::InvalidArgument("attention: a slot out of range");
+  const Attn a{q.typed_data(), k.typed_data(), v.typed_data(), pos.typed_data(), r,
+               out->typed_data(), B, T, H, G, D, S, Smax, layer * N,
+               1.0f / std::sqrt(static_cast<float>(D))};
+  RunAttention(pool, a);
   return ffi::Error::Success();
 }
 
 }  // namespace
 }  // namespace jaxspec
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecFloatMatmul, jaxspec::FloatMatmulImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Attr<int64_t>("transpose_w"));
+// The handlers' signatures: every kernel takes XLA's CPU thread pool first.
+namespace jaxspec {
+using F32 = ffi::Buffer<ffi::F32>;
+using S32 = ffi::Buffer<ffi::S32>;
+inline auto Bind() { return ffi::Ffi::Bind().Ctx<ffi::ThreadPool>(); }
+}  // namespace jaxspec
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecInt4Matmul, jaxspec::Int4MatmulImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::U8>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Attr<int64_t>("K")
-                                  .Attr<int64_t>("M")
-                                  .Attr<int64_t>("group")
-                                  .Attr<int64_t>("has_offset"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxspecFloatMatmul, jaxspec::FloatMatmulImpl,
+    jaxspec::Bind().Arg<jaxspec::F32>().Arg<ffi::AnyBuffer>().Ret<jaxspec::F32>().Attr<int64_t>(
+        "transpose_w"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecAttention, jaxspec::AttentionImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxspecInt4Matmul, jaxspec::Int4MatmulImpl,
+    jaxspec::Bind().Arg<jaxspec::F32>().Arg<ffi::Buffer<ffi::U8>>().Arg<ffi::AnyBuffer>()
+        .Arg<ffi::AnyBuffer>().Ret<jaxspec::F32>().Attr<int64_t>("K").Attr<int64_t>("M")
+        .Attr<int64_t>("group").Attr<int64_t>("has_offset"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxspecInt8Matmul, jaxspec::Int8MatmulImpl,
+    jaxspec::Bind().Arg<jaxspec::F32>().Arg<ffi::Buffer<ffi::S8>>().Arg<ffi::AnyBuffer>()
+        .Ret<jaxspec::F32>().Attr<int64_t>("group"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxspecAttention, jaxspec::AttentionImpl,
+    jaxspec::Bind().Arg<jaxspec::F32>().Arg<jaxspec::F32>().Arg<jaxspec::F32>()
+        .Arg<jaxspec::S32>().Ret<jaxspec::F32>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxspecAttentionCache, jaxspec::AttentionCacheImpl,
+    jaxspec::Bind().Arg<jaxspec::F32>().Arg<jaxspec::F32>().Arg<jaxspec::F32>()
+        .Arg<jaxspec::S32>().Arg<jaxspec::S32>().Ret<jaxspec::F32>().Attr<int64_t>("layer")
+        .Attr<int64_t>("S"));
 
 // One instruction set and one thread cap for every kernel (jaxspec.kernels).
 // Codes: 0 scalar, 2 AVX2 (+FMA, F16C), 3 AVX-512 (F, DQ, BW, VL).
@@ -297,3 +380,30 @@ extern "C" int jaxspec_kernels_set_threads(int n) {
 }
 
 extern "C" int jaxspec_kernels_threads() { return jaxspec::g_max_threads.load(); }
+
+// The machine's read bandwidth as the kernels see it: `gib` GiB (touched first) read front to
+// back by `threads` threads (0: every CPU this process may run on), each its own contiguous
+// part, with this ISA's streaming loop; the best of `repeats` passes, in bytes per second.
+extern "C" double jaxspec_kernels_read_bandwidth(double gib, int threads, int repeats) {
+  const int64_t n = static_cast<int64_t>(gib * (1 << 30) / sizeof(float)) / 1024 * 1024;
+  if (n <= 0) return 0.0;
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::unique_ptr<float[]> buf(new float[n]);
+  for (int64_t i = 0; i < n; ++i) buf[i] = 1.0f;
+  const jaxspec::KernelTable& table = jaxspec::Table();
+  double best = 0.0;
+  std::vector<float> sums(threads);
+  for (int r = 0; r < std::max(repeats, 1); ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const int64_t a = n / 1024 * t / threads * 1024, b = n / 1024 * (t + 1) / threads * 1024;
+        sums[t] = table.stream_sum(buf.get() + a, b - a);
+      });
+    for (auto& th : pool) th.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, n * sizeof(float) / s);
+  }
+  return sums[0] > -1.0f ? best : 0.0;  // the sums are read, so the loop is never dropped
+}

@@ -9,43 +9,52 @@
 // Every lane operation is the correctly rounded IEEE one (Fma is one fused multiply-add), so
 // the scalar build's emulated lanes give the vector builds' bits.
 
+#if JS_ISA == 3 || JS_ISA == 2
 #if JS_ISA == 3
 constexpr int kW = 16;
 using V = __m512;
-inline V Zero() { return _mm512_setzero_ps(); }
-inline V Load(const float* p) { return _mm512_loadu_ps(p); }
-inline V LoadBf16(const uint16_t* p) {
+#define JS_PS(op) _mm512_##op##_ps
+#else
+constexpr int kW = 8;
+using V = __m256;
+#define JS_PS(op) _mm256_##op##_ps
+#endif
+inline V Zero() { return JS_PS(setzero)(); }
+inline V Load(const float* p) { return JS_PS(loadu)(p); }
+inline void Store(float* p, V v) { JS_PS(storeu)(p, v); }
+inline V Bcast(float f) { return JS_PS(set1)(f); }
+inline V Fma(V a, V b, V c) { return JS_PS(fmadd)(a, b, c); }
+inline V Sub(V a, V b) { return JS_PS(sub)(a, b); }
+inline V Add(V a, V b) { return JS_PS(add)(a, b); }
+inline V Mul(V a, V b) { return JS_PS(mul)(a, b); }
+#undef JS_PS
+inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+#endif
+
+#if JS_ISA == 3
+inline V LoadBf16(const uint16_t* p) {  // bf16 -> f32: the 16 bits above 16 zero bits
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 inline V LoadF16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
-inline void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
-inline V Bcast(float f) { return _mm512_set1_ps(f); }
-inline V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-inline V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
-inline V Add(V a, V b) { return _mm512_add_ps(a, b); }
-inline V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
+inline V LoadI8(const int8_t* p) {  // 16 int8 -> float, exact
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 // Columns [16 c, 16 c + 16) of an int4 tile row (32 bytes, see common.h): nibble 2c of the
-// eight words, then nibble 2c + 1, as floats 0..15.
+// eight words, then nibble 2c + 1, as floats 0..15. u -> float(u) by a 16-entry table: the
+// permute reads only each index's low 4 bits, so no mask and no conversion.
 inline V Nibbles(const uint8_t* row, int c) {
   const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)));
-  const __m512i lo = _mm512_set1_epi32(8 * c), hi = _mm512_set1_epi32(8 * c + 4);
-  const __m512i sh = _mm512_mask_blend_epi32(0xFF00, lo, hi);
-  // u -> float(u) by a 16-entry table: the permute reads only each index's low 4 bits, so no
-  // mask and no conversion (the same values as cvt(u & 15))
+  const __m512i sh = _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(8 * c),
+                                             _mm512_set1_epi32(8 * c + 4));
   const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   return _mm512_permutexvar_ps(_mm512_srlv_epi32(v, sh), table);
 }
-inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 #endif
 
 #if JS_ISA == 2
-constexpr int kW = 8;
-using V = __m256;
-inline V Zero() { return _mm256_setzero_ps(); }
-inline V Load(const float* p) { return _mm256_loadu_ps(p); }
 inline V LoadBf16(const uint16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -53,19 +62,15 @@ inline V LoadBf16(const uint16_t* p) {
 inline V LoadF16(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-inline void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
-inline V Bcast(float f) { return _mm256_set1_ps(f); }
-inline V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-inline V Sub(V a, V b) { return _mm256_sub_ps(a, b); }
-inline V Add(V a, V b) { return _mm256_add_ps(a, b); }
-inline V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
+inline V LoadI8(const int8_t* p) {  // 8 int8 -> float, exact
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 // Columns [8 c, 8 c + 8) of an int4 tile row: nibble c of the eight words.
 inline V Nibbles(const uint8_t* row, int c) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
   const __m256i u = _mm256_srl_epi32(v, _mm_cvtsi32_si128(4 * c));
   return _mm256_cvtepi32_ps(_mm256_and_si256(u, _mm256_set1_epi32(15)));
 }
-inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 #endif
 
 #if JS_ISA == 3 || JS_ISA == 2
@@ -73,8 +78,8 @@ using V8 = __m256;
 inline V8 Zero8() { return _mm256_setzero_ps(); }
 inline V8 Load8(const float* p) { return _mm256_loadu_ps(p); }
 inline V8 Load8Bf16(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
 inline V8 Fma8(V8 a, V8 b, V8 c) { return _mm256_fmadd_ps(a, b, c); }
 inline V8 Bcast8(float f) { return _mm256_set1_ps(f); }
@@ -100,6 +105,11 @@ inline V LoadBf16(const uint16_t* p) {
 inline V LoadF16(const uint16_t* p) {
   V v;
   for (int i = 0; i < 8; ++i) v.l[i] = F16ToF32(p[i]);
+  return v;
+}
+inline V LoadI8(const int8_t* p) {
+  V v;
+  for (int i = 0; i < 8; ++i) v.l[i] = static_cast<float>(p[i]);
   return v;
 }
 inline void Store(float* p, const V& v) { std::memcpy(p, v.l, sizeof(v.l)); }

@@ -28,8 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, UInt32
 
-from jaxspec.protocol import MODES
-from jaxspec.sampling import (
+from jaxspec.decoding.sampling import (
     Purpose,
     SamplingParams,
     TokenCounts,
@@ -38,6 +37,7 @@ from jaxspec.sampling import (
     uniforms,
     warp,
 )
+from jaxspec.protocol import MODES
 
 # The deliberately wrong variants of the speculative path that the tests keep and must catch
 # (docs/testing.md): of the rule, of the drafting, and of the penalties' counts.
@@ -61,7 +61,8 @@ class Variant:
 
     Hashable, so it is a static argument of the jitted code: a mutant compiles its own
     program, and EXACT's program has no trace of one. Users never pass it; the tests reach the
-    jitted code with it through the lower layers (`jaxspec.generate.decode`, `Scheduler`)."""
+    jitted code with it through the lower layers (`jaxspec.decoding.generate.decode`,
+    `Scheduler`)."""
 
     mutant: str | None = None
 

@@ -20,8 +20,7 @@ import jax.numpy as jnp
 from safetensors import safe_open
 from safetensors.flax import save_file
 
-from jaxspec.config import CheckpointError, LlamaConfig
-from jaxspec.gguf_import import (
+from jaxspec.ckpts.gguf_import import (
     find_gguf,
     gguf_field,
     gguf_reader,
@@ -29,7 +28,8 @@ from jaxspec.gguf_import import (
     has_tokenizer,
     read_gguf,
 )
-from jaxspec.model import Model, param_shapes
+from jaxspec.nn.config import CheckpointError, LlamaConfig
+from jaxspec.nn.model import Model, param_shapes
 
 PathLike = str | os.PathLike[str]
 
@@ -165,8 +165,8 @@ def load(path: PathLike, *, dtype: Any = jnp.float32, tokenizer: bool = True) ->
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfg_file} is not valid JSON: {e}") from None
     quant = raw_cfg.get("quantization_config") or {}
-    if quant.get("quant_method") == "jaxspec-aqt":  # written by jaxspec.quantize.save_quantized
-        from jaxspec.quantize import load_quantized
+    if quant.get("quant_method") == "jaxspec-aqt":  # written by quant.quantize.save_quantized
+        from jaxspec.quant.quantize import load_quantized
 
         tok = _load_tokenizer(d) if tokenizer else None
         return load_quantized(d, raw_cfg, dtype=dtype, tokenizer=tok, name=str(path))
@@ -222,7 +222,7 @@ def load_gguf(
     tokenizer: bool = True,
     progress: Any = None,
 ) -> Model:
-    """A model from a GGUF file (see `jaxspec.gguf_import`), every tensor dequantized."""
+    """A model from a GGUF file (see `jaxspec.ckpts.gguf_import`), every tensor dequantized."""
     path = pathlib.Path(path)
     config, tensors, reader = read_gguf(path, progress)
     params = params_from_hf(config, tensors, str(path), dtype)
@@ -287,10 +287,10 @@ def save(model: Model, path: PathLike, *, dtype: Any = None) -> pathlib.Path:
 
     `dtype` (e.g. `jnp.bfloat16`) converts the stored weights; default keeps theirs. A
     quantized model (`jaxspec.quantize`) is written in its packed form instead (see
-    `jaxspec.quantize.save_quantized`; `dtype` must then be None).
+    `jaxspec.quant.quantize.save_quantized`; `dtype` must then be None).
     """
     if model.dense_cls is not None or model.embed_cls is not None:
-        from jaxspec.quantize import save_quantized
+        from jaxspec.quant.quantize import save_quantized
 
         if dtype is not None:
             raise ValueError("a quantized model is saved as it is; dtype must be None")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from jaxspec.model import Model
+from jaxspec.nn.model import Model
 
 
 def encode_prompt(model: Model, text: str) -> tuple[int, ...]:

@@ -228,7 +228,7 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplingSettings:
     """How one session (or one row of `jaxspec.generate`) samples: the same settings warp
-    the target's p and the draft's q (`jaxspec.sampling`'s order: logit bias, penalties,
+    the target's p and the draft's q (`jaxspec.decoding.sampling`'s order: logit bias, penalties,
     temperature, min-p, top-k, top-p).
 
     temperature >= 0 (0 greedy); top_k >= 0 (0 off); top_p in (0, 1] (1 off); min_p in [0, 1]
@@ -339,7 +339,7 @@ class SessionInfo:
 
 
 # How far from 1 a row of q may sum (the float32 rounding of a softmax over a large
-# vocabulary, with room to spare): `jaxspec.verification.check_draft_q`'s tolerance.
+# vocabulary, with room to spare): `jaxspec.decoding.verification.check_draft_q`'s tolerance.
 Q_SUM_TOLERANCE = 1e-3
 
 
@@ -359,8 +359,9 @@ class DraftBlock:
     Validated when made (`InvalidArgument`): every row of q is a distribution (finite, >= 0,
     summing to 1 within `Q_SUM_TOLERANCE`) that can produce its draft (q(d) > 0). This is
     THE check of q's values, made once where a block enters (the edge as it builds a block,
-    `jaxspec.wire` as one comes off the wire, any in-process caller); the verifier adds only
-    what needs the session (widths, vocabulary ranges, the session's encoding and q dtype).
+    `jaxspec.protocol.wire` as one comes off the wire, any in-process caller); the verifier
+    adds only what needs the session (widths, vocabulary ranges, the session's encoding and q
+    dtype).
     """
 
     session_id: str
@@ -480,7 +481,7 @@ _F16_TO_F32 = np.arange(1 << 16).astype(np.uint16).view(np.float16).astype(np.fl
 def q_from_f16(q16: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """The float32 q of a float16 block: `float32(q16[i]) * scale[i]`, row by row (`[n, m]`
     and `[n]`). One IEEE float32 multiply per entry, so it is bit for bit the q the edge
-    sampled from (`jaxspec.speculative.draft_q_for`); raises `InvalidArgument` for scales
+    sampled from (`jaxspec.decoding.speculative.draft_q_for`); raises `InvalidArgument` for scales
     that are not finite and > 0, or values that are NaN, infinite or negative."""
     q16 = np.asarray(q16, np.float16)
     scale = np.asarray(scale, np.float32)

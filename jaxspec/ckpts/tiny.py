@@ -14,8 +14,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxspec.config import LlamaConfig
-from jaxspec.model import Model, init_params
+from jaxspec.nn.config import LlamaConfig
+from jaxspec.nn.model import Model, init_params
 
 BOS, EOS = "<s>", "</s>"
 
@@ -56,7 +56,7 @@ def write_random_checkpoint(
     path: str | os.PathLike[str], config: LlamaConfig | None = None, seed: int = 0
 ) -> pathlib.Path:
     """A random-weight checkpoint with the byte tokenizer, written by jaxspec alone."""
-    from jaxspec.checkpoint import save
+    from jaxspec.ckpts.checkpoint import save
 
     tok = byte_tokenizer()
     if config is None:

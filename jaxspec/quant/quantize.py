@@ -20,7 +20,7 @@ Scales of method "rtn": symmetric absmax (a group's largest |w| maps to 2^(b-1) 
 group of `group_size` consecutive inputs (the contraction axis); `group_size=None` is
 per-channel (one group). A contraction axis that `group_size` does not divide is zero-padded
 to whole groups inside the matmul; only the real rows are stored. The other methods
-(`jaxspec.quant_methods`) store float16 scales of the same shape, plus a float16 `minimum` of
+(`jaxspec.quant.methods`) store float16 scales of the same shape, plus a float16 `minimum` of
 that shape for the asymmetric ones; a head of `head_method="absmax"` (GGUF's Q8_0 at 8 bits)
 has `qweight` and `scale` only: w = scale * q.
 
@@ -52,10 +52,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import aqt_compat, kernels, quant_methods
-from jaxspec.config import CheckpointError
+from jaxspec import kernels
 from jaxspec.kernels import int4 as int4kernel
-from jaxspec.model import Llama, Model, init_cache
+from jaxspec.nn.config import CheckpointError
+from jaxspec.nn.model import Llama, Model, init_cache
+from jaxspec.quant import aqt_compat
+from jaxspec.quant import methods as quant_methods
 
 SCHEMES: dict[str, tuple[int, int | None] | None] = {
     "none": None,
@@ -144,8 +146,8 @@ class QuantSpec:
     """Static description of a quantized model (hashable: it is part of the jit key).
 
     `method` "rtn" is symmetric absmax through AQT's own calibration (bfloat16 scale);
-    "absmax" is GGUF's Q8_0 rule (`quant_methods.quantize_absmax`: symmetric, float16 scale,
-    no minimum; only as `head_method`); the others (`jaxspec.quant_methods.METHODS`) are
+    "absmax" is GGUF's Q8_0 rule (`methods.quantize_absmax`: symmetric, float16 scale,
+    no minimum; only as `head_method`); the others (`jaxspec.quant.methods.METHODS`) are
     asymmetric and store a float16 `minimum` beside the float16 `scale`. `head_bits` and
     `head_method` (None: as the rest) quantize the token embedding / lm_head at other bits
     and by another method; `bits` overrides the scheme's weight bits (set on the head's own
@@ -253,7 +255,7 @@ def _pad_cols(x: jax.Array, cols: int) -> jax.Array:
 class _Matmul(nn.Module):
     """`x [N, Kp] @ w [Kp, M]` through AQT; owns the `AqtDotGeneral` (and what CONVERT froze).
 
-    Served asymmetric weights (`scale * q + offset`, `jaxspec.quant_methods`) go through the
+    Served asymmetric weights (`scale * q + offset`, `jaxspec.quant.methods`) go through the
     same int dot, plus the offset's share: each group's sum of x times its offset."""
 
     spec: QuantSpec
@@ -507,7 +509,7 @@ def quantize(
       group_size: inputs per scale along the contraction axis (e.g. 128 or 32); None is
         one scale per output channel.
       method: how weights become ints: "gptq" (the default for w4a16/w8a16: the best
-        measured, docs/quantization.md), "clip", "asym" (`jaxspec.quant_methods`) or "rtn"
+        measured, docs/quantization.md), "clip", "asym" (`jaxspec.quant.methods`) or "rtn"
         (symmetric absmax, AQT's calibration; the only one for w4a4 and mode="train").
       head_bits: bits of the token embedding / lm_head (e.g. 8); None: as the other layers.
       head_method: how the token embedding / lm_head become ints; None: as the other layers
@@ -515,7 +517,7 @@ def quantize(
         float16 scale per group, round half away from zero, no calibration), which gives a
         table that was Q8_0 at `group_size` back bit for bit. Not with method "rtn".
       calibration: token sequences whose activations GPTQ's Hessians are taken on; None
-        builds them (`jaxspec.calibration`: chat prompts from CPython's own documentation
+        builds them (`jaxspec.quant.calibration`: chat prompts from CPython's own documentation
         and the model's answers to them). Ignored by the other methods.
       embeddings: also quantize the token embedding and lm_head (else they stay bfloat16).
       packed: store int4 two per byte (False: one int4 per byte, for comparison).
@@ -644,7 +646,7 @@ def _calibration_hessians(
 ) -> dict[tuple[str, ...], Any]:
     """GPTQ's Hessians on `calibration`, or on the default answers; while those are generated,
     a second thread compiles the Hessians' probe (compilation is one core's work)."""
-    from jaxspec import calibration as calib
+    from jaxspec.quant import calibration as calib
 
     if calibration:
         return calib.hessians(model, calibration, progress=progress)
@@ -658,7 +660,7 @@ def _quantize_asym(
     spec: QuantSpec, float_params: Any, hessians: dict[tuple[str, ...], Any], progress: Any
 ) -> Any:
     """The served params of an asymmetric method: each quantized float weight replaced by
-    {qweight, scale, minimum} (`jaxspec.quant_methods`, in numpy, all weights in one
+    {qweight, scale, minimum} (`jaxspec.quant.methods`, in numpy, all weights in one
     `quantize_many` call: shared Hessians once, on every CPU); a head of a symmetric
     `head_method` by {qweight, scale}, from the float table alone (no Hessian)."""
     owners: dict[tuple[str, ...], QuantSpec] = {}
@@ -853,7 +855,7 @@ def save_quantized(model: Model, path: Any) -> pathlib.Path:
         "format_version": FORMAT_VERSION,
         **spec.to_json(),
         "scale_dtype": jnp.dtype(spec.scale_dtype).name,
-        "layout": "see jaxspec/quantize.py",
+        "layout": "see jaxspec/quant/quantize.py",
     }
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     if model.tokenizer is not None:
@@ -872,7 +874,7 @@ def load_quantized(
     """Read a directory written by `save_quantized` (no re-quantization)."""
     from safetensors import safe_open
 
-    from jaxspec.config import LlamaConfig
+    from jaxspec.nn.config import LlamaConfig
 
     q = raw_cfg["quantization_config"]
     if q.get("format_version") != FORMAT_VERSION:

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.model import Llama, Model, init_cache
+from jaxspec.nn.model import Llama, Model, init_cache
 
 Progress = Callable[[str, int, int], None]
 HELDOUT_PERCENT = 20  # sources (topics, modules) kept for evaluation, by hash
@@ -92,7 +92,7 @@ def chat_prompts(n: int, seed: int = 0, heldout: bool = False) -> list[tuple[str
 def prompt_ids(model: Model, text: str) -> tuple[int, ...]:
     """The prompt as the model is asked it: through its chat template when it has one; a
     model without a tokenizer gets the text's UTF-8 bytes (modulo its vocabulary)."""
-    from jaxspec.text import chat_prompt, encode_prompt
+    from jaxspec.nn.text import chat_prompt, encode_prompt
 
     tok = model.tokenizer
     if tok is None:
@@ -106,7 +106,7 @@ def default_sequences(
     model: Model, plan: Plan = Plan(), progress: Progress | None = None
 ) -> list[list[int]]:
     """Chat prompts and the model's own answers (prompt + answer ids), `plan.prompts` of them."""
-    from jaxspec.generate import generate
+    from jaxspec.decoding.generate import generate
 
     prompts = [prompt_ids(model, t) for _, t in chat_prompts(plan.prompts, plan.seed)]
     out: list[list[int]] = []

@@ -22,12 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import trace_cache
+from jaxspec.compilation import trace_cache
+from jaxspec.decoding.sampling import Purpose, SamplingParams, TokenCounts, sample, uniforms, warp
+from jaxspec.decoding.verification import EXACT, DraftQ, Variant, Verdicts, verify_block
 from jaxspec.figures import AcceptanceFigures
-from jaxspec.model import KVCache, Llama, init_cache
+from jaxspec.nn.model import KVCache, Llama, init_cache
 from jaxspec.protocol import DraftSpec
-from jaxspec.sampling import Purpose, SamplingParams, TokenCounts, sample, uniforms, warp
-from jaxspec.verification import EXACT, DraftQ, Variant, Verdicts, verify_block
 
 
 @flax.struct.dataclass(kw_only=True)

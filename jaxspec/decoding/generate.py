@@ -20,11 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, UInt32
 
-from jaxspec import analytic, trace_cache
-from jaxspec.figures import AcceptanceFigures
-from jaxspec.model import KVCache, Llama, Model, init_cache
-from jaxspec.protocol import MODES, DraftSpec, SamplingSettings
-from jaxspec.sampling import (
+from jaxspec.compilation import trace_cache
+from jaxspec.compilation.shapes import bucket
+from jaxspec.compilation.traces import traces
+from jaxspec.decoding import analytic
+from jaxspec.decoding.sampling import (
     Purpose,
     SamplingParams,
     TokenCounts,
@@ -32,10 +32,11 @@ from jaxspec.sampling import (
     session_keys,
     settings_per_row,
 )
-from jaxspec.shapes import bucket
-from jaxspec.speculative import DecodeBatch, SpecCounters, speculative_decode
-from jaxspec.traces import traces
-from jaxspec.verification import EXACT, Variant
+from jaxspec.decoding.speculative import DecodeBatch, SpecCounters, speculative_decode
+from jaxspec.decoding.verification import EXACT, Variant
+from jaxspec.figures import AcceptanceFigures
+from jaxspec.nn.model import KVCache, Llama, Model, init_cache
+from jaxspec.protocol import MODES, DraftSpec, SamplingSettings
 
 PromptIds = Sequence[int] | Sequence[Sequence[int]] | np.ndarray
 AUTO = "auto"  # generate(gamma="auto"): measure the pair and pick one gamma
@@ -226,7 +227,7 @@ def decode(
     variant: Variant = EXACT,
 ) -> tuple[np.ndarray, GenerateStats]:
     """`generate` below its checks: the validated objects in, `[B, max_new_tokens]` new tokens
-    (-1 padded) and the stats out. `variant` is the tests' hook (`jaxspec.verification.
+    (-1 padded) and the stats out. `variant` is the tests' hook (`jaxspec.decoding.verification.
     Variant`): a deliberately wrong rule, drafting or counts that a test must catch. An
     adaptive `spec` (gamma="auto") becomes the fixed one of the gamma `choose_gamma` picks,
     measured on the first chunk (the batch shape decoded; not timed in the stats)."""
@@ -307,7 +308,7 @@ def _draft_spec(
 def conditional_alphas(reached: Sequence[float]) -> list[float]:
     """Per draft position i, P(draft i accepted | drafts before it accepted), from the
     fraction of rounds whose draft i was accepted (`per_position_acceptance`: every draft up
-    to i accepted) — the acceptance `jaxspec.analytic` takes per position."""
+    to i accepted) — the acceptance `jaxspec.decoding.analytic` takes per position."""
     out, before = [], 1.0
     for r in reached:
         out.append(min(1.0, r / before) if before > 0 else 0.0)
@@ -328,8 +329,8 @@ def choose_gamma(
     probe_tokens: int = PROBE_TOKENS,
 ) -> GammaChoice:
     """`gamma="auto"`: the gamma in 1..`spec.gamma` with the least expected time per token
-    under the model the edge's adaptive gamma uses (`jaxspec.analytic`, co-located: the sync
-    round without a network), fed with figures measured on these rows: the draft's and the
+    under the model the edge's adaptive gamma uses (`jaxspec.decoding.analytic`, co-located:
+    the sync round without a network), fed with figures measured on these rows: the draft's and the
     target's seconds per token from a plain run of `probe_tokens` each, and the acceptance
     per draft position from a speculative run at `spec.gamma` (the longest block). Each
     run's compilation is excluded from its timing (`GenerateStats.wall_s`). `sampling` and

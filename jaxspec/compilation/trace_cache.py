@@ -61,15 +61,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-# Our FFI kernels' custom-call targets: export refuses custom calls it does not know to be
-# stable; these are ours, built with the package, so a saved trace names them safely.
-CUSTOM_CALLS = ("jaxspec_float_matmul", "jaxspec_attention", "jaxspec_int4_matmul")
+# Our FFI kernels' custom-call targets (`jaxspec.kernels` registers them with
+# `allow_custom_calls`): export refuses custom calls it does not know to be stable; these are
+# ours, built with the package (the library's sha256 is in every key), so a trace names them.
+CUSTOM_CALLS: set[str] = set()
 FORMAT = 1  # the entry layout (module doc); another number is a miss, traced anew
 MAGIC = b"JXTRACE\n"
 SUFFIX = ".trace"
@@ -109,7 +110,7 @@ _dir: pathlib.Path | None = None
 _max_bytes = DEFAULT_MAX_BYTES
 _lock = threading.Lock()
 _warned: set[str] = set()
-log = logging.getLogger("jaxspec.trace_cache")
+log = logging.getLogger("jaxspec.compilation.trace_cache")
 
 
 class Unusable(Exception):
@@ -125,6 +126,11 @@ def before_load(hook: Callable[[], Any]) -> None:
     its trace named, and nothing in this process may have traced (so registered) them yet
     (`jaxspec.kernels` registers its library's here)."""
     _before_load.append(hook)
+
+
+def allow_custom_calls(names: Iterable[str]) -> None:
+    """Custom-call targets a kept trace may call (our own kernels'; `CUSTOM_CALLS`)."""
+    CUSTOM_CALLS.update(names)
 
 
 def key_part(name: str, part: Callable[[], str] | None) -> None:
@@ -275,7 +281,7 @@ def _roots(fun: Callable) -> tuple[str, ...]:
     base = fun.func if isinstance(fun, functools.partial) else fun
     top = sys.modules[base.__module__.split(".")[0]]
     own = top.__file__ or sys.modules[base.__module__].__file__  # (a namespace package: none)
-    here = pathlib.Path(__file__).parent
+    here = pathlib.Path(__file__).parent.parent  # jaxspec/
     return tuple(sorted({str(pathlib.Path(own).parent), str(here)}))
 
 
@@ -646,7 +652,7 @@ class CachedJit:
             out_leaves, box["tree"] = jax.tree.flatten(out)
             return out_leaves
 
-        checks = [jax.export.DisabledSafetyCheck.custom_call(n) for n in CUSTOM_CALLS]
+        checks = [jax.export.DisabledSafetyCheck.custom_call(n) for n in sorted(CUSTOM_CALLS)]
         exported = jax.export.export(jax.jit(flat), disabled_checks=checks)(*avals)
         return exported, box["tree"]
 

@@ -35,9 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from jaxspec.config import LlamaConfig, rope_inv_freq
 from jaxspec.kernels import attention as attention_kernel
 from jaxspec.kernels import dense as dense_kernel
+from jaxspec.nn.config import LlamaConfig, rope_inv_freq
 
 Params = Any
 
@@ -170,23 +170,32 @@ class Attention(nn.Module):
             v.astype(v_all_LNSKD.dtype), mode="drop"
         )
         S = k_all_LNSKD.shape[2] if kv_len is None else kv_len
+        q_BTKGD = q.reshape(B, T, nkv, nq // nkv, d)
+        out_BTKGD = self._attend(q_BTKGD, k_all_LNSKD, v_all_LNSKD, layer, rows_B, slots_B,
+                                 positions_BT, S)  # fmt: skip
+        out = dense(c.hidden_size, use_bias=c.o_bias, name="o_proj")(out_BTKGD.reshape(B, T, -1))
+        return out, k_all_LNSKD, v_all_LNSKD
+
+    def _attend(self, q_BTKGD, k_all_LNSKD, v_all_LNSKD, layer, rows_B, slots_B, pos_BT, S):
+        """Attention over the first S positions of each row's slot: on the batch-invariant
+        kernel where enabled (reading a float32 cache in place), else XLA's einsum form."""
+        kernel = self.kernels and dense_kernel.enabled()
+        if kernel and k_all_LNSKD.dtype == jnp.float32:
+            out = attention_kernel.cache_attention(
+                q_BTKGD, k_all_LNSKD, v_all_LNSKD, layer, rows_B, pos_BT, S
+            )
+            return out.astype(self.dtype)
         if slots_B is None:
             keys_BSKD, vals_BSKD = k_all_LNSKD[layer, :, :S], v_all_LNSKD[layer, :, :S]
         else:
-            keys_BSKD = k_all_LNSKD[layer, slots_B, :S]
-            vals_BSKD = v_all_LNSKD[layer, slots_B, :S]
-
-        q_BTKGD = q.reshape(B, T, nkv, nq // nkv, d)
-        if self.kernels and dense_kernel.enabled():  # batch-invariant (jaxspec.kernels.attention)
-            out_BTKGD = attention_kernel.attention(q_BTKGD, keys_BSKD, vals_BSKD, positions_BT)
-            out_BTKGD = out_BTKGD.astype(self.dtype)
-        else:
-            visible_BTS = jnp.arange(S)[None, None, :] <= positions_BT[:, :, None]
-            out_BTKGD = attention_kernel.einsum_attention(
-                q_BTKGD, keys_BSKD, vals_BSKD, visible_BTS, self.dtype
-            )
-        out = dense(c.hidden_size, use_bias=c.o_bias, name="o_proj")(out_BTKGD.reshape(B, T, -1))
-        return out, k_all_LNSKD, v_all_LNSKD
+            keys_BSKD, vals_BSKD = k_all_LNSKD[layer, slots_B, :S], v_all_LNSKD[layer, slots_B, :S]
+        if kernel:
+            out = attention_kernel.attention(q_BTKGD, keys_BSKD, vals_BSKD, pos_BT)
+            return out.astype(self.dtype)
+        visible_BTS = jnp.arange(S)[None, None, :] <= pos_BT[:, :, None]
+        return attention_kernel.einsum_attention(
+            q_BTKGD, keys_BSKD, vals_BSKD, visible_BTS, self.dtype
+        )
 
 
 class MLP(nn.Module):

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxspec.config import CheckpointError, LlamaConfig
+from jaxspec.nn.config import CheckpointError, LlamaConfig
 
 PathLike = str | os.PathLike[str]
 

@@ -1,0 +1,2 @@
+"""What decides and keeps compiled programs: shape buckets, kept traces, which
+traces a block of code ran."""

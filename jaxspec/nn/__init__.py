@@ -1,0 +1,1 @@
+"""The network: the Llama-family decoder with its KV cache, and its config."""
