@@ -368,6 +368,27 @@ def test_an_absmax_head_is_q8_0_of_the_float_table_and_gptq_leaves_it_alone(mode
     np.testing.assert_allclose(logits(q), logits(dequantize(q)), atol=2e-4, rtol=0)
 
 
+def test_the_absmax_head_runs_on_the_int8_kernel_as_on_xlas_path(quantized):
+    """Decode-sized rows of a symmetric int8 head go to `jaxspec.kernels.int8` (int8 [K, M]
+    and the float16 scales as stored) where it is built, else through AQT's int dot: the same
+    logits to float rounding, and `with_kernel(False)` turns it off."""
+    from jaxspec import kernels
+    from jaxspec.kernels import int8 as int8kernel
+
+    q = quantized("gptq", 8, "absmax")
+    head = quant_spec(q).head()
+    assert head.int8_symmetric and not quant_spec(q).int8_symmetric  # the int4 body is not
+    xla = qmod.with_kernel(q, False)
+    np.testing.assert_allclose(logits(q), logits(xla), atol=1e-4, rtol=0)
+    pos = np.broadcast_to(np.arange(IDS.shape[1]), IDS.shape)
+
+    def lowered(m):
+        return jax.jit(lambda i, p: m(i, p, m.init_cache(2, 8))[0]).lower(IDS, pos).as_text()
+
+    assert (int8kernel.TARGET in lowered(q)) == kernels.available()
+    assert int8kernel.TARGET not in lowered(xla)
+
+
 def test_a_table_that_was_q8_0_is_the_drafts_own_head(model):
     """A target whose tied table is Q8_0 at the group (SmolLM2's is): the absmax head gives
     back exactly the target's table, an asymmetric int8 head (what head_bits=8 alone gives)

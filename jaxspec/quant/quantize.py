@@ -54,6 +54,7 @@ import numpy as np
 
 from jaxspec import kernels
 from jaxspec.kernels import int4 as int4kernel
+from jaxspec.kernels import int8 as int8kernel
 from jaxspec.nn.config import CheckpointError
 from jaxspec.nn.model import Llama, Model, init_cache
 from jaxspec.quant import aqt_compat
@@ -214,11 +215,19 @@ class QuantSpec:
             return pack_int4(q_KM)
         return q_KM.astype(self.stored(*q_KM.shape)[1])
 
+    @property
+    def int8_symmetric(self) -> bool:
+        """Stored as int8 [K, M] with a scale per group and no minimum (W = scale * q): what
+        the int8 kernel reads (a head of `head_method="absmax"`, GGUF's Q8_0)."""
+        return self.weight_bits == 8 and not self.asymmetric
+
     def use_kernel(self, rows: int) -> bool:
-        """Whether a served matmul of `rows` rows runs on the int4 kernel (decided at trace)."""
+        """Whether a served matmul of `rows` rows runs on a kernel (decided at trace): the int4
+        one for tiled int4, the int8 one for symmetric int8."""
         return (
-            self.kernel and self.tiled and self.act_bits is None and rows <= KERNEL_MAX_ROWS
-            and kernels.available() and jax.default_backend() == "cpu"
+            self.kernel and (self.tiled or self.int8_symmetric) and self.act_bits is None
+            and rows <= KERNEL_MAX_ROWS and kernels.available()
+            and jax.default_backend() == "cpu"
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -287,14 +296,16 @@ def _offset_term(x_NK, scale_GM, minimum_GM, group: int, bits: int) -> jax.Array
 
 
 def _served_matmul(spec, matmul, x_NK, qweight, scale, minimum, K: int, M: int) -> jax.Array:
-    """A served `x [N, Kp] @ w [K, M]`: the int4 kernel for a few rows where it is built
-    (`QuantSpec.use_kernel`), else AQT's int dot (`_Matmul`), the same numbers to float
+    """A served `x [N, Kp] @ w [K, M]`: the int4 or int8 kernel for a few rows where it is
+    built (`QuantSpec.use_kernel`), else AQT's int dot (`_Matmul`), the same numbers to float
     rounding."""
     N = x_NK.shape[0]
     if not spec.use_kernel(N):
         return matmul(x_NK, served=(_ints(spec, qweight, K, M), scale), minimum=minimum)
     g, _ = spec.groups(K)
     x = x_NK[:, :K].astype(jnp.float32)
+    if spec.int8_symmetric:  # W = scale * q, int8 [K, M] read as it is stored
+        return int8kernel.matmul(x, qweight, scale, group=g).astype(x_NK.dtype)
     # the stored minimum as it is (float16): W = scale * (q + 8) + minimum, inside the kernel
     y = int4kernel.matmul(x, qweight, scale, K=K, M=M, group=g, minimum=minimum)
     return y.astype(x_NK.dtype)
