@@ -134,7 +134,7 @@ def _checked_depth(
         raise ValueError(f"the drafter's {have} must match the session's draft {config.draft}")
     if block_len is not None and not config.draft.adaptive:
         raise ValueError("block_len needs an adaptive draft spec (gamma='auto')")
-    if config.mode == "sync" or not config.draft.speculative:  # gamma 0: nothing to draft ahead
+    if config.mode == "sync":
         depth = 1
     if depth < 1:
         raise ValueError("depth must be >= 1")
@@ -275,9 +275,9 @@ class EdgeSession:
 
     def _fill(self) -> None:
         """Keep `depth` blocks in flight, drafting along the optimistic path."""
-        if not self.speculative:
-            while len(self.inflight) < self.depth:
-                self._send(self._empty_block())
+        if not self.speculative:  # gamma 0: each block gets exactly one token, so the next
+            while len(self.inflight) < self.depth:  # ones sit at the next positions
+                self._send(self._empty_block(ahead=len(self.inflight)))
             return
         while len(self.inflight) < self.depth and self._room():
             n = self._next_len()
@@ -301,9 +301,10 @@ class EdgeSession:
             raise ValueError(f"block_len() must be in [{low}, {self.gamma}], got {n}")
         return n
 
-    def _empty_block(self) -> DraftBlock:
-        """A block with no drafts at the committed length: the verifier samples its token."""
-        start = len(self.committed)
+    def _empty_block(self, ahead: int = 0) -> DraftBlock:
+        """A block with no drafts at the committed length (`ahead` positions past it: a
+        gamma-0 session's blocks in flight): the verifier samples its token."""
+        start = len(self.committed) + ahead
         return DraftBlock(session_id=self.sid, epoch=self.epoch, start=start, tokens=())
 
     def _send_drafts(self, n: int) -> None:
@@ -471,7 +472,10 @@ async def run_session(
 
     `config.draft.gamma == 0` is speculation off: no drafter runs (`drafter` may be None),
     each block is empty and the verifier answers it with one token it sampled (a "bonus"
-    event), one block at a time in either mode; the tokens are plain decoding's.
+    event); the tokens are plain decoding's. Sync mode sends one block at a time; pipelined
+    mode keeps `depth` in flight at consecutive positions (each is answered with exactly one
+    token), so the verifier steps them back to back instead of waiting a round trip per
+    token: a cloud user's stream.
     """
     session = EdgeSession(
         endpoint,
