@@ -18,10 +18,13 @@ The cloud baselines, both the target on core 0 with one thread:
                     per token after the first round trip, the loop's time over its tokens
                     at every round trip. `edge_over_cloud_ar` (the edge user's tokens/s
                     over this baseline's) is read against it.
-    cloud_gamma0    the verifier's own gamma-0 sessions (every token a block, a round trip
-                    each): what the section called "cloud decoding" before it had the
-                    streamed baseline; `edge_over_cloud_gamma0` is read against it, and
-                    `gamma0_over_decode` is its time per token at RTT 0 over the loop's.
+    cloud_gamma0    the verifier's own gamma-0 sessions, pipelined: 8 empty blocks in
+                    flight, each answered with one token, so the verifier steps them back to
+                    back (a stream through the verifier); `edge_over_cloud_gamma0` is read
+                    against it, and `gamma0_over_decode` is its time per token at RTT 0 over
+                    the loop's: the verifier's single-token path against the plain loop.
+    cloud_gamma0_sync  the same one block at a time, a round trip per token: what the
+                    section called "cloud decoding" before it had the streamed baseline.
 """
 
 from __future__ import annotations
@@ -160,17 +163,21 @@ def markdown(r: dict[str, Any], page: Page) -> list[str]:
         "streamed**, cloud decoding as its user gets it (`jaxspec_apps.bench.twoproc_cloud`: "
         "the target's plain decode loop, one round trip per request, then the tokens as they "
         "are made: the loop's time per token, prefill included, at every round trip), and "
-        "**cloud gamma 0**, the verifier's own gamma-0 sessions (every token a round trip; "
-        "what this table called cloud decoding before). edge / cloud = the pipelined edge "
-        "user's tokens/s over each baseline's (`edge_over_cloud_ar` is the streamed one's, "
-        f"`edge_over_cloud_gamma0` the other's). The verifier's gamma-0 token costs "
+        "**cloud gamma 0**, the verifier's own gamma-0 sessions, pipelined (8 empty blocks in "
+        "flight, each answered with one token: a stream through the verifier); beside them "
+        "the same sessions one block at a time (**gamma 0, a round trip per token**: what "
+        "this table called cloud decoding before). edge / cloud = the pipelined edge user's "
+        "tokens/s over each baseline's (`edge_over_cloud_ar` is the streamed loop's, "
+        f"`edge_over_cloud_gamma0` the pipelined gamma-0 sessions'). The verifier's gamma-0 "
+        "token costs "
         f"**{r['gamma0_over_decode']:.2f}x** the plain loop's at RTT 0 (`gamma0_over_decode`); "
         f"the worst pipelined / model is **{r['pipelined_vs_model']:.2f}** "
         "(`pipelined_vs_model`).",
         "",
         "| RTT ms | depth (session) | pipelined | predicted | sync | predicted | cloud streamed | "
-        "cloud gamma 0 | pipelined / model | edge / cloud streamed | edge / cloud gamma 0 |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "cloud gamma 0 | gamma 0, a round trip per token | pipelined / model | "
+        "edge / cloud streamed | edge / cloud gamma 0 |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for x in r["rows"]:
         lines.append(
@@ -178,10 +185,15 @@ def markdown(r: dict[str, Any], page: Page) -> list[str]:
             f"{x['pipelined'] * 1e3:.1f} | {x['predicted_pipelined'] * 1e3:.1f} | "
             f"{x['sync'] * 1e3:.1f} | {x['predicted_sync'] * 1e3:.1f} | "
             f"{x['cloud_streamed'] * 1e3:.1f} | {x['cloud_gamma0'] * 1e3:.1f} | "
+            f"{x['cloud_gamma0_sync'] * 1e3:.1f} | "
             f"{x['pipelined_vs_model']:.2f} | {x['edge_over_cloud_ar']:.2f} | "
             f"{x['edge_over_cloud_gamma0']:.2f} |"
         )
     return [*lines, *stalls_md(r), *page.img("two_process", "two processes: time per token vs RTT")]
+
+
+KINDS = {"pipelined": "pipelined", "sync": "sync", "cloud_gamma0": "gamma 0, pipelined",
+         "cloud_gamma0_sync": "gamma 0, a round trip per token"}  # fmt: skip
 
 
 def stalls_md(r: dict[str, Any]) -> list[str]:
@@ -200,9 +212,9 @@ def stalls_md(r: dict[str, Any]) -> list[str]:
         "|---:|---|" + "---:|" * len(cols),
     ]
     for x in r["rows"]:
-        for kind in ("pipelined", "sync", "cloud_gamma0"):
+        for kind in KINDS:
             shares = " | ".join(f"{100 * x[f'{kind}_stalls'][k]:.0f}%" for k, _ in cols)
-            lines.append(f"| {x['rtt_ms']:g} | {kind.replace('_', ' ')} | {shares} |")
+            lines.append(f"| {x['rtt_ms']:g} | {KINDS[kind]} | {shares} |")
     return lines
 
 
@@ -216,7 +228,7 @@ def plot(r: dict[str, Any], bench: Any) -> dict[str, str]:
     x = [row["rtt_ms"] for row in r["rows"]]
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, style in (("pipelined", "o-"), ("sync", "s-"), ("cloud_streamed", "^-"),
-                       ("cloud_gamma0", "v-")):  # fmt: skip
+                       ("cloud_gamma0", "v-"), ("cloud_gamma0_sync", "x-")):  # fmt: skip
         ax.plot(x, [row[key] * 1e3 for row in r["rows"]], style, label=f"{key} (measured)")
     for key in ("pipelined", "sync"):
         ax.plot(x, [row[f"predicted_{key}"] * 1e3 for row in r["rows"]], "--",

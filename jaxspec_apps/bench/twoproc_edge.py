@@ -6,9 +6,11 @@ simulated round trip (`edge.delayed.DelayedEndpoint`), and prints its figures as
         --chat 'Explain recursion.' --gamma 4 --new-tokens 64 --rtts-ms 0,20,50,100 --core 1
 
 For each round trip: the pipelined and the sync edge session (the W4A16 draft, gamma), and
-the verifier's gamma-0 sessions (`cloud_gamma0`: every token a round trip to the same
-verifier), each the best of `repeats` (time per token after the first round trip, as the
-in-process sweep), with the best run's `SessionTrace.stalls()`; at T = 0 every session must
+the verifier's gamma-0 sessions, pipelined with GAMMA0_DEPTH empty blocks in flight (a
+stream through the verifier, `cloud_gamma0`) and one block at a time (a round trip per
+token, `cloud_gamma0_sync`), each the best of `repeats` (time per token after the first
+round trip, as the in-process sweep), with the best run's `SessionTrace.stalls()`; at T = 0
+every session must
 commit the same tokens (`tokens_differ` names any that did not). The pipelined session runs
 at `latency.session_depth` (the papers' depth, `depth`, plus the block being drafted). Before
 them: the draft's time per drafted token on this core (`t_d`, a block of `gamma` / gamma) and
@@ -36,6 +38,8 @@ from jaxspec.calibration import prompt_ids
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec.sampling import SamplingParams, session_key
 from jaxspec_apps.bench.latency import pipeline_depth, session_depth
+
+GAMMA0_DEPTH = 8  # empty blocks in flight (a verifier queues at most 8 per session)
 
 
 def pin(core: int | None) -> list[int]:
@@ -96,7 +100,8 @@ async def sweep(args: argparse.Namespace, drafter: Any, prompt: list[int]) -> di
         depth, deep = pipeline_depth(rtt, t_v, t_d, g), session_depth(rtt, t_v, t_d, g)
         row: dict[str, Any] = {"rtt_ms": rtt_ms, "depth": depth, "session_depth": deep}
         kinds = (("pipelined", g, "pipelined", deep), ("sync", g, "sync", 1),
-                 ("cloud_gamma0", 0, "sync", 1))  # fmt: skip
+                 ("cloud_gamma0", 0, "pipelined", GAMMA0_DEPTH),
+                 ("cloud_gamma0_sync", 0, "sync", 1))  # fmt: skip
         for name, gamma, mode, d in kinds:
             runs = [await _session(addr, drafter, prompt, gamma, mode, d, rtt, n)
                     for _ in range(args.repeats)]  # fmt: skip
