@@ -143,7 +143,8 @@ def _verifier(target: Any, prompt: list[int], gamma: int, rows: tuple[int, ...])
         while not all(s.ready_to_verify for s in live):
             sched.tick()
 
-    def step(R: int) -> None:
+    def step(R: int) -> tuple[float, float]:
+        """(the tick's seconds, the step's own: `last_step_s`)."""
         g, count = (gamma, R) if R else (0, 1)
         stale = [s for s in live if s.config.draft.gamma != g or s.committed + g + 1 > A]
         if len(live) != count or stale:
@@ -152,20 +153,11 @@ def _verifier(target: Any, prompt: list[int], gamma: int, rows: tuple[int, ...])
             drafts = tuple((7 * i + j) % target.config.vocab_size for j in range(g))
             sched.submit(DraftBlock(session_id=s.id, epoch=s.epoch, start=s.committed,
                                     tokens=drafts))  # fmt: skip
+        t0 = time.perf_counter()
         sched.tick()
+        return time.perf_counter() - t0, sched.metrics.last_step_s
 
     return sched, step
-
-
-def _tick_timer(sched: Any, step: Callable[[], None], out: list) -> Callable[[], None]:
-    """`step` recording (the tick's seconds, the step's own: `last_step_s`) into `out`."""
-
-    def run() -> None:
-        t0 = time.perf_counter()
-        step()
-        out.append((time.perf_counter() - t0, sched.metrics.last_step_s))
-
-    return run
 
 
 def measure(ctx: Any, turns: int, rows: tuple[int, ...]) -> dict[str, Any]:
@@ -193,8 +185,8 @@ def measure(ctx: Any, turns: int, rows: tuple[int, ...]) -> dict[str, Any]:
     sched, step = _verifier(target, prompt, g, rows)
     steps: dict[str, list[tuple[float, float]]] = {}
 
-    def timed(name: str, R: int) -> Callable[[], None]:
-        return _tick_timer(sched, functools.partial(step, R), steps.setdefault(name, []))
+    def timed(name: str, R: int) -> Callable[[], None]:  # records its tick's own times
+        return lambda: steps.setdefault(name, []).append(step(R))
 
     pool = dict(cache_rows=sched.config.max_sessions, cache_len=sched.config.max_len,
                 kv_len=sched.config.kv_buckets[0], slots=True, at=len(prompt) + 8)  # fmt: skip
