@@ -7,8 +7,9 @@ all in turns (one call of each per turn, the best of the turns kept):
 
     plain decode token   the target's decode loop (`jaxspec.generate`), per token:
                          (t(n) - t(n0)) / (n - n0); part: one target forward [1, 1]
-    co-located round     `speculative_decode`'s loop, per round: (t(n) - t(n0)) / (its
-                         rounds(n) - rounds(n0)), one compiled loop (only max_new differs);
+    co-located round     `speculative_decode`'s loop (full q, `generate`'s default), per
+                         round: (t(n) - t(n0)) / (its rounds(n) - rounds(n0)), one compiled
+                         loop (only max_new differs);
                          parts: (gamma + f) draft forwards [1, 1] (f: the share of rounds
                          that first feed the previous token, after a bonus) + one target
                          forward [1, gamma + 1]
@@ -93,12 +94,13 @@ def in_turns(calls: dict[str, Callable[[], Any]], turns: int) -> dict[str, float
 
 
 def _colocated(target: Any, draft: Any, prompt: list[int], gamma: int, n: int, n0: int) -> dict:
-    """The co-located loop at n and n0 new tokens (one compiled loop), T = 0: its calls
-    and the rounds each made, the share of rounds that fed the previous token first."""
+    """The co-located loop at n and n0 new tokens (one compiled loop), T = 0, full q (as
+    `jaxspec.generate` drafts by default): its calls and the rounds each made, the share of
+    rounds that fed the previous token first."""
     T, N = bucket(len(prompt), 8), bucket(n, 8)
     p = np.zeros((1, T), np.int32)
     p[0, : len(prompt)] = prompt
-    spec = DraftSpec(gamma=gamma, encoding="onehot")
+    spec = DraftSpec(gamma=gamma, encoding="full")
 
     def call(max_new: int):
         batch = DecodeBatch(
