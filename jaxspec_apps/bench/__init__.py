@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 
 from jaxspec_apps.bench.profile import PROFILES
+from jaxspec_apps.bench.real import REAL_SECTIONS
 from jaxspec_apps.bench.suite import run_suite
 
 
@@ -86,8 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sections",
         default=None,
         help="comma-separated subset of the suite's sections (default: all); the report then "
-        "has only those. With --pairs real, the real pair's (specbench, cost, kernels, "
-        "colocated, peer, verifier, capacity, latency, wirecost, quality). Sections kept "
+        "has only those. With --pairs real, the real pair's ("
+        + ", ".join(REAL_SECTIONS)
+        + "). Sections kept "
         "apart run only when named here, each into its own block of BENCHMARKS.md: adaptive, "
         "fleet, openai (tiny pair), target, int4, two_process, round_profile (real pair)",
     )
