@@ -91,35 +91,38 @@ class ServiceMetrics:
     the scheduler's, so the rows histogram shows which compiled step shapes are used.
     """
 
+    drafts: Counter  # the counters, made from the table in __init__
+    drafted: Counter
+    accepted: Counter
+    accepted_per_pos: Counter
+    committed: Counter
+    stale: Counter
+    sessions_opened: Counter
+    rejected: Counter
+
     def __init__(self, stats: Callable[[], dict[str, Any]], row_buckets: Sequence[int]):
         self.registry = CollectorRegistry()
         r, tenant = self.registry, ["tenant"]
-        self.drafts = Counter(
-            VLLM + "num_drafts", "blocks verified with at least one draft", tenant, registry=r
-        )
-        self.drafted = Counter(VLLM + "num_draft_tokens", "drafts verified", tenant, registry=r)
-        self.accepted = Counter(
-            VLLM + "num_accepted_tokens", "drafts accepted (committed)", tenant, registry=r
-        )
-        self.accepted_per_pos = Counter(
-            VLLM + "num_accepted_tokens_per_pos",
-            "blocks whose draft at this position (0 = first) was accepted",
-            ["tenant", "position"],
-            registry=r,
-        )
-        self.committed = Counter(
-            PREFIX + "committed_tokens", "tokens committed", tenant, registry=r
-        )
-        self.stale = Counter(PREFIX + "stale_blocks", "blocks answered stale", tenant, registry=r)
-        self.sessions_opened = Counter(
-            PREFIX + "sessions_opened", "sessions opened", tenant, registry=r
-        )
-        self.rejected = Counter(
-            PREFIX + "rejected_requests",
-            "requests refused, by gRPC status",
-            ["method", "status"],
-            registry=r,
-        )
+        counters = {  # attribute: (series, help, labels)
+            "drafts": (VLLM + "num_drafts", "blocks verified with at least one draft", tenant),
+            "drafted": (VLLM + "num_draft_tokens", "drafts verified", tenant),
+            "accepted": (VLLM + "num_accepted_tokens", "drafts accepted (committed)", tenant),
+            "accepted_per_pos": (
+                VLLM + "num_accepted_tokens_per_pos",
+                "blocks whose draft at this position (0 = first) was accepted",
+                ["tenant", "position"],
+            ),
+            "committed": (PREFIX + "committed_tokens", "tokens committed", tenant),
+            "stale": (PREFIX + "stale_blocks", "blocks answered stale", tenant),
+            "sessions_opened": (PREFIX + "sessions_opened", "sessions opened", tenant),
+            "rejected": (
+                PREFIX + "rejected_requests",
+                "requests refused, by gRPC status",
+                ["method", "status"],
+            ),
+        }
+        for attr, (series, text, labels) in counters.items():
+            setattr(self, attr, Counter(series, text, labels, registry=r))
         self.block_seconds = Histogram(
             PREFIX + "block_seconds",
             "a block's time in the service, received to answered (rate limit, queue, step)",

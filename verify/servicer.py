@@ -107,27 +107,21 @@ def _tolerant(message_type: Any) -> Any:
 def add_to_server(service: VerifierService, server: Any) -> None:
     """Register `service` as `jaxspec.v1.Verifier` on `server`, like the generated
     `add_VerifierServicer_to_server` but with deserializers that never raise (`Undecodable`)."""
+    rpcs = (  # name, kind, request type, response type
+        ("OpenSession", grpc.unary_unary_rpc_method_handler, pb.OpenSessionRequest,
+         pb.OpenSessionResponse),
+        ("Verify", grpc.stream_stream_rpc_method_handler, pb.VerifyRequest, pb.VerifyResponse),
+        ("CloseSession", grpc.unary_unary_rpc_method_handler, pb.CloseSessionRequest,
+         pb.CloseSessionResponse),
+        ("Stats", grpc.unary_unary_rpc_method_handler, pb.StatsRequest, pb.StatsResponse),
+    )  # fmt: skip
     handlers = {
-        "OpenSession": grpc.unary_unary_rpc_method_handler(
-            service.OpenSession,
-            request_deserializer=_tolerant(pb.OpenSessionRequest),
-            response_serializer=pb.OpenSessionResponse.SerializeToString,
-        ),
-        "Verify": grpc.stream_stream_rpc_method_handler(
-            service.Verify,
-            request_deserializer=_tolerant(pb.VerifyRequest),
-            response_serializer=pb.VerifyResponse.SerializeToString,
-        ),
-        "CloseSession": grpc.unary_unary_rpc_method_handler(
-            service.CloseSession,
-            request_deserializer=_tolerant(pb.CloseSessionRequest),
-            response_serializer=pb.CloseSessionResponse.SerializeToString,
-        ),
-        "Stats": grpc.unary_unary_rpc_method_handler(
-            service.Stats,
-            request_deserializer=_tolerant(pb.StatsRequest),
-            response_serializer=pb.StatsResponse.SerializeToString,
-        ),
+        name: kind(
+            getattr(service, name),
+            request_deserializer=_tolerant(request),
+            response_serializer=response.SerializeToString,
+        )
+        for name, kind, request, response in rpcs
     }
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler("jaxspec.v1.Verifier", handlers),)
