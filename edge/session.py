@@ -61,6 +61,25 @@ class SessionTrace:
     # The verifier's acceptance totals for this session (summed over the sessions a resume
     # opened): what the last answered block carried.
     figures: AcceptanceFigures = dataclasses.field(default_factory=AcceptanceFigures)
+    # Where the session's time went (seconds; `stalls()` adds the rest as host time).
+    draft_s: float = 0.0  # drafting blocks, each through its transfer to the host
+    draft_wasted_s: float = 0.0  # ... of which drafts never committed: rejected, or stale
+    wait_step_s: float = 0.0  # waiting for an answer, up to the verifier's step time
+    wait_wire_s: float = 0.0  # ... the rest of that wait: round trip, queue, hops
+    wait_stale_s: float = 0.0  # waiting for blocks a rejection had made stale
+
+    def stalls(self) -> dict[str, float]:
+        """The session's wall time split: drafting (kept, thrown away), waiting (for the
+        verifier's step, for the wire and hops, for stale answers), host (the rest: the
+        session's Python, opening and closing), each in seconds."""
+        parts = {
+            "draft_kept": self.draft_s - self.draft_wasted_s,
+            "draft_wasted": self.draft_wasted_s,
+            "wait_step": self.wait_step_s,
+            "wait_wire": self.wait_wire_s,
+            "wait_stale": self.wait_stale_s,
+        }
+        return parts | {"host": self.end_time - self.start_time - sum(parts.values())}
 
     @property
     def tokens_per_s(self) -> float:
@@ -115,7 +134,7 @@ def _checked_depth(
         raise ValueError(f"the drafter's {have} must match the session's draft {config.draft}")
     if block_len is not None and not config.draft.adaptive:
         raise ValueError("block_len needs an adaptive draft spec (gamma='auto')")
-    if config.mode == "sync" or not config.draft.speculative:  # gamma 0: nothing to draft ahead
+    if config.mode == "sync":
         depth = 1
     if depth < 1:
         raise ValueError("depth must be >= 1")
@@ -177,6 +196,7 @@ class EdgeSession:
         self.before_resume = AcceptanceFigures()  # the figures of the sessions a resume closed
         self.inflight: list[tuple[DraftBlock, asyncio.Task[VerifyResult]]] = []
         self.sent_at: dict[int, float] = {}  # id(block) -> when it went out
+        self.draft_took: dict[int, float] = {}  # id(block) -> seconds its drafting took
         self.behind = False  # an empty block was sent: the draft's KV lags its context
         self.finished = False
         self._ran = False
@@ -255,9 +275,9 @@ class EdgeSession:
 
     def _fill(self) -> None:
         """Keep `depth` blocks in flight, drafting along the optimistic path."""
-        if not self.speculative:
-            while len(self.inflight) < self.depth:
-                self._send(self._empty_block())
+        if not self.speculative:  # gamma 0: each block gets exactly one token, so the next
+            while len(self.inflight) < self.depth:  # ones sit at the next positions
+                self._send(self._empty_block(ahead=len(self.inflight)))
             return
         while len(self.inflight) < self.depth and self._room():
             n = self._next_len()
@@ -281,9 +301,10 @@ class EdgeSession:
             raise ValueError(f"block_len() must be in [{low}, {self.gamma}], got {n}")
         return n
 
-    def _empty_block(self) -> DraftBlock:
-        """A block with no drafts at the committed length: the verifier samples its token."""
-        start = len(self.committed)
+    def _empty_block(self, ahead: int = 0) -> DraftBlock:
+        """A block with no drafts at the committed length (`ahead` positions past it: a
+        gamma-0 session's blocks in flight): the verifier samples its token."""
+        start = len(self.committed) + ahead
         return DraftBlock(session_id=self.sid, epoch=self.epoch, start=start, tokens=())
 
     def _send_drafts(self, n: int) -> None:
@@ -297,8 +318,10 @@ class EdgeSession:
         batch = self._round(n)
         block = _to_wire(batch, self.sid, self.epoch)  # waits for the drafts: timed whole
         self.sent_at[id(block)] = time.perf_counter()
+        took = self.draft_took[id(block)] = self.sent_at[id(block)] - t_draft
+        self.trace.draft_s += took
         if self.observe_draft is not None:
-            self.observe_draft(n, self.sent_at[id(block)] - t_draft)
+            self.observe_draft(n, took)
         self._send(block)
         self._emit("draft", block.tokens)
 
@@ -327,6 +350,8 @@ class EdgeSession:
         self._fill()
         block, task = self.inflight.pop(0)
         sent = self.sent_at.pop(id(block), None)
+        took = self.draft_took.pop(id(block), 0.0)
+        t0 = time.perf_counter()
         try:
             r = await task
         except Unavailable:
@@ -334,11 +359,26 @@ class EdgeSession:
                 raise
             await self._resume()
             return
+        self._timed(block, r, took, time.perf_counter() - t0)
         self.trace.figures = self.before_resume + r.figures
         if r.stale:
             self._on_stale(block, r)
         else:
             self._on_verified(block, sent, r)
+
+    def _timed(self, block: DraftBlock, r: VerifyResult, took: float, waited: float) -> None:
+        """Count one answer's wait and its block's thrown-away drafting in the trace."""
+        t = self.trace
+        if r.stale:
+            t.wait_stale_s += waited
+            t.draft_wasted_s += took
+            return
+        step = min(waited, r.step_s)
+        t.wait_step_s += step
+        t.wait_wire_s += waited - step
+        n = len(block.tokens)
+        if n:
+            t.draft_wasted_s += took * (n - min(r.accepted, n)) / n
 
     async def _resume(self) -> None:
         """The verifier went away: drop what was in flight, reopen with the committed tokens
@@ -347,6 +387,7 @@ class EdgeSession:
             t.cancel()
         self.inflight.clear()
         self.sent_at.clear()
+        self.draft_took.clear()
         await self.endpoint.close_session(self.sid)
         self.before_resume = self.trace.figures
         done = tuple(self.committed[len(self.prompt) :])
@@ -431,7 +472,10 @@ async def run_session(
 
     `config.draft.gamma == 0` is speculation off: no drafter runs (`drafter` may be None),
     each block is empty and the verifier answers it with one token it sampled (a "bonus"
-    event), one block at a time in either mode; the tokens are plain decoding's.
+    event); the tokens are plain decoding's. Sync mode sends one block at a time; pipelined
+    mode keeps `depth` in flight at consecutive positions (each is answered with exactly one
+    token), so the verifier steps them back to back instead of waiting a round trip per
+    token: a cloud user's stream.
     """
     session = EdgeSession(
         endpoint,

@@ -79,17 +79,33 @@ class QuantizedCopy:
     group_size: int
     method: str | None  # None: `jaxspec.quantize`'s default (the best measured)
     about: str
+    head_bits: int | None = None  # `jaxspec.quantize`'s head_bits and head_method
+    head_method: str | None = None
+
+    def recipe(self) -> dict[str, object]:
+        """What the copy's build depends on beyond its base, recorded in its source file: a
+        cached copy of another recipe is built again."""
+        from jaxspec.quant.quantize import DEFAULT_METHOD
+
+        method = self.method or DEFAULT_METHOD
+        return {"method": method, "head_bits": self.head_bits, "head_method": self.head_method}
 
 
+# The body at group 32 is the GGUF's own Q4_1 ints and the head (the tied token embedding)
+# the GGUF's own Q8_0 ints and scales, both bit for bit (docs/quantization.md). Named anew
+# whenever its recipe changes, so that a machine builds the new copy beside the old one (the
+# first, "smollm2-135m-instruct-w4a16", had an int4 GPTQ head) and nothing reads a stale one.
 SMOLLM2_W4A16 = QuantizedCopy(
-    name="smollm2-135m-instruct-w4a16",
+    name="smollm2-135m-instruct-w4a16-q8head",
     aliases=("smollm2-w4a16",),
     base=SMOLLM2,
     scheme="w4a16",
     group_size=32,  # the GGUF's own Q4_1 groups come back exactly (docs/quantization.md)
     method=None,
-    about="SmolLM2-135M-Instruct at W4A16 g32 (jaxspec.quantize's default method, GPTQ): "
-    "its own draft",
+    head_bits=8,
+    head_method="absmax",  # GGUF's Q8_0 rule: the checkpoint's own head grid
+    about="SmolLM2-135M-Instruct at W4A16 g32 (jaxspec.quantize's default method, GPTQ), "
+    "its head int8 g32 absmax (the GGUF's Q8_0): its own draft",
 )
 COPIES = {m.name: m for m in (SMOLLM2_W4A16,)}
 _COPY_BY_NAME = {n: m for m in COPIES.values() for n in (m.name, *m.aliases)}
@@ -104,40 +120,47 @@ def copy_dir(spec: QuantizedCopy) -> pathlib.Path:
     return home() / "models" / spec.name
 
 
-def _copy_method(d: pathlib.Path) -> str | None:
-    """The method a cached copy was built by (None: no whole copy there)."""
+def _copy_recipe(d: pathlib.Path) -> dict[str, object] | None:
+    """The recipe (`QuantizedCopy.recipe`) a cached copy was built by (None: no whole copy
+    there; a record from before the head's fields: a head as the body)."""
     try:
-        return json.loads((d / SOURCE_FILE).read_text()).get("method")
+        record = json.loads((d / SOURCE_FILE).read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(record, dict) or "method" not in record:
+        return None
+    return {k: record.get(k) for k in ("method", "head_bits", "head_method")}
 
 
 def ensure_copy(name: str, progress: Progress | None = None) -> pathlib.Path:
     """The checkpoint directory of quantized copy `name`, built (and its base pulled) first
-    if not cached, or cached from another method. Written to a temporary directory and
+    if not cached, or cached from another recipe. Written to a temporary directory and
     renamed into place, as `pull` does."""
     from jaxspec.ckpts.checkpoint import load, save  # (the quantizer is heavy: imported on use)
 
     spec = quantized_copy(name)
     if spec is None:
         raise CheckpointError(f"no quantized copy named {name!r} (known: {sorted(_COPY_BY_NAME)})")
-    from jaxspec.quant.quantize import DEFAULT_METHOD, quantize
+    from jaxspec.quant.quantize import quantize
 
     final = copy_dir(spec)
-    method = spec.method or DEFAULT_METHOD
-    if _copy_method(final) == method:
+    recipe = spec.recipe()
+    if _copy_recipe(final) == recipe:
         return final
     base = load(str(ensure(spec.base.name, progress)))
 
-    q = quantize(base, spec.scheme, spec.group_size, method=spec.method, progress=progress)
+    q = quantize(
+        base, spec.scheme, spec.group_size, method=spec.method, head_bits=spec.head_bits,
+        head_method=spec.head_method, progress=progress,
+    )  # fmt: skip
     final.parent.mkdir(parents=True, exist_ok=True)
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=final.parent))
     try:
         out = work / spec.name
         save(q, out)
-        record = {"base": spec.base.name, "method": method, "quantized": q.name}
+        record = {"base": spec.base.name, **recipe, "quantized": q.name}
         return _publish(out, final, record | {"about": spec.about},
-                        lambda: _copy_method(final) == method)  # fmt: skip
+                        lambda: _copy_recipe(final) == recipe)  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

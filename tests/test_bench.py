@@ -133,6 +133,9 @@ def test_the_tiny_suite_writes_the_report_results_and_plots(checkpoints, tmp_pat
     )
     c = s["capacity"]
     assert res["capacity_factor_predicted"] == 1 + 4 * c["t_d"] / c["t_v"]
+    per = c["verify_per_client_s"]  # the term the factor leaves out: the verify batching
+    ns = sorted(per, key=int)
+    assert ns[0] == "1" and c["verify_batching_gain"] == per["1"] / per[ns[-1]]
     at50 = next(r for r in s["latency"]["rows"] if r["rtt_ms"] == 50)["measured"]
     assert res["pipelined_over_sync_at_50ms"] == at50["sync"] / at50["pipelined"]
     # One co-located row per (gamma, mode), its speedup the ratio of the tokens/s measured.
@@ -483,19 +486,29 @@ def test_the_two_process_section_pins_both_sides_and_predicts(checkpoints, tmp_p
     assert _bench([*argv, "--out", str(tmp_path)]) == 0
     r = json.loads((tmp_path / "bench" / "two_process.json").read_text())
     assert [row["rtt_ms"] for row in r["rows"]] == [0, 50] and not r["tokens_differ"]
-    assert r["t_d"] > 0 and r["t_v"] > 0
+    assert r["t_d"] > 0 and r["t_v"] > 0 and r["cloud_streamed"] > 0
     for row in r["rows"]:
         for mode in ("pipelined", "sync"):
             assert row[mode] > 0 and row[f"predicted_{mode}"] > 0
             assert row[f"{mode}_vs_model"] == row[mode] / row[f"predicted_{mode}"]
-        assert row["edge_over_cloud_ar"] == row["cloud_ar"] / row["pipelined"]
+        # Two cloud baselines: the streamed plain loop (the same at every RTT), gamma 0.
+        assert row["cloud_streamed"] == r["cloud_streamed"]
+        assert row["edge_over_cloud_ar"] == row["cloud_streamed"] / row["pipelined"]
+        assert row["edge_over_cloud_gamma0"] == row["cloud_gamma0"] / row["pipelined"]
+        assert row["session_depth"] == min(8, row["depth"] + 1)
+        for kind in ("pipelined", "sync", "cloud_gamma0", "cloud_gamma0_sync"):
+            assert row[kind] > 0 and sum(row[f"{kind}_stalls"].values()) == pytest.approx(1.0)
     # The model's sync time grows by exactly the RTT difference over E[A] (same alpha).
     r0, r50 = r["rows"]
     if r0["sync_alpha"] == r50["sync_alpha"]:
         e_a = proofs_latency.expected_tokens(r0["sync_alpha"], 4)
         assert abs((r50["predicted_sync"] - r0["predicted_sync"]) - 0.050 / e_a) < 1e-9
-    assert r["pipelined_vs_model"] == r50["pipelined_vs_model"]
-    assert "## Two processes" in (tmp_path / "BENCHMARKS.md").read_text()
+    assert r["pipelined_vs_model"] == max(r0["pipelined_vs_model"], r50["pipelined_vs_model"])
+    assert r["edge_over_cloud_ar"] == r50["edge_over_cloud_ar"]
+    assert r["gamma0_over_decode"] == r0["cloud_gamma0"] / r["cloud_streamed"]
+    assert r50["cloud_gamma0_sync_stalls"]["wait_wire"] > 0  # a round trip per token
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "## Two processes" in text and "**cloud streamed**" in text
     assert (tmp_path / "bench" / "two_process.png").stat().st_size > 1000
 
 
@@ -506,9 +519,23 @@ def test_the_round_profile_section_buckets_each_modes_time(checkpoints, tmp_path
     argv += ["--real-target", checkpoints["target"], "--real-draft", checkpoints["draft"]]
     assert _bench([*argv, "--out", str(tmp_path)]) == 0
     r = json.loads((tmp_path / "bench" / "round_profile.json").read_text())
-    assert set(r["modes"]) == {"plain", "colocated", "edge sync", "edge pipelined"}
-    for m in r["modes"].values():
+    edges = {"edge sync", "edge pipelined", "edge pipelined, 50 ms"}
+    assert set(r["modes"]) == {"plain", "colocated", *edges}
+    for name, m in r["modes"].items():
         assert m["s_per_token"] > 0 and m["top"]
         assert 0.5 < sum(m["shares"].values()) <= 1.0 + 1e-9
         assert m["shares"]["device"] > 0  # the model's compute is waited for somewhere
-    assert "## Where a round's time goes" in (tmp_path / "BENCHMARKS.md").read_text()
+        if name in edges:  # the session's own split of its wall time
+            assert sum(m["stalls"].values()) == pytest.approx(1.0)
+            assert min(m["stalls"].values()) >= 0 and m["stalls"]["draft_kept"] > 0
+    assert r["modes"]["edge pipelined, 50 ms"]["stalls"]["wait_wire"] > 0
+    # Each jitted program against its forwards timed alone.
+    rows = {x["program"]: x for x in r["program_vs_parts"]["rows"]}
+    assert set(rows) == {"plain decode token", "co-located round", "drafter round",
+                         "gamma-0 step", "verify step 1x5", "verify step 2x5"}  # fmt: skip
+    for x in rows.values():
+        assert x["parts_s"] > 0 and x["ratio"] == x["measured_s"] / x["parts_s"]
+    assert rows["gamma-0 step"]["host_s"] >= 0 and rows["drafter round"]["host_s"] is None
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "## Where a round's time goes" in text and "`program_vs_parts`" in text
+    assert "### Where the edge sessions stall" in text

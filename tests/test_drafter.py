@@ -19,6 +19,7 @@ import jaxspec
 from edge.drafter import DraftBatch, Drafter
 from jaxspec.ckpts.tiny import tiny_config
 from jaxspec.decoding.sampling import Purpose, SamplingParams, sample, session_keys, uniforms, warp
+from jaxspec.decoding.speculative import draft_block
 from jaxspec.protocol import DraftSpec
 
 ENCODINGS = ("full", "sparse", "onehot")
@@ -108,6 +109,44 @@ def test_a_round_is_rollback_append_and_draft_in_one_donated_call(drafters, enco
         np.asarray(st.cache.k)
     with pytest.raises(ValueError, match=r"1\.\.4"):
         d.round(got[0], [4, 4], [[0], [0]], [0, 0], sp, keys, gamma=5)
+
+
+class _ForwardSpy:
+    """A draft module stand-in for `draft_block`: records the positions of every forward as
+    it is traced and counts the forwards as they run (a host callback per run)."""
+
+    def __init__(self, module):
+        self.module, self.config, self.dtype = module, module.config, module.dtype
+        self.traced, self.ran = [], []
+
+    def apply(self, variables, tokens_BT, *args):
+        self.traced.append(tokens_BT.shape[1])
+        jax.debug.callback(lambda: self.ran.append(1))
+        return self.module.apply(variables, tokens_BT, *args)
+
+
+def test_a_block_feeds_one_position_per_forward(model):
+    """A block of gamma drafts runs gamma forwards of one position each (`last`, then each
+    draft) when no row's KV lags by two, and one more (that feeds `prev`) when a row's does:
+    never a two-position forward (the W4A16 kernel's dearer many-row path) for one live row."""
+    spy = _ForwardSpy(model.module)
+    spec = DraftSpec(gamma=GAMMA, encoding="full")
+    st = fresh(Drafter(model, spec), PROMPTS)
+    sp, keys = sampling(2), session_keys(3, 2)
+
+    @jax.jit
+    def block(cache, feed_prev):
+        prev, last, n = jnp.array([2, 7]), jnp.array([3, 8]), jnp.array([3, 5])
+        return draft_block(
+            spy, model.params, cache, prev, last, n, feed_prev, jnp.array([True, True]), sp,
+            keys, spec=spec,
+        )  # fmt: skip
+
+    block(st.cache, jnp.array([False, False]))[0].block_until_ready()
+    assert set(spy.traced) == {1} and len(spy.ran) == GAMMA
+    spy.ran.clear()
+    block(st.cache, jnp.array([False, True]))[0].block_until_ready()
+    assert len(spy.ran) == GAMMA + 1
 
 
 def test_draws_are_keyed_by_position(drafters):

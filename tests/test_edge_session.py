@@ -146,6 +146,22 @@ def test_sync_mode_is_depth_one_with_bonus_tokens():
     assert {"draft", "accept", "correct"} <= kinds
 
 
+def test_the_trace_splits_the_sessions_time():
+    """`SessionTrace.stalls()`: drafting (kept, thrown away), waiting (the verifier's step,
+    the wire and hops, stale answers) and host time add up to the wall time, each >= 0; a
+    pipelined session that rejects throws drafting away and waits for stale answers, and
+    its blocks' answers waited through the verifier's step."""
+    trace = session("pipelined", 3, 3, 1.0)
+    parts = trace.stalls()
+    assert set(parts) == {
+        "draft_kept", "draft_wasted", "wait_step", "wait_wire", "wait_stale", "host"
+    }  # fmt: skip
+    assert all(v >= 0 for v in parts.values()), parts
+    assert sum(parts.values()) == pytest.approx(trace.end_time - trace.start_time)
+    assert trace.stale > 0 and parts["wait_stale"] > 0 and parts["draft_wasted"] > 0
+    assert parts["wait_step"] > 0 and parts["draft_kept"] > 0
+
+
 @pytest.mark.parametrize("encoding", ["full", "sparse"])
 def test_adaptive_blocks_of_any_length_give_colocated_pipelined_tokens(encoding):
     """gamma="auto": the edge picks each block's length in [1, gamma] (a fixed cycle here,

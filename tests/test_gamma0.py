@@ -74,7 +74,8 @@ SAMPLED = [
 def test_a_gamma0_session_is_plain_decoding(kw):
     """No drafter, empty blocks, in sync and pipelined mode: the verifier's tokens are plain
     decoding's (the same draw U(TARGET, position)), and co-located gamma 0 is plain decoding.
-    The figures count no draft."""
+    The figures count no draft. Pipelined, `depth` blocks stay in flight at consecutive
+    positions (a stream, not a round trip per token)."""
     cfg = config(**kw)
 
     async def go():
@@ -92,12 +93,42 @@ def test_a_gamma0_session_is_plain_decoding(kw):
         sampling=cfg.sampling, seeds=[cfg.seed],
     )  # fmt: skip
     assert colocated.tokens == want and colocated.stats.figures is None
-    # One token per block, one block in flight (depth 3 asked), nothing stale or rolled back.
-    assert trace.figures.rounds == trace.blocks_sent == NEW and trace.stale == trace.rollbacks == 0
+    # One token per block, nothing stale or rolled back; sync: one block in flight (depth 3
+    # asked), pipelined: 3 (the last token's answer leaves two out, never taken).
+    ahead = 0 if cfg.mode == "sync" else 2
+    assert trace.figures.rounds == NEW and trace.blocks_sent == NEW + ahead
+    assert trace.stale == trace.rollbacks == 0
     assert {k for k, _ in trace.events} == {"accept", "bonus"}
     assert trace.figures == AcceptanceFigures(rounds=NEW, emitted=NEW)
     if cfg.sampling.temperature > 0:  # the tokens are draws: another seed's differ (can fail)
         assert plain(dataclasses.replace(cfg, seed=cfg.seed + 100)) != want
+
+
+def test_a_batch_of_gamma0_blocks_runs_as_a_decode_step():
+    """Blocks without drafts alone in a batch run the width-1 step: one position per row and
+    no rule (a plain decode step's work, not a verify step's width), with the tokens of the
+    verify step's width 3 (the old path) and of plain decoding, penalties included."""
+    cfg = config(mode="sync", temperature=0.9, top_k=20, seed=21)
+    cfg = dataclasses.replace(
+        cfg, sampling=dataclasses.replace(cfg.sampling, repetition_penalty=1.3)
+    )
+    got = {}
+    for widths in ((1, 3, 5), (3, 5)):
+        sched = Scheduler(models()[0], dataclasses.replace(CONFIG, width_buckets=widths))
+
+        async def go(sched=sched):
+            v = LocalVerifier(scheduler=sched)
+            try:
+                return await _run(v, cfg)
+            finally:
+                await v.aclose()
+
+        got[widths] = asyncio.run(go()).tokens, sched.metrics.last_width, sched
+    (decode, w1, s1), (verify, w3, s3) = got[(1, 3, 5)], got[(3, 5)]
+    assert (w1, w3) == (1, 3)
+    assert decode == verify == plain(cfg) and len(decode) == NEW
+    rule = "jit(_verify)"  # the rule's ops, by their source
+    assert rule not in s1.step_hlo(1, 1, 128) and rule in s3.step_hlo(1, 3, 128)
 
 
 def test_gamma0_and_speculative_sessions_share_batches():

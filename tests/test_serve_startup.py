@@ -98,7 +98,7 @@ def test_serve_refuses_a_public_host_before_loading_anything(tmp_path):
 
 
 def test_a_busy_port_fails_at_once_not_after_the_warm_up():
-    """The shipped target with its default flags has 49 shapes to compile (minutes
+    """The shipped target with its default flags has 63 shapes to compile (minutes
     here): a server that bound its port only after them would run past the limit."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -116,7 +116,7 @@ def test_a_busy_port_fails_at_once_not_after_the_warm_up():
 
 def test_not_serving_while_warming_up_and_sigterm_stops_the_warm_up():
     """The real command: "listening" printed at once, then health NOT_SERVING and
-    OpenSession UNAVAILABLE "warming up" while the shipped target's 49 shapes compile (the
+    OpenSession UNAVAILABLE "warming up" while the shipped target's 63 shapes compile (the
     cache off, so they do compile); SIGTERM then ends it after the shape in progress."""
     server = VerifierProcess(["--pair", "tiny", "--compilation-cache", "none"], port=h.free_port())
     with server:
@@ -124,8 +124,8 @@ def test_not_serving_while_warming_up_and_sigterm_stops_the_warm_up():
         while "jaxspec verifier listening on" not in server.log:
             assert server.alive() and time.monotonic() < deadline, server.log_tail()
             time.sleep(0.05)
-        # 7 row x 3 width buckets x 2 KV buckets (256, 512) steps, 7 prefills
-        assert "warming up: 49 shapes" in server.log
+        # 7 row x 4 width buckets (1, 3, 5, 9) x 2 KV buckets (256, 512) steps, 7 prefills
+        assert "warming up: 63 shapes" in server.log
         ch = grpc.insecure_channel(f"127.0.0.1:{server.port}")
         health = health_pb2_grpc.HealthStub(ch)
         for name in ("", "jaxspec.v1.Verifier"):
@@ -136,7 +136,7 @@ def test_not_serving_while_warming_up_and_sigterm_stops_the_warm_up():
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "warming up" in e.value.details()
         stats = pb_grpc.VerifierStub(ch).Stats(pb.StatsRequest(), timeout=10)  # answers now
-        assert not stats.serving and stats.warming_total == 49 and stats.warming_done < 49
+        assert not stats.serving and stats.warming_total == 63 and stats.warming_done < 63
         assert "jaxspec verifier serving" not in server.log  # still warming up
         server.signal(signal.SIGTERM)
         assert server.proc.wait(120) == 0, server.log_tail()
@@ -155,15 +155,16 @@ def tiny_verifier(config: SchedulerConfig) -> LocalVerifier:
 
 
 def test_warm_up_reports_each_shape_and_can_be_stopped():
-    config = SchedulerConfig(max_sessions=2, max_len=64, max_gamma=2)  # rows 1, 2; width 3
+    config = SchedulerConfig(max_sessions=2, max_len=64, max_gamma=2)  # rows 1, 2; widths 1, 3
     assert warmup_shapes(config) == [
-        ("step", 1, 3, 64), ("step", 2, 3, 64), ("prefill", 1, 64, 64), ("prefill", 2, 64, 64),
+        ("step", 1, 1, 64), ("step", 1, 3, 64), ("step", 2, 1, 64), ("step", 2, 3, 64),
+        ("prefill", 1, 64, 64), ("prefill", 2, 64, 64),
     ]  # fmt: skip
     long = SchedulerConfig(max_sessions=1, max_len=256, max_gamma=2)  # KV: half, whole slot
     assert [s for s in warmup_shapes(long) if s[0] == "step"] == [
-        ("step", 1, 3, 128), ("step", 1, 3, 256),
+        ("step", 1, 1, 128), ("step", 1, 3, 128), ("step", 1, 1, 256), ("step", 1, 3, 256),
     ]  # fmt: skip
-    config = SchedulerConfig(max_sessions=1, max_len=64, max_gamma=2)  # two shapes to compile
+    config = SchedulerConfig(max_sessions=1, max_len=64, max_gamma=2)  # three shapes to compile
     cfg = tiny_config()
     sched = Scheduler(Model(config=cfg, params=init_params(cfg, 0)), config)
     seen = []
@@ -174,9 +175,9 @@ def test_warm_up_reports_each_shape_and_can_be_stopped():
 
     with pytest.raises(WarmupCancelled):
         sched.warmup(stop_after_one)
-    assert seen == [(1, 2, "step 1x3x64")]
+    assert seen == [(1, 3, "step 1x1x64")]
     sched.warmup(lambda *a: seen.append(a))
-    assert seen[1:] == [(1, 2, "step 1x3x64"), (2, 2, "prefill 1x64")]
+    assert seen[1:] == [(1, 3, "step 1x1x64"), (2, 3, "step 1x3x64"), (3, 3, "prefill 1x64")]
 
 
 def test_bound_server_answers_warming_up_until_ready_then_closes_idempotently():
@@ -316,10 +317,11 @@ def test_serves_after_the_first_bucket_and_compiles_the_rest_in_the_background(t
 
     config = SchedulerConfig(max_sessions=8, max_gamma=4, max_len=128)
     order = warmup_order(config)
-    assert order[:3] == [("prefill", 1, 64, 128), ("step", 1, 5, 128), ("step", 1, 3, 128)]
-    assert sorted(order) == sorted(warmup_shapes(config)) and len(order) == 12
+    assert order[:4] == [("prefill", 1, 64, 128), ("step", 1, 5, 128), ("step", 1, 3, 128),
+                         ("step", 1, 1, 128)]  # fmt: skip
+    assert sorted(order) == sorted(warmup_shapes(config)) and len(order) == 16
 
-    target, draft = h.write_models(tmp_path)  # rows 1, 2 x width 3: 4 shapes, 2 first
+    target, draft = h.write_models(tmp_path)  # rows 1, 2 x widths 1, 3: 6 shapes, 3 first
     flags = ["--checkpoint", str(target), "--max-sessions", "2", "--max-gamma", "2",
              "--max-len", "128", "--compilation-cache", "none"]  # fmt: skip
     cfg = h.config(mode="sync", gamma=2, seed=3)
@@ -332,15 +334,15 @@ def test_serves_after_the_first_bucket_and_compiles_the_rest_in_the_background(t
             time.sleep(0.1)
         with grpc.insecure_channel(address) as ch:
             stats = pb_grpc.VerifierStub(ch).Stats(pb.StatsRequest(), timeout=10)
-        assert (stats.warming_done, stats.warming_total) == (4, 4)  # counted past "serving"
+        assert (stats.warming_done, stats.warming_total) == (6, 6)  # counted past "serving"
     log = server.log
-    assert "warming up: 4 shapes, serving after the first 2" in log
+    assert "warming up: 6 shapes, serving after the first 3" in log
     before = log[: log.index("jaxspec verifier serving")]
-    assert re.findall(r"warm-up: (\d+)/4", before) == ["1", "2"], log
-    assert "partially warm: serving with 2/4 shapes" in before
+    assert re.findall(r"warm-up: (\d+)/6", before) == ["1", "2", "3"], log
+    assert "partially warm: serving with 3/6 shapes" in before
     after = log[log.index("jaxspec verifier serving") :]
-    assert re.findall(r"warm-up: (\d+)/4", after) == ["3", "4"], log
-    assert "fully warm: 4 shapes" in after
+    assert re.findall(r"warm-up: (\d+)/6", after) == ["4", "5", "6"], log
+    assert "fully warm: 6 shapes" in after
     want = h.run(h.local_session(target, draft, cfg))
     assert got.tokens == want.tokens and len(got.tokens) > 0
 

@@ -341,7 +341,7 @@ def test_errors_are_precise_and_harmless():
 
 def test_scheduler_config_is_validated_once_and_derives_its_buckets():
     c = SchedulerConfig(max_sessions=12, max_gamma=4)
-    assert c.row_buckets == (1, 2, 4, 8, 12) and c.width_buckets == (3, 5)
+    assert c.row_buckets == (1, 2, 4, 8, 12) and c.width_buckets == (1, 3, 5)
     assert c.token_budget == 12 * 5
     bad = [
         dict(max_gamma=0),

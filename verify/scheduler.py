@@ -171,10 +171,8 @@ def _row_arrays(pairs: list[tuple[Session, DraftBlock]], R: int, W: int) -> dict
     )  # fmt: skip
 
 
-def _sampling(pairs: list[tuple[Session, DraftBlock]], R: int) -> SamplingParams:
-    """A batch's sampling settings for its (session, head block) rows; filler rows past
-    them have every setting off (greedy, no top-k/p, min-p, bias or penalty)."""
-    return SamplingParams.of([s.config.sampling for s, _ in pairs], rows=R)
+# How many batches' sampling arrays the scheduler keeps (`Scheduler._sampling`).
+SAMPLING_MEMORY = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,8 +181,10 @@ class SchedulerConfig:
 
     `row_buckets` (batch rows per compiled step), `width_buckets` (block width = drafts + 1)
     and `token_budget` (positions verified per step) are derived when left None: powers of two
-    up to `max_sessions`; (3, 5) below max_gamma + 1 and max_gamma + 1; the largest row bucket
-    times (max_gamma + 1). They are filled in at construction, so a `dataclasses.replace` that
+    up to `max_sessions`; 1, then (3, 5) below max_gamma + 1 and max_gamma + 1; the largest row
+    bucket times (max_gamma + 1). Width 1 holds only blocks without drafts (gamma 0, or an
+    adaptive session that stopped drafting): a batch of them runs as a plain decode step.
+    They are filled in at construction, so a `dataclasses.replace` that
     changes `max_gamma` or `max_sessions` must give them again (or fails validation).
     """
 
@@ -215,7 +215,7 @@ class SchedulerConfig:
             raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
         width = self.max_gamma + 1
         rows = self.row_buckets or row_buckets_for(self.max_sessions)
-        widths = self.width_buckets or (*(w for w in (3, 5) if w < width), width)
+        widths = self.width_buckets or (1, *(w for w in (3, 5) if w < width), width)
         object.__setattr__(self, "row_buckets", tuple(sorted(set(rows))))
         object.__setattr__(self, "width_buckets", tuple(sorted(set(widths))))
         kv = self.kv_buckets or kv_buckets_for(self.max_len)
@@ -229,9 +229,9 @@ class SchedulerConfig:
             object.__setattr__(self, "token_budget", self.row_buckets[-1] * width)
         if self.row_buckets[0] < 1 or self.row_buckets[-1] > self.max_sessions:
             raise ValueError(f"row buckets must be in [1, max_sessions={self.max_sessions}]")
-        if self.width_buckets[0] < 2 or self.width_buckets[-1] != width:
+        if self.width_buckets[0] < 1 or self.width_buckets[-1] != width:
             raise ValueError(
-                f"width buckets must be in [2, max_gamma + 1] and end at {width}, "
+                f"width buckets must be in [1, max_gamma + 1] and end at {width}, "
                 f"got {self.width_buckets}"
             )
         if self.token_budget < width:
@@ -331,6 +331,7 @@ class Scheduler:
         self.metrics = Metrics()
         self._ticket = 0
         self._zeros: dict[Any, jax.Array] = {}  # device constants (`_resident`)
+        self._sampling_of: dict[tuple, SamplingParams] = {}  # (settings, R) -> arrays
         # The last CLOSED_MEMORY sessions closed (by close, idle eviction): id -> tenant. The
         # service answers a second close of one of them OK for its own tenant (a normal end).
         self.closed: collections.OrderedDict[str, str] = collections.OrderedDict()
@@ -662,14 +663,27 @@ class Scheduler:
         # Filler rows point at a free slot (or any slot: they write nothing, live=False).
         used = {s.slot for s in rows}
         arrays["slots"][len(rows) :] = next((x for x in self.free_slots if x not in used), 0)
-        fields = {name: jnp.asarray(x) for name, x in arrays.items()}
+        # Host arrays: the jitted step copies them in with its call (one call per step rather
+        # than a device transfer dispatched per array).
         return VerifyBatch(
-            **fields,
-            sampling=_sampling(pairs, R),
+            **arrays,
+            sampling=self._sampling([s.config.sampling for s in rows], R),
             **self._draft_q(pairs, R, W - 1),
             attend=self._resident(A, lambda: jnp.arange(A, dtype=jnp.int32)),
-            counts=slot_counts.gather(self.counts, fields["slots"]),
+            counts=slot_counts.gather(self.counts, arrays["slots"]),
         )
+
+    def _sampling(self, settings: list[Any], R: int) -> SamplingParams:
+        """The `[R]` sampling arrays of a batch's rows' `SamplingSettings` (filler rows past
+        them have every setting off: greedy, no filter, bias or penalty), made once per
+        (settings, R) while the same sessions keep meeting: the last SAMPLING_MEMORY kept."""
+        key = (tuple(settings), R)
+        got = self._sampling_of.get(key)
+        if got is None:
+            if len(self._sampling_of) >= SAMPLING_MEMORY:
+                self._sampling_of.clear()
+            got = self._sampling_of[key] = SamplingParams.of(settings, rows=R)
+        return got
 
     def _draft_q(
         self, pairs: list[tuple[Session, DraftBlock]], R: int, K: int
@@ -701,12 +715,12 @@ class Scheduler:
             else:
                 q_ids[i, :n, 0] = b.tokens
         return dict(
-            is_full=jnp.asarray(is_full),
-            q_full=jnp.asarray(q_full)
+            is_full=is_full,
+            q_full=q_full
             if q_full is not None
             else self._resident((R, K), lambda: jnp.zeros((R, K, self.vocab), jnp.float32)),
-            q_ids=jnp.asarray(q_ids),
-            q_probs=jnp.asarray(q_probs),
+            q_ids=q_ids,
+            q_probs=q_probs,
         )
 
     def _resident(self, key: Any, make: Callable[[], jax.Array]) -> jax.Array:

@@ -6,7 +6,9 @@ Row r feeds `[last committed token, d_0 .. d_{n-1}]` at positions `P-1 .. P+n-1`
 sets the slot's length to `P + emitted - 1` (the last committed token is fed next time).
 
 A row with no drafts (a gamma-0 session: speculation off) gets one token, in either mode,
-sampled from p at P with plain decoding's draw U(TARGET, P) (`_plain_tokens`).
+sampled from p at P with plain decoding's draw U(TARGET, P) (`_plain_tokens`). A batch of
+such rows only runs at width 1 (`_decode_step`): one position per row, no rule, no q, a
+plain decode step's work (the same logits bit for bit: the forward's rows are independent).
 
 Draft q's of every encoding travel in one static layout: `q_full [R, W-1, V]` for rows with
 `is_full`, else `q_ids/q_probs [R, W-1, k]` (sparse; onehot is ids = d, probs = 1); the rule
@@ -98,6 +100,8 @@ def verify_step_fn(
 ) -> tuple[KVCache, dict[str, jax.Array]]:
     """The step itself (pure); `make_verify_step` jits it with donation and shardings."""
     W = batch.tokens.shape[1]
+    if W == 1:  # no row can carry a draft: a decode step
+        return _decode_step(module, params, cache, batch)
     positions = batch.start[:, None] - 1 + jnp.arange(W)[None, :]
     valid = batch.live[:, None] & (jnp.arange(W)[None, :] <= batch.num_draft[:, None])
     logits, cache = module.apply(
@@ -123,6 +127,32 @@ def verify_step_fn(
         "num_accepted": res.num_accepted,
         "num_emitted": res.num_emitted,
         "accepted": res.accepted,
+    }
+    return cache, out
+
+
+def _decode_step(
+    module: Llama, params: Any, cache: KVCache, batch: VerifyBatch
+) -> tuple[KVCache, dict[str, jax.Array]]:
+    """`verify_step_fn` at width 1 (every row a block without drafts): the forward of each
+    row's last committed token at P-1 and its token drawn as `_plain_tokens` draws it, with
+    the outputs of the rule's layout (K = 0 drafts, one token emitted per row)."""
+    R = batch.tokens.shape[0]
+    positions = batch.start[:, None] - 1
+    logits, cache = module.apply(
+        {"params": params}, batch.tokens, positions, batch.live[:, None], cache, batch.slots,
+        batch.attend.shape[0],
+    )  # fmt: skip
+    tok_R = sample_at(
+        logits[:, 0], batch.sampling, batch.keys, batch.start, Purpose.TARGET, batch.counts
+    )
+    rows = jnp.where(batch.live, batch.slots, cache.num_rows)  # filler rows: dropped
+    cache = cache.replace(lengths=cache.lengths.at[rows].set(batch.start, mode="drop"))
+    out = {
+        "tokens": tok_R[:, None].astype(jnp.int32),
+        "num_accepted": jnp.zeros(R, jnp.int32),
+        "num_emitted": jnp.ones(R, jnp.int32),
+        "accepted": jnp.zeros((R, 0), bool),
     }
     return cache, out
 

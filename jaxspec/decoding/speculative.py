@@ -6,6 +6,8 @@ Each round, for every live row with P committed tokens (prompt + new):
     target  one forward over [last, d_0 .. d_{K-1}] at positions P-1 .. P+K-1 -> K+1 logits
     verify  `verification.verify_block` (docs/design.md §3) -> accepted drafts + correction / bonus
     commit  append (cut at a stop token or max_new_tokens); both caches roll back to P'-1
+            (the draft's to P'-2 after a bonus: its last draft was never fed, the next
+            round feeds it first)
 
 A draft at absolute position t is sampled with U(DRAFT, t), so outputs depend only on
 (seeds, prompts, models, sampling params, gamma, mode) — never on batch mates or timing.
@@ -206,13 +208,18 @@ def draft_block(
     """Draft `spec.gamma` tokens per row at positions next_pos .. next_pos+gamma-1 (traced),
     each sampled as `spec.encoding` says (`spec.k` sparse columns).
 
-    The first step feeds `last` (at next_pos-1) and, where `feed_prev`, also `prev` (at
-    next_pos-2): after a fully accepted sync block the draft never fed its own last draft (the
-    bonus followed it). The co-located loop and the edge drafter both draft through here.
+    One forward of one position per draft: `last` (at next_pos-1), then each draft. Where
+    `feed_prev` (the row's KV lags its context by two: after a fully accepted sync block the
+    draft never fed its own last draft, the bonus followed it) one more forward first feeds
+    `prev` (at next_pos-2); a round where no live row needs it runs `gamma` forwards, not
+    `gamma + 1` (a `lax.while_loop` of that many steps). The co-located loop and the edge
+    drafter both draft through here, so both draft the same bits.
     `counts` (the rows' `TokenCounts` before the block; needed for penalties) are updated
     by the block's own drafts position by position: draft i sees d_0 .. d_{i-1}.
     Returns drafts `[B, gamma]`, the q's they were sampled from, and the draft cache.
     """
+    G = spec.gamma
+    extra = jnp.any(live_B & feed_prev_B).astype(jnp.int32)  # 1: a step feeds prev first
 
     def propose(logits_BV, pos_B, counts):
         u = uniforms(keys_B2, pos_B[:, None], Purpose.DRAFT)[:, 0]
@@ -221,33 +228,36 @@ def draft_block(
         )
 
     def seen(counts, d_B):
-        """The counts the next draft reads: these plus draft d (the mutant
+        """The counts the next draft reads: these plus draft d where d >= 0 (the mutant
         `draft_counts_stale` forgets the block's own drafts)."""
         if counts is None or variant.is_("draft_counts_stale"):
             return counts
         return counts.add(jnp.where(live_B, d_B, -1)[:, None])
 
-    two = jnp.stack([prev_B, last_B], axis=1)
-    pos2 = jnp.stack([next_pos_B - 2, next_pos_B - 1], axis=1)
-    valid2 = jnp.stack([live_B & feed_prev_B, live_B], axis=1)
-    logits, cache = draft.apply({"params": params}, two, pos2, valid2, cache)
-    d0, q0 = propose(logits[:, -1], next_pos_B, counts)
-
-    def step(carry, i):
-        tok, cache, counts = carry
-        counts = seen(counts, tok)
-        pos = next_pos_B - 1 + i  # where the previous draft sits
+    def step(c):
+        k, tok_B, cache, counts, d_GB, q_G = c
+        j = k - extra  # the draft this step proposes; -1: the step that feeds prev
+        counts = seen(counts, jnp.where(j >= 1, tok_B, -1))  # d_{j-1} from j = 1 on
+        fed_B = jnp.where(j < 0, prev_B, jnp.where(j == 0, last_B, tok_B))
+        pos_B = next_pos_B - 1 + j  # where the fed token sits
+        valid_B = live_B & ((j >= 0) | feed_prev_B)
         logits, cache = draft.apply(
-            {"params": params}, tok[:, None], pos[:, None], live_B[:, None], cache
+            {"params": params}, fed_B[:, None], pos_B[:, None], valid_B[:, None], cache
         )
-        d, q = propose(logits[:, 0], pos + 1, counts)
-        return (d, cache, counts), (d, q)
+        d, q = propose(logits[:, 0], pos_B + 1, counts)
+        i = jnp.maximum(j, 0)  # the prev step's proposal is overwritten by draft 0's
+        d_GB = d_GB.at[i].set(d)
+        q_G = jax.tree.map(lambda buf, x: buf.at[i].set(x), q_G, q)
+        return k + 1, d, cache, counts, d_GB, q_G
 
-    init = (d0, cache, counts)
-    (_, cache, _), (d_rest, q_rest) = jax.lax.scan(step, init, jnp.arange(1, spec.gamma))
-    d_GB = jnp.concatenate([d0[None], d_rest], axis=0)
-    qs = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b], axis=0), q0, q_rest)
-    return d_GB.T, pack_q(spec.encoding, qs), cache
+    logits_BV = jax.ShapeDtypeStruct(  # the model's logits: float32 (float64 models: 64)
+        (last_B.shape[0], draft.config.vocab_size), jnp.promote_types(draft.dtype, jnp.float32)
+    )
+    _, q_one = jax.eval_shape(propose, logits_BV, next_pos_B, counts)
+    q_G = jax.tree.map(lambda a: jnp.zeros((G, *a.shape), a.dtype), q_one)
+    init = (jnp.int32(0), last_B, cache, counts, jnp.zeros((G, *last_B.shape), jnp.int32), q_G)
+    _, _, cache, _, d_GB, q_G = jax.lax.while_loop(lambda c: c[0] < G + extra, step, init)
+    return d_GB.T, pack_q(spec.encoding, q_G), cache
 
 
 @trace_cache.jit(static_argnames=("target", "draft", "spec", "buffer", "variant"))
@@ -311,8 +321,9 @@ class _Round:
         B = b.prompt.shape[0]
         live_B = ~s.done
         P_B = b.lengths + s.num_new  # committed length; the next token sits at P
+        missing_B = (P_B >= 2) & (s.draft_cache.lengths < P_B - 1)  # prev's KV not written
         d_BK, draft_q, dcache = draft_block(
-            self.draft, self.draft_params, s.draft_cache, s.prev, s.last, P_B, P_B >= 2, live_B,
+            self.draft, self.draft_params, s.draft_cache, s.prev, s.last, P_B, missing_B, live_B,
             b.sampling, b.keys, spec=self.spec, variant=self.variant, counts=s.counts,
         )  # fmt: skip
         block = jnp.concatenate([s.last[:, None], d_BK], axis=1)
@@ -329,7 +340,8 @@ class _Round:
 
     def _commit(self, s, vr: Verdicts, d_BK, num_draft, tcache, dcache) -> RoundState:
         """Append the verdict's tokens (cut at the first stop token and at max_new), roll
-        both caches back to the committed length, count."""
+        both caches back to the committed length (the draft's to what it wrote, when that is
+        less: a bonus after a fully accepted block follows a draft it never fed), count."""
         b, K, B = self.batch, self.spec.gamma, self.batch.prompt.shape[0]
         live_B, n_B = ~s.done, s.num_new
         cols = jnp.arange(K + 1)[None, :]
@@ -350,7 +362,7 @@ class _Round:
             out=out, num_new=n_B, prev=prev_B, last=jnp.where(cnt > 0, new_last, s.last),
             done=s.done | (first_stop <= cnt) | (n_B >= b.max_new),
             target_cache=tcache.replace(lengths=rollback),
-            draft_cache=dcache.replace(lengths=rollback),
+            draft_cache=dcache.replace(lengths=jnp.minimum(dcache.lengths, rollback)),
             counters=_counted(s.counters, vr, num_draft, cnt, live_B),
             counts=self._counts(s, vr, d_BK, num_draft, cnt),
         )  # fmt: skip

@@ -1,8 +1,8 @@
 """How a weight becomes ints: the W4A16 (and int8 head) quantizers, in numpy, outside jit.
 
-Every method here is asymmetric and group-wise along the contraction axis K of a `[K, M]`
-weight (the layout `jaxspec.quantize` stores): each (group, output column) has a float16
-`scale` and `minimum` (as GGUF's Q4_1 keeps them), and with h = 2^(b-1)
+Every method of `METHODS` is asymmetric and group-wise along the contraction axis K of a
+`[K, M]` weight (the layout `jaxspec.quantize` stores): each (group, output column) has a
+float16 `scale` and `minimum` (as GGUF's Q4_1 keeps them), and with h = 2^(b-1)
 
     w[k, m] ~= scale[g, m] * (q[k, m] + h) + minimum[g, m],   g = k // group, q in [-h, h - 1]
 
@@ -20,6 +20,14 @@ Methods (`METHODS`, best measured first in `docs/quantization.md`):
             that minimizes the group's squared error, weighted by diag(H) when given
             (activation-aware), else plain MSE.
     "asym"  min/max round-to-nearest.
+
+One symmetric method (`SYMMETRIC`), for the head (`jaxspec.quantize(head_method=...)`):
+
+    "absmax"  GGUF's Q8_0 rule at any bits: per (group, column) d = max|w| / (2^(b-1) - 1)
+              in float32, q = round-half-away-from-zero(w * (1 / d)) (q = 0 where d = 0),
+              scale = float16(d), no minimum: w ~= scale * q. At 8 bits and group 32 it is
+              ggml's `quantize_row_q8_0` bit for bit, so a table that was Q8_0 (SmolLM2's
+              tied token embedding) gives back its own ints and scales.
 
 The symmetric absmax method ("rtn", AQT's own calibration) is in `jaxspec.quantize`; these
 are the methods AQT 0.9 does not ship (it has no asymmetric calibration, and its GPTQ imports a
@@ -42,6 +50,7 @@ from typing import Any
 import numpy as np
 
 METHODS = ("gptq", "clip", "asym")
+SYMMETRIC = ("absmax",)  # `quantize_weight` also takes these (no minimum stored)
 CLIP_GRID = np.linspace(1.0, 0.6, 17)  # range shrink ratios tried by "clip"
 PARAM_DTYPE = np.float16  # stored scale and offset
 DAMP = 0.01  # GPTQ's dampening, a fraction of the mean diagonal of H
@@ -53,18 +62,21 @@ PIECE_COLUMNS = 3072  # output columns per GPTQ work piece (`quantize_many`)
 @dataclasses.dataclass(frozen=True)
 class Quantized:
     """One weight's quantization: q int8 [K, M] in [-h, h - 1], scale and minimum float16
-    [G, M] with G = ceil(K / group) (module doc)."""
+    [G, M] with G = ceil(K / group) (module doc); minimum None for a symmetric method
+    (`SYMMETRIC`: w ~= scale * q)."""
 
     q: np.ndarray
     scale: np.ndarray
-    minimum: np.ndarray
+    minimum: np.ndarray | None
     bits: int
 
     def dequant(self, group: int) -> np.ndarray:
         """float32 [K, M]: what the served matmul multiplies by."""
         K = self.q.shape[0]
-        off = offset(self.scale, self.minimum, self.bits)
         s = np.repeat(self.scale.astype(np.float32), group, axis=0)[:K]
+        if self.minimum is None:
+            return self.q.astype(np.float32) * s
+        off = offset(self.scale, self.minimum, self.bits)
         o = np.repeat(off, group, axis=0)[:K]
         return self.q.astype(np.float32) * s + o
 
@@ -168,6 +180,31 @@ def quantize_rtn(
     return Quantized(q, scale, minimum, bits)
 
 
+def round_half_away(x: np.ndarray) -> np.ndarray:
+    """C's `roundf` (ties away from zero), which ggml's quantizers use (numpy's `rint` rounds
+    ties to even), exactly: floor(|x|) + floor(2 frac(|x|)), whose steps are exact in float
+    (floor(|x| + 0.5) is not: it rounds 0.49999997 up)."""
+    a = np.abs(x)
+    whole = np.floor(a)
+    return np.sign(x) * (whole + np.floor(2 * (a - whole)))
+
+
+def quantize_absmax(w_KM: np.ndarray, bits: int, group: int) -> Quantized:
+    """Symmetric absmax ("absmax", module doc): GGUF's Q8_0 at 8 bits and group 32. K is
+    zero-padded to whole groups (zeros change no group's max)."""
+    K, M = w_KM.shape
+    G = -(-K // group)
+    w = np.zeros((G * group, M), np.float32)
+    w[:K] = w_KM
+    w_GgM = w.reshape(G, group, M)
+    d = np.abs(w_GgM).max(axis=1) / np.float32(2 ** (bits - 1) - 1)  # [G, M] float32
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    q = round_half_away(w_GgM * inv[:, None, :])  # |q| <= 2^(b-1) - 1 by construction
+    q = q.reshape(G * group, M)[:K].astype(np.int8)
+    return Quantized(q, d.astype(PARAM_DTYPE), None, bits)
+
+
 def _inverse_cholesky(h_KK: np.ndarray) -> np.ndarray:
     """Upper Cholesky factor of H^-1 (GPTQ's form), H dampened; float64."""
     h = h_KK.astype(np.float64).copy()
@@ -250,10 +287,13 @@ def _gptq_block(
 def quantize_weight(
     w_KM: np.ndarray, method: str, bits: int, group: int, h_KK: np.ndarray | None = None
 ) -> Quantized:
-    """One weight by `method` (module doc); "gptq" without a Hessian is "clip"."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
+    """One weight by `method` (module doc); "gptq" without a Hessian is "clip"; "absmax"
+    takes no Hessian."""
+    if method not in METHODS + SYMMETRIC:
+        raise ValueError(f"unknown method {method!r}; choose one of {METHODS + SYMMETRIC}")
     w = np.asarray(w_KM, np.float32)
+    if method == "absmax":
+        return quantize_absmax(w, bits, group)
     if method == "gptq" and h_KK is not None:
         return quantize_gptq(w, h_KK, bits, group)
     hdiag = None if h_KK is None else np.diag(h_KK)
@@ -262,12 +302,14 @@ def quantize_weight(
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One weight for `quantize_many`: `w [K, M]`, its Hessian (None: none), bits, group."""
+    """One weight for `quantize_many`: `w [K, M]`, its Hessian (None: none), bits, group and
+    its own method (None: `quantize_many`'s)."""
 
     w: np.ndarray
     h: np.ndarray | None
     bits: int
     group: int
+    method: str | None = None
 
 
 class _Shared:
@@ -295,11 +337,12 @@ class _Shared:
         return _gptq_columns(self.W[:, c0:c1].copy(), self.u(), self.hdiag, self.bits, self.group)
 
 
-def _shared_groups(jobs: Sequence[Job]) -> list[_Shared]:
-    """The GPTQ jobs grouped by identical (Hessian, bits, group), in order of first appearance."""
+def _shared_groups(jobs: Sequence[Job], method: str = "gptq") -> list[_Shared]:
+    """The GPTQ jobs (those with a Hessian whose method, theirs or `method`, is GPTQ) grouped
+    by identical (Hessian, bits, group), in order of first appearance."""
     by_key: dict[tuple, list[tuple[int, Job]]] = {}
     for i, j in enumerate(jobs):
-        if j.h is not None:
+        if j.h is not None and (j.method or method) == "gptq":
             digest = hashlib.sha256(np.ascontiguousarray(j.h).tobytes()).digest()
             key = (digest, j.h.shape, j.h.dtype.str, j.bits, j.group)
             by_key.setdefault(key, []).append((i, j))
@@ -376,23 +419,19 @@ def quantize_many(
     Hessian run as one (their columns side by side), every weight is cut into pieces of
     columns, and the pieces run on `workers` threads (numpy's big loops release the GIL;
     default: the CPUs, at most 4). `progress(done)` is called on this thread as each weight
-    completes."""
-    if method != "gptq":
-        out = []
-        for j in jobs:
-            out.append(quantize_weight(j.w, method, j.bits, j.group, j.h))
-            if progress:
-                progress(len(out))
-        return out
+    completes. A job with a method of its own other than GPTQ runs alone, first."""
     result: list[Quantized | None] = [None] * len(jobs)
     done = 0
     for i, j in enumerate(jobs):  # without a Hessian GPTQ is the clipping search
-        if j.h is None:
-            result[i] = quantize_weight(j.w, "clip", j.bits, j.group)
+        how = j.method or method
+        if how != "gptq" or j.h is None:
+            result[i] = quantize_weight(j.w, "clip" if how == "gptq" else how, j.bits, j.group, j.h)
             done += 1
             if progress:
                 progress(done)
-    groups = _shared_groups(jobs)
+    groups = _shared_groups(jobs, method)
+    if not groups:
+        return result  # type: ignore[return-value]
     pieces = _pieces(groups)
     parts: dict[int, list[tuple[int, int, Quantized]]] = {id(g): [] for g in groups}
     left = {id(g): sum(p[0] is g for p in pieces) for g in groups}

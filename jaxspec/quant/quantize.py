@@ -15,11 +15,14 @@ weights: with it in bf16 the w4a16 draft keeps 0.70x of its bf16 bytes, quantize
 softmax stay in float; norm scales, biases (and the embedding with `embeddings=False`) are
 stored in bfloat16. Activations run in `model.dtype`, unquantized except under "w4a4".
 
-Scales: symmetric absmax (a group's largest |w| maps to 2^(b-1) - 1 exactly; `aqt_compat` says
-why that is not AQT's default), one bfloat16 scale per output column and per group of
-`group_size` consecutive inputs (the contraction axis); `group_size=None` is per-channel (one
-group). A contraction axis that `group_size` does not divide is zero-padded to whole groups
-inside the matmul; only the real rows are stored.
+Scales of method "rtn": symmetric absmax (a group's largest |w| maps to 2^(b-1) - 1 exactly;
+`aqt_compat` says why that is not AQT's default), one bfloat16 scale per output column and per
+group of `group_size` consecutive inputs (the contraction axis); `group_size=None` is
+per-channel (one group). A contraction axis that `group_size` does not divide is zero-padded
+to whole groups inside the matmul; only the real rows are stored. The other methods
+(`jaxspec.quant.methods`) store float16 scales of the same shape, plus a float16 `minimum` of
+that shape for the asymmetric ones; a head of `head_method="absmax"` (GGUF's Q8_0 at 8 bits)
+has `qweight` and `scale` only: w = scale * q.
 
 Storage of a `[K, M]` weight (`qweight`, `scale`, plus `bias` when the layer has one):
 
@@ -27,7 +30,8 @@ Storage of a `[K, M]` weight (`qweight`, `scale`, plus `bias` when the layer has
                    q[i + ceil(K/2)] in the high nibble (two's complement)
     int4, unpacked qweight int4 [K, M]  (`packed=False`: XLA on CPU spends a byte on each)
     int8           qweight int8 [K, M]
-    scales         scale bfloat16 [ceil(K/group), M]
+    scales         scale bfloat16 [ceil(K/group), M]  (float16 for the numpy methods)
+    minimum        minimum float16 [ceil(K/group), M]  (asymmetric methods only)
 
 The embedding is stored transposed, `[hidden, vocab]`, as the weight of `attend`; a lookup
 gathers the columns of its tokens and unpacks only those.
@@ -50,6 +54,7 @@ import numpy as np
 
 from jaxspec import kernels
 from jaxspec.kernels import int4 as int4kernel
+from jaxspec.kernels import int8 as int8kernel
 from jaxspec.nn.config import CheckpointError
 from jaxspec.nn.model import Llama, Model, init_cache
 from jaxspec.quant import aqt_compat
@@ -65,6 +70,7 @@ SCALE_DTYPE = aqt_compat.SCALE_DTYPE
 STORE_DTYPE = jnp.bfloat16  # everything that is not quantized
 QUANT_METHOD = "jaxspec-aqt"
 METHODS = ("gptq", "clip", "asym", "rtn")  # `quantize(method=...)`; quant_methods says how
+HEAD_METHODS = quant_methods.SYMMETRIC  # `quantize(head_method=...)`: "absmax" (GGUF's Q8_0)
 DEFAULT_METHOD = "gptq"  # the best measured on SmolLM2 (docs/quantization.md)
 FORMAT_VERSION = 1
 
@@ -140,10 +146,13 @@ def take_tile_columns(tiles: jax.Array, cols: jax.Array) -> jax.Array:
 class QuantSpec:
     """Static description of a quantized model (hashable: it is part of the jit key).
 
-    `method` "rtn" is symmetric absmax through AQT's own calibration; the others
-    (`jaxspec.quant.methods`) are asymmetric and store a float16 `minimum` beside the float16
-    `scale`. `head_bits` (None: as the rest) quantizes the token embedding / lm_head at other
-    bits; `bits` overrides the scheme's weight bits (set on the head's own spec)."""
+    `method` "rtn" is symmetric absmax through AQT's own calibration (bfloat16 scale);
+    "absmax" is GGUF's Q8_0 rule (`methods.quantize_absmax`: symmetric, float16 scale,
+    no minimum; only as `head_method`); the others (`jaxspec.quant.methods.METHODS`) are
+    asymmetric and store a float16 `minimum` beside the float16 `scale`. `head_bits` and
+    `head_method` (None: as the rest) quantize the token embedding / lm_head at other bits
+    and by another method; `bits` overrides the scheme's weight bits (set on the head's own
+    spec)."""
 
     scheme: str
     group_size: int | None = None
@@ -154,6 +163,7 @@ class QuantSpec:
     bits: int | None = None
     layout: str = "tiles"  # packed int4: "tiles" (pack_tiles), or "rows" (pack_int4, read only)
     kernel: bool = True  # the int4 kernel where it applies (False: XLA's path, for comparison)
+    head_method: str | None = None
 
     @property
     def weight_bits(self) -> int:
@@ -161,17 +171,20 @@ class QuantSpec:
 
     @property
     def asymmetric(self) -> bool:
-        return self.method != "rtn"
+        return self.method not in ("rtn", *quant_methods.SYMMETRIC)
 
     @property
     def scale_dtype(self) -> Any:
-        return jnp.float16 if self.asymmetric else SCALE_DTYPE
+        return SCALE_DTYPE if self.method == "rtn" else jnp.float16
 
     def head(self) -> QuantSpec:
         """The spec of the token embedding and lm_head."""
-        if self.head_bits is None:
+        if self.head_bits is None and self.head_method is None:
             return self
-        return dataclasses.replace(self, bits=self.head_bits, head_bits=None)
+        return dataclasses.replace(
+            self, bits=self.head_bits or self.bits, head_bits=None,
+            method=self.head_method or self.method, head_method=None,
+        )  # fmt: skip
 
     @property
     def act_bits(self) -> int | None:
@@ -202,11 +215,19 @@ class QuantSpec:
             return pack_int4(q_KM)
         return q_KM.astype(self.stored(*q_KM.shape)[1])
 
+    @property
+    def int8_symmetric(self) -> bool:
+        """Stored as int8 [K, M] with a scale per group and no minimum (W = scale * q): what
+        the int8 kernel reads (a head of `head_method="absmax"`, GGUF's Q8_0)."""
+        return self.weight_bits == 8 and not self.asymmetric
+
     def use_kernel(self, rows: int) -> bool:
-        """Whether a served matmul of `rows` rows runs on the int4 kernel (decided at trace)."""
+        """Whether a served matmul of `rows` rows runs on a kernel (decided at trace): the int4
+        one for tiled int4, the int8 one for symmetric int8."""
         return (
-            self.kernel and self.tiled and self.act_bits is None and rows <= KERNEL_MAX_ROWS
-            and kernels.available() and jax.default_backend() == "cpu"
+            self.kernel and (self.tiled or self.int8_symmetric) and self.act_bits is None
+            and rows <= KERNEL_MAX_ROWS and kernels.available()
+            and jax.default_backend() == "cpu"
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -275,14 +296,16 @@ def _offset_term(x_NK, scale_GM, minimum_GM, group: int, bits: int) -> jax.Array
 
 
 def _served_matmul(spec, matmul, x_NK, qweight, scale, minimum, K: int, M: int) -> jax.Array:
-    """A served `x [N, Kp] @ w [K, M]`: the int4 kernel for a few rows where it is built
-    (`QuantSpec.use_kernel`), else AQT's int dot (`_Matmul`), the same numbers to float
+    """A served `x [N, Kp] @ w [K, M]`: the int4 or int8 kernel for a few rows where it is
+    built (`QuantSpec.use_kernel`), else AQT's int dot (`_Matmul`), the same numbers to float
     rounding."""
     N = x_NK.shape[0]
     if not spec.use_kernel(N):
         return matmul(x_NK, served=(_ints(spec, qweight, K, M), scale), minimum=minimum)
     g, _ = spec.groups(K)
     x = x_NK[:, :K].astype(jnp.float32)
+    if spec.int8_symmetric:  # W = scale * q, int8 [K, M] read as it is stored
+        return int8kernel.matmul(x, qweight, scale, group=g).astype(x_NK.dtype)
     # the stored minimum as it is (float16): W = scale * (q + 8) + minimum, inside the kernel
     y = int4kernel.matmul(x, qweight, scale, K=K, M=M, group=g, minimum=minimum)
     return y.astype(x_NK.dtype)
@@ -482,6 +505,7 @@ def quantize(
     *,
     method: str | None = None,
     head_bits: int | None = None,
+    head_method: str | None = None,
     calibration: Sequence[Sequence[int]] | None = None,
     embeddings: bool = True,
     packed: bool = True,
@@ -499,6 +523,10 @@ def quantize(
         measured, docs/quantization.md), "clip", "asym" (`jaxspec.quant.methods`) or "rtn"
         (symmetric absmax, AQT's calibration; the only one for w4a4 and mode="train").
       head_bits: bits of the token embedding / lm_head (e.g. 8); None: as the other layers.
+      head_method: how the token embedding / lm_head become ints; None: as the other layers
+        (GPTQ's head has a Hessian of its own), "absmax": GGUF's Q8_0 rule (symmetric, one
+        float16 scale per group, round half away from zero, no calibration), which gives a
+        table that was Q8_0 at `group_size` back bit for bit. Not with method "rtn".
       calibration: token sequences whose activations GPTQ's Hessians are taken on; None
         builds them (`jaxspec.quant.calibration`: chat prompts from CPython's own documentation
         and the model's answers to them). Ignored by the other methods.
@@ -515,11 +543,13 @@ def quantize(
       `nbytes()` is its resident size.
     """
     method = _check_quantize(model, scheme, group_size, method, head_bits, mode)
+    _check_head_method(method, head_method, embeddings)
     if scheme == "none":
         return model
     if head_bits == SCHEMES[scheme][0]:
         head_bits = None
-    spec = QuantSpec(scheme, group_size, embeddings, packed, method, head_bits)
+    spec = QuantSpec(scheme, group_size, embeddings, packed, method, head_bits,
+                     head_method=head_method)  # fmt: skip
 
     def keep_or_store(path: Any, leaf: jax.Array) -> jax.Array:
         keys = tuple(str(p.key) for p in path)
@@ -529,6 +559,7 @@ def quantize(
     suffix = f"{scheme}" + ("" if group_size is None else f"-g{group_size}")
     suffix += "" if method == "rtn" else f"-{method}"
     suffix += "" if head_bits is None else f"-head{head_bits}"
+    suffix += "" if head_method is None else f"-head-{head_method}"
     if mode == "train":
         m = _module(model, spec, "train")
         name = f"{model.name}:{suffix}:train"
@@ -583,6 +614,21 @@ def _check_quantize(
     return method
 
 
+def _check_head_method(method: str, head_method: str | None, embeddings: bool) -> None:
+    """`quantize`'s head_method checked against its method (ValueError naming it)."""
+    if head_method is None:
+        return
+    if head_method not in HEAD_METHODS:
+        raise ValueError(f"unknown head_method {head_method!r}; choose one of {HEAD_METHODS}")
+    if method == "rtn":
+        raise ValueError(
+            "head_method is for the numpy methods (gptq, clip, asym); 'rtn' is AQT's own "
+            "symmetric absmax already (bfloat16 scales): give head_bits alone"
+        )
+    if not embeddings:
+        raise ValueError("head_method with embeddings=False: the head is not quantized")
+
+
 def _quantized_params(
     model: Model,
     spec: QuantSpec,
@@ -626,7 +672,8 @@ def _quantize_asym(
 ) -> Any:
     """The served params of an asymmetric method: each quantized float weight replaced by
     {qweight, scale, minimum} (`jaxspec.quant.methods`, in numpy, all weights in one
-    `quantize_many` call: shared Hessians once, on every CPU)."""
+    `quantize_many` call: shared Hessians once, on every CPU); a head of a symmetric
+    `head_method` by {qweight, scale}, from the float table alone (no Hessian)."""
     owners: dict[tuple[str, ...], QuantSpec] = {}
     jobs = []
 
@@ -636,9 +683,9 @@ def _quantize_asym(
             s = spec.head() if embed or path[0] == "lm_head" else spec
             w = np.asarray(node["embedding"], np.float32).T if embed else np.asarray(node["kernel"])
             owners[path] = s
-            jobs.append(
-                quant_methods.Job(w, hessians.get(path), s.weight_bits, s.groups(w.shape[0])[0])
-            )
+            h = hessians.get(path) if s.method == spec.method else None
+            g = s.groups(w.shape[0])[0]
+            jobs.append(quant_methods.Job(w, h, s.weight_bits, g, s.method))
         elif isinstance(node, dict):
             for k, v in node.items():
                 collect(v, (*path, k))
@@ -653,8 +700,8 @@ def _quantize_asym(
         if path in done:
             qz, s = done[path], owners[path]
             out = {k: v for k, v in node.items() if k not in ("kernel", "embedding")}
-            return out | {"qweight": s.pack(jnp.asarray(qz.q)), "scale": jnp.asarray(qz.scale),
-                          "minimum": jnp.asarray(qz.minimum)}  # fmt: skip
+            out |= {"qweight": s.pack(jnp.asarray(qz.q)), "scale": jnp.asarray(qz.scale)}
+            return out if qz.minimum is None else out | {"minimum": jnp.asarray(qz.minimum)}
         if isinstance(node, dict):
             return {k: walk(v, (*path, k)) for k, v in node.items()}
         return node
@@ -848,12 +895,15 @@ def load_quantized(
             q["scheme"], q["group_size"], bool(q["embeddings"]), bool(q["packed"]),
             q.get("method", "rtn"), q.get("head_bits"), q.get("bits"),
             q.get("int4_layout", "rows"),  # files from before the tiled layout
+            head_method=q.get("head_method"),  # files from before it: as the body
         )  # fmt: skip
         if spec.layout not in ("rows", "tiles"):
             raise KeyError(f"layout {spec.layout!r}")
         spec.weight_bits  # noqa: B018 (validates the scheme)
         if spec.method not in METHODS:
             raise KeyError(f"method {spec.method!r}")
+        if spec.head_method not in (None, *HEAD_METHODS):
+            raise KeyError(f"head_method {spec.head_method!r}")
     except (KeyError, TypeError) as e:
         raise CheckpointError(f"{d}: bad quantization_config {q}: {e}") from None
     config = LlamaConfig.from_hf(raw_cfg)

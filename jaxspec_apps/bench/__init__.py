@@ -33,6 +33,10 @@ Kept apart, run only when `--sections` names them, each its own block of BENCHMA
   openai     (tiny) the OpenAI-compatible endpoint's overhead over edge sessions
   target     (real) plain greedy decoding, jaxspec vs transformers, against the roofline
   int4       (real) the int4 kernel against XLA's paths on SmolLM2's shapes
+  two_process (real) the edge and the verifier as two pinned processes over gRPC, against
+             cloud decoding streamed and the verifier's gamma-0 sessions
+  round_profile (real) each jitted program against its forwards (program_vs_parts), where
+             each mode's time goes and where the edge sessions stall
 
 Only numbers measured in the run are reported; speed is compared as ratios within the run.
 """
@@ -42,6 +46,7 @@ from __future__ import annotations
 import argparse
 
 from jaxspec_apps.bench.profile import PROFILES
+from jaxspec_apps.bench.real import REAL_SECTIONS
 from jaxspec_apps.bench.suite import run_suite
 
 
@@ -82,10 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sections",
         default=None,
         help="comma-separated subset of the suite's sections (default: all); the report then "
-        "has only those. With --pairs real, the real pair's (specbench, cost, kernels, "
-        "colocated, peer, verifier, capacity, latency, wirecost, quality). Sections kept "
+        "has only those. With --pairs real, the real pair's ("
+        + ", ".join(REAL_SECTIONS)
+        + "). Sections kept "
         "apart run only when named here, each into its own block of BENCHMARKS.md: adaptive, "
-        "fleet, openai (tiny pair), target, int4 (real pair)",
+        "fleet, openai (tiny pair), target, int4, two_process, round_profile (real pair)",
     )
     parser.add_argument(
         "--set",

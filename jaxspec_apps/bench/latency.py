@@ -34,8 +34,18 @@ MODES = ("cloud_ar", "colocated", "sync", "pipelined")
 
 
 def pipeline_depth(rtt: float, t_v: float, t_d: float, gamma: int) -> int:
-    """Blocks in flight that cover a round trip plus a verification, capped at 8."""
+    """Blocks in flight that cover a round trip plus a verification, capped at 8: the
+    papers' depth (blocks in flight while the next one is drafted)."""
     return max(1, min(8, math.ceil((rtt + t_v) / max(gamma * t_d, 1e-9))))
+
+
+def session_depth(rtt: float, t_v: float, t_d: float, gamma: int) -> int:
+    """The edge session's depth that keeps its drafter busy: `pipeline_depth` + 1, capped at
+    8 (a verifier queues at most 8 blocks per session by default). A session drafts a block
+    only while fewer than `depth` are in flight, so while it drafts, depth - 1 are: the
+    papers' depth is the session's minus one (at depth 1 a pipelined session drafts nothing
+    while its block is out: a sync round without the bonus)."""
+    return min(8, pipeline_depth(rtt, t_v, t_d, gamma) + 1)
 
 
 def measure_components(

@@ -95,6 +95,9 @@ class Profile:
     # two_process: the verifier and the edge as two pinned processes over gRPC
     # round_profile: where a round's time goes, per mode (cProfile)
     round_profile_new_tokens: int = _of("round_profile", 64)
+    program_turns: int = _of("round_profile", 9)  # program_vs_parts: turns, best kept
+    program_rows: tuple[int, ...] = _of("round_profile", (1, 2, 4))  # verify step rows
+    stall_rtt_ms: float = _of("round_profile", 50.0)  # the pipelined edge behind a link
     two_process_rtts_ms: tuple[float, ...] = _of("two_process", (0.0, 20.0, 50.0, 100.0))
     two_process_new_tokens: int = _of("two_process", 64)
     two_process_repeats: int = _of("two_process", 2)
@@ -154,6 +157,8 @@ PROFILES = {
         two_process_repeats=1,
         two_process_max_len=128,
         round_profile_new_tokens=8,
+        program_turns=1,
+        program_rows=(1, 2),
     ),
 }
 PROFILES["tiny"] = dataclasses.replace(

@@ -22,6 +22,17 @@ Every profiled function's own time (cProfile's tottime) falls into one bucket:
 
 The profiler slows Python calls (several microseconds each), so the buckets are shares of a
 profiled run, not of an unprofiled one; the unprofiled time per token is measured beside it.
+
+Where an edge session stalls (its unprofiled run's `SessionTrace.stalls()`): drafting that
+was kept or thrown away (rejected drafts, blocks a rejection made stale), waiting for an
+answer through the verifier's step, beyond it (the wire, the queue, the answer's hop from
+the verifier's thread into the event loop), for stale answers, and the session's own host
+time. One more edge mode runs the pipelined session behind a simulated round trip
+(`stall_rtt_ms`, `edge.delayed.DelayedEndpoint`) at the depth that keeps its drafter busy
+(`latency.session_depth`), so the wire's share shows.
+
+Before the modes: `programs` times each jitted program against the forwards it is made of
+(the `program_vs_parts` table).
 """
 
 from __future__ import annotations
@@ -34,11 +45,14 @@ from collections.abc import Callable
 from typing import Any
 
 import jaxspec
+from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
-from edge.session import run_session
+from edge.session import SessionTrace, run_session
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec.quant.calibration import prompt_ids
+from jaxspec_apps.bench import programs
 from jaxspec_apps.bench.common import make_scheduler
+from jaxspec_apps.bench.latency import session_depth
 from jaxspec_apps.bench.section import Context, Page, Section
 from verify import LocalVerifier
 
@@ -97,29 +111,50 @@ def profile(run: Callable[[], int]) -> dict[str, Any]:
     }
 
 
-def _edge(ctx: Context, prompt: list[int], mode: str, n: int) -> Callable[[], int]:
+def _edge(
+    ctx: Context, prompt: list[int], mode: str, n: int, depth: int, rtt_s: float,
+    traces: list[SessionTrace],
+) -> Callable[[], int]:  # fmt: skip
+    """One edge session per call (in-process verifier, behind a simulated round trip of
+    `rtt_s`), its trace appended to `traces`; returns the tokens it made."""
     g = ctx.p.gamma
     cfg = SessionConfig(prompt=tuple(prompt), max_new_tokens=n, mode=mode,
                         sampling=SamplingSettings(temperature=0.0),
                         draft=DraftSpec(gamma=g, encoding="onehot"))  # fmt: skip
-    sched = make_scheduler(ctx.target, rows=(1,), gamma=g, max_len=len(prompt) + n + 4 * g + 16)
+    sched = make_scheduler(
+        ctx.target, rows=(1,), gamma=g, max_len=len(prompt) + n + (depth + 3) * g + 16
+    )
     drafter = Drafter(ctx.draft, cfg.draft)
 
     async def session() -> int:
         v = LocalVerifier(scheduler=sched)
+        link = DelayedEndpoint(v, one_way_s=rtt_s / 2) if rtt_s else v
         try:
-            tr = await run_session(v, drafter, cfg, depth=2 if mode == "pipelined" else 1)
+            tr = await run_session(link, drafter, cfg, depth=depth)
         finally:
             await v.aclose()
+        traces.append(tr)
         return len(tr.tokens)
 
     return lambda: asyncio.run(session())
 
 
+def stall_shares(tr: SessionTrace) -> dict[str, float]:
+    """A session's `stalls()` as shares of its wall time."""
+    wall = tr.end_time - tr.start_time
+    return {k: v / wall for k, v in tr.stalls().items()}
+
+
 def run_section(ctx: Context) -> dict[str, Any]:
-    """Every mode profiled on the same prompt."""
+    """The program_vs_parts table, then every mode profiled on the same prompt and each edge
+    mode's stalls."""
     p, n = ctx.p, ctx.p.round_profile_new_tokens
     prompt = list(prompt_ids(ctx.target, p.two_process_chat))
+    parts = programs.measure(ctx, p.program_turns, p.program_rows)
+    by = {r["program"]: r["measured_s"] for r in parts["rows"]}
+    t_d, t_v = by["drafter round"] / p.gamma, by[f"verify step 1x{p.gamma + 1}"]
+    rtt = p.stall_rtt_ms / 1e3
+    deep = session_depth(rtt, t_v, t_d, p.gamma)
 
     def gen(**kw: Any) -> Callable[[], int]:
         def run() -> int:
@@ -127,14 +162,17 @@ def run_section(ctx: Context) -> dict[str, Any]:
 
         return run
 
-    modes = {
-        "plain": gen(),
-        "colocated": gen(draft=ctx.draft, gamma=p.gamma),
-        "edge sync": _edge(ctx, prompt, "sync", n),
-        "edge pipelined": _edge(ctx, prompt, "pipelined", n),
-    }
+    traces: dict[str, list[SessionTrace]] = {}
+    edges = {"edge sync": ("sync", 1, 0.0), "edge pipelined": ("pipelined", 2, 0.0),
+             f"edge pipelined, {p.stall_rtt_ms:g} ms": ("pipelined", deep, rtt)}  # fmt: skip
+    modes = {"plain": gen(), "colocated": gen(draft=ctx.draft, gamma=p.gamma)}
+    for name, (mode, depth, r) in edges.items():
+        modes[name] = _edge(ctx, prompt, mode, n, depth, r, traces.setdefault(name, []))
     rows = {name: profile(run) for name, run in modes.items()}
-    return {"command": ctx.command, "gamma": p.gamma, "new_tokens": n, "modes": rows}
+    for name, (_, depth, r) in edges.items():  # the unprofiled run's trace (warm-up first)
+        rows[name] |= {"depth": depth, "rtt_ms": r * 1e3, "stalls": stall_shares(traces[name][1])}
+    return {"command": ctx.command, "gamma": p.gamma, "new_tokens": n, "modes": rows,
+            "program_vs_parts": parts}  # fmt: skip
 
 
 def markdown(r: dict[str, Any], page: Page) -> list[str]:
@@ -161,6 +199,57 @@ def markdown(r: dict[str, Any], page: Page) -> list[str]:
     for name, m in r["modes"].items():
         top = "; ".join(f"{t['function']} {t['ms_per_token']:.2f}" for t in m["top"][:5])
         lines += ["", f"Top own time, {name} (ms per token, profiled): {top}."]
+    return [*lines, "", *programs_md(r["program_vs_parts"]), "", *stalls_md(r)]
+
+
+STALLS = (("draft_kept", "drafting, kept"), ("draft_wasted", "drafting, thrown away"),
+          ("wait_step", "waiting: verifier's step"), ("wait_wire", "waiting: wire and hops"),
+          ("wait_stale", "waiting: stale answers"), ("host", "host"))  # fmt: skip
+
+
+def programs_md(t: dict[str, Any]) -> list[str]:
+    """The program_vs_parts table: each jitted program against its forwards timed alone."""
+    lines = [
+        "### Each program against its parts (`program_vs_parts`)",
+        "",
+        "Each jitted program of a mode timed beside the forwards it is made of, every forward "
+        "timed alone at the program's shapes, all in turns in one process (jaxspec_apps/bench/"
+        "programs.py). measured / parts above 1 is work that is not a forward (sampling, q, the "
+        "rule, copies, dispatch, the result's transfer); host = the verifier's Python around its "
+        "step (its tick), not in the step.",
+        "",
+        "| program | measured ms | parts ms | parts | measured / parts | host ms |",
+        "|---|---:|---:|---|---:|---:|",
+    ]
+    for x in t["rows"]:
+        host = "" if x["host_s"] is None else f"{x['host_s'] * 1e3:.2f}"
+        lines.append(
+            f"| {x['program']} | {x['measured_s'] * 1e3:.2f} | {x['parts_s'] * 1e3:.2f} | "
+            f"{x['parts']} | {x['ratio']:.2f} | {host} |"
+        )
+    return lines
+
+
+def stalls_md(r: dict[str, Any]) -> list[str]:
+    """Where each edge session's wall time went (`SessionTrace.stalls`), as shares."""
+    lines = [
+        "### Where the edge sessions stall",
+        "",
+        "Each edge session's unprofiled run split by its own trace (`SessionTrace.stalls`): "
+        "drafting kept or thrown away (rejected drafts; blocks a rejection made stale), "
+        "waiting for an answer up to the verifier's step time, beyond it (round trip, "
+        "queue, the answer's hop from the verifier's thread into the event loop), for stale "
+        "answers, and the session's own host time (its Python, opening and closing). In "
+        "pipelined mode every wait is a full pipeline (`depth` blocks in flight).",
+        "",
+        "| mode | RTT ms | depth | ms/token | " + " | ".join(h for _, h in STALLS) + " |",
+        "|---|---:|---:|---:|" + "---:|" * len(STALLS),
+    ]
+    for name, m in r["modes"].items():
+        if "stalls" in m:
+            shares = " | ".join(f"{100 * m['stalls'][k]:.0f}%" for k, _ in STALLS)
+            lines.append(f"| {name} | {m['rtt_ms']:g} | {m['depth']} | "
+                         f"{m['s_per_token'] * 1e3:.1f} | {shares} |")  # fmt: skip
     return lines
 
 

@@ -1,7 +1,7 @@
 """The `two_process` section (run only when named: `jaxspec bench --pairs real --sections
 two_process`): the verifier and the edge as two processes, each pinned to its own core with
 one compute thread, over real gRPC on loopback with a simulated round trip; beside them,
-cloud decoding by the same verifier process at the same round trip.
+cloud decoding two ways, both on the verifier's core.
 
 On this 2-core machine it is the honest stand-in for an edge device and a cloud box: the
 in-process sweep (`latency`) shares one process and both cores between the two sides.
@@ -9,8 +9,22 @@ The verifier: `python -m verify serve --checkpoint <target>` pinned to core 0 (a
 as the process starts, before JAX makes its threads; JAXSPEC_INT4_THREADS=1 and XLA's Eigen
 pool off). The edge: `python -m jaxspec_apps.bench.twoproc_edge` pinned to core 1 (its doc
 says what it times). "Predicted" is the papers' model (`jaxspec.decoding.analytic`) at the t_d, t_v
-and acceptance measured in the same run; the ratios are measured / predicted and the edge
-user's tokens/s over cloud decoding's at the same round trip.
+and acceptance measured in the same run; the ratios are measured / predicted.
+
+The cloud baselines, both the target on core 0 with one thread:
+    cloud_streamed  cloud decoding as its user gets it: the target's plain decode loop
+                    (`twoproc_cloud`, run before the verifier starts, so the core is its
+                    own), one round trip per request and then the tokens as they are made:
+                    per token after the first round trip, the loop's time over its tokens
+                    at every round trip. `edge_over_cloud_ar` (the edge user's tokens/s
+                    over this baseline's) is read against it.
+    cloud_gamma0    the verifier's own gamma-0 sessions, pipelined: 8 empty blocks in
+                    flight, each answered with one token, so the verifier steps them back to
+                    back (a stream through the verifier); `edge_over_cloud_gamma0` is read
+                    against it, and `gamma0_over_decode` is its time per token at RTT 0 over
+                    the loop's: the verifier's single-token path against the plain loop.
+    cloud_gamma0_sync  the same one block at a time, a round trip per token: what the
+                    section called "cloud decoding" before it had the streamed baseline.
 """
 
 from __future__ import annotations
@@ -46,6 +60,20 @@ def _serve_args(ctx: Context, max_len: int) -> list[str]:
             "--max-gamma", str(p.gamma), "--full-warmup"]  # fmt: skip
 
 
+def _cloud(ctx: Context, core: int | None) -> dict[str, Any]:
+    """The streamed cloud baseline: the target's decode loop in a process on `core`."""
+    p = ctx.p
+    cmd = [sys.executable, "-m", "jaxspec_apps.bench.twoproc_cloud", "--target", ctx.target_name,
+           "--chat", p.two_process_chat, "--new-tokens", str(p.two_process_new_tokens),
+           "--repeats", str(p.two_process_repeats)]  # fmt: skip
+    if core is not None:
+        cmd += ["--core", str(core)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), check=False)
+    if out.returncode:
+        raise RuntimeError(f"the cloud process failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _edge(ctx: Context, address: str, core: int | None) -> dict[str, Any]:
     p = ctx.p
     cmd = [sys.executable, "-m", "jaxspec_apps.bench.twoproc_edge", "--verifier", address,
@@ -62,7 +90,9 @@ def _edge(ctx: Context, address: str, core: int | None) -> dict[str, Any]:
 
 
 def predict(measured: dict[str, Any], gamma: int) -> None:
-    """Add each row's predicted times per token and the ratios (in place)."""
+    """Add each row's predicted times per token and the ratios (in place): the model at the
+    papers' depth (`depth`; the session ran at `session_depth`), and the edge user's
+    tokens/s over each cloud baseline's (`cloud_streamed`, `cloud_gamma0`)."""
     t_d, t_v = measured["t_d"], measured["t_v"]
     for r in measured["rows"]:
         rtt, a = r["rtt_ms"] / 1e3, r["pipelined_alpha"]
@@ -72,29 +102,42 @@ def predict(measured: dict[str, Any], gamma: int) -> None:
         r["predicted_sync"] = float(analytic.sync_token_time(gamma, r["sync_alpha"], t_d, rtt, t_v))
         r["pipelined_vs_model"] = r["pipelined"] / r["predicted_pipelined"]
         r["sync_vs_model"] = r["sync"] / r["predicted_sync"]
-        r["edge_over_cloud_ar"] = r["cloud_ar"] / r["pipelined"]  # tokens/s ratio
+        r["edge_over_cloud_ar"] = r["cloud_streamed"] / r["pipelined"]  # tokens/s ratio
+        r["edge_over_cloud_gamma0"] = r["cloud_gamma0"] / r["pipelined"]
 
 
 def run_section(ctx: Context) -> dict[str, Any]:
-    """Start the pinned verifier, run the pinned edge's sweep against it, predict."""
+    """The streamed cloud on the verifier's core, then the pinned verifier and the pinned
+    edge's sweep against it; predict, and check every session's tokens against the
+    cloud's."""
     p = ctx.p
     server_core, edge_core = _cores()
+    cloud = _cloud(ctx, server_core)
     server = VerifierProcess(_serve_args(ctx, p.two_process_max_len), env=_env())
     with server:  # started here
         if server_core is not None:
             os.sched_setaffinity(server.pid, {server_core})
         address = server.wait_ready(timeout_s=1800)
         measured = _edge(ctx, address, edge_core)
+    for r in measured["rows"]:
+        r["cloud_streamed"] = cloud["s_per_token"]
+    if cloud["tokens"] != measured.pop("reference"):
+        measured["tokens_differ"].append("the streamed cloud's (plain decoding)")
     predict(measured, p.gamma)
-    at50 = [r for r in measured["rows"] if r["rtt_ms"] == 50] or measured["rows"][-1:]
+    rows = measured["rows"]
+    at50 = [r for r in rows if r["rtt_ms"] == 50] or rows[-1:]
+    at0 = [r for r in rows if r["rtt_ms"] == 0] or rows[:1]
     return measured | {
         "command": ctx.command,
         "gamma": p.gamma,
         "new_tokens": p.two_process_new_tokens,
         "verifier_core": server_core,
         "pinned": edge_core is not None,
-        "pipelined_vs_model": at50[0]["pipelined_vs_model"],
+        "cloud_streamed": cloud["s_per_token"],
+        "pipelined_vs_model": max(r["pipelined_vs_model"] for r in rows),  # the worst
         "edge_over_cloud_ar": at50[0]["edge_over_cloud_ar"],
+        "edge_over_cloud_gamma0": at50[0]["edge_over_cloud_gamma0"],
+        "gamma0_over_decode": at0[0]["cloud_gamma0"] / cloud["s_per_token"],
         "at_rtt_ms": at50[0]["rtt_ms"],
     }
 
@@ -112,22 +155,67 @@ def markdown(r: dict[str, Any], page: Page) -> list[str]:
         f"{r['new_tokens']} new tokens, T = 0, the best of the repeats. Measured on the edge's "
         f"core: t_d = {r['t_d'] * 1e3:.1f} ms per drafted token; the verifier's step after a "
         f"sync block: t_v = {r['t_v'] * 1e3:.1f} ms. Times are ms per token after the first "
-        "round trip; predicted = the papers' model at those t_d, t_v and the measured "
-        "acceptance; edge/cloud = the edge user's tokens/s over cloud decoding's (gamma 0 "
-        "through the same verifier) at the same round trip.",
+        "round trip; predicted = the papers' model at those t_d, t_v, the measured acceptance "
+        "and the papers' depth (blocks in flight while the next is drafted: the pipelined "
+        "session runs one more, the block it drafts only once one is answered).",
         "",
-        "| RTT ms | depth | pipelined | predicted | sync | predicted | cloud decoding | "
-        "pipelined / model | edge / cloud |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "Two cloud baselines, both the target on the verifier's core with one thread: **cloud "
+        "streamed**, cloud decoding as its user gets it (`jaxspec_apps.bench.twoproc_cloud`: "
+        "the target's plain decode loop, one round trip per request, then the tokens as they "
+        "are made: the loop's time per token, prefill included, at every round trip), and "
+        "**cloud gamma 0**, the verifier's own gamma-0 sessions, pipelined (8 empty blocks in "
+        "flight, each answered with one token: a stream through the verifier); beside them "
+        "the same sessions one block at a time (**gamma 0, a round trip per token**: what "
+        "this table called cloud decoding before). edge / cloud = the pipelined edge user's "
+        "tokens/s over each baseline's (`edge_over_cloud_ar` is the streamed loop's, "
+        f"`edge_over_cloud_gamma0` the pipelined gamma-0 sessions'). The verifier's gamma-0 "
+        "token costs "
+        f"**{r['gamma0_over_decode']:.2f}x** the plain loop's at RTT 0 (`gamma0_over_decode`); "
+        f"the worst pipelined / model is **{r['pipelined_vs_model']:.2f}** "
+        "(`pipelined_vs_model`).",
+        "",
+        "| RTT ms | depth (session) | pipelined | predicted | sync | predicted | cloud streamed | "
+        "cloud gamma 0 | gamma 0, a round trip per token | pipelined / model | "
+        "edge / cloud streamed | edge / cloud gamma 0 |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for x in r["rows"]:
         lines.append(
-            f"| {x['rtt_ms']:g} | {x['depth']} | {x['pipelined'] * 1e3:.1f} | "
-            f"{x['predicted_pipelined'] * 1e3:.1f} | {x['sync'] * 1e3:.1f} | "
-            f"{x['predicted_sync'] * 1e3:.1f} | {x['cloud_ar'] * 1e3:.1f} | "
-            f"{x['pipelined_vs_model']:.2f} | {x['edge_over_cloud_ar']:.2f} |"
+            f"| {x['rtt_ms']:g} | {x['depth']} ({x['session_depth']}) | "
+            f"{x['pipelined'] * 1e3:.1f} | {x['predicted_pipelined'] * 1e3:.1f} | "
+            f"{x['sync'] * 1e3:.1f} | {x['predicted_sync'] * 1e3:.1f} | "
+            f"{x['cloud_streamed'] * 1e3:.1f} | {x['cloud_gamma0'] * 1e3:.1f} | "
+            f"{x['cloud_gamma0_sync'] * 1e3:.1f} | "
+            f"{x['pipelined_vs_model']:.2f} | {x['edge_over_cloud_ar']:.2f} | "
+            f"{x['edge_over_cloud_gamma0']:.2f} |"
         )
-    return [*lines, *page.img("two_process", "two processes: time per token vs RTT")]
+    return [*lines, *stalls_md(r), *page.img("two_process", "two processes: time per token vs RTT")]
+
+
+KINDS = {"pipelined": "pipelined", "sync": "sync", "cloud_gamma0": "gamma 0, pipelined",
+         "cloud_gamma0_sync": "gamma 0, a round trip per token"}  # fmt: skip
+
+
+def stalls_md(r: dict[str, Any]) -> list[str]:
+    """Where each edge session's time went (`SessionTrace.stalls`, the best run's), as
+    shares of its wall time."""
+    cols = (("draft_kept", "drafting, kept"), ("draft_wasted", "drafting, thrown away"),
+            ("wait_step", "waiting: verifier's step"), ("wait_wire", "waiting: wire and hops"),
+            ("wait_stale", "waiting: stale answers"), ("host", "host"))  # fmt: skip
+    lines = [
+        "",
+        "Where the edge sessions' time went (each session's own trace, `SessionTrace.stalls`: "
+        "waiting up to the verifier's step time, then beyond it: the round trip, gRPC, the "
+        "answer's hop into the event loop):",
+        "",
+        "| RTT ms | session | " + " | ".join(h for _, h in cols) + " |",
+        "|---:|---|" + "---:|" * len(cols),
+    ]
+    for x in r["rows"]:
+        for kind in KINDS:
+            shares = " | ".join(f"{100 * x[f'{kind}_stalls'][k]:.0f}%" for k, _ in cols)
+            lines.append(f"| {x['rtt_ms']:g} | {KINDS[kind]} | {shares} |")
+    return lines
 
 
 def plot(r: dict[str, Any], bench: Any) -> dict[str, str]:
@@ -139,7 +227,8 @@ def plot(r: dict[str, Any], bench: Any) -> dict[str, str]:
 
     x = [row["rtt_ms"] for row in r["rows"]]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, style in (("pipelined", "o-"), ("sync", "s-"), ("cloud_ar", "^-")):
+    for key, style in (("pipelined", "o-"), ("sync", "s-"), ("cloud_streamed", "^-"),
+                       ("cloud_gamma0", "v-"), ("cloud_gamma0_sync", "x-")):  # fmt: skip
         ax.plot(x, [row[key] * 1e3 for row in r["rows"]], style, label=f"{key} (measured)")
     for key in ("pipelined", "sync"):
         ax.plot(x, [row[f"predicted_{key}"] * 1e3 for row in r["rows"]], "--",
