@@ -5,11 +5,12 @@
     python -m edge generate --verifier localhost:50051 --chat "What is a hash table?"
     python -m edge generate --verifier localhost:50051 --pair tiny --prompt "def fib(n):"
 
-The models: `--draft` (and `--checkpoint`, the target whose tokenizer encodes the prompt),
-else `--pair` (jaxspec_host.pairs, as `python -m verify serve` and `jaxspec demo` choose):
-SmolLM2-135M-Instruct's own W4A16 copy drafting for SmolLM2 when it can be had (fetched and
-built once, said on stderr with the cache directory), else the shipped tiny pair, said in
-one line. A `--checkpoint` without `--draft` drafts with the tiny draft, as before.
+The models: `--draft` and `--checkpoint` (the target, whose tokenizer encodes the prompt),
+by the rule of every command (`jaxspec_host.pairs.resolve`, as `python -m verify serve` and
+`jaxspec demo` choose): neither named, `--pair`'s: SmolLM2-135M-Instruct's own W4A16 copy
+drafting for SmolLM2 when it can be had (fetched and built once, said on stderr with the
+cache directory), else the shipped tiny pair, said in one line; one named alone goes with
+its own pair's other half (SmolLM2's, else the tiny pair's).
 
 The draft model (quantized W4A16 as on a device) proposes `--gamma` tokens per block
 (`--gamma 0`: speculation off, nothing drafts: the verifier decodes, one token per round; a
@@ -29,11 +30,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import functools
-import os
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from edge.adaptive import AdaptiveGamma
 from edge.client import (
@@ -44,14 +45,7 @@ from edge.client import (
     retry_notice,
 )
 from edge.drafter import Drafter, load_drafter
-from edge.openai_server import (
-    Backend,
-    add_serve_flags,
-    check_serve_args,
-    create_app,
-    serve_app,
-    with_chat_template,
-)
+from edge.openai_server import add_serve_flags, check_serve_args, serve_backend
 from edge.session import SessionTrace, run_session
 from edge.warmup import compile_drafter
 from jaxspec.ckpts.checkpoint import generation_defaults, load, load_tokenizer
@@ -61,63 +55,39 @@ from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierErro
 from jaxspec_host.flags import (
     HelpFormatter,
     add_cache_flag,
-    add_draft_flags,
+    add_client_flags,
     add_max_new_tokens,
+    add_model_flags,
     add_penalty_flags,
     add_prompt_flags,
     add_sampling_flags,
+    add_speculation_flags,
     check_args,
     interrupted,
     prompt_from_args,
     refuse_draft_without_speculation,
     refuse_shadowed_package,
-    said_from_model,
-    sampling_from_args,
+    refused_line,
+    sampling_for_model,
+    token_from_args,
     use_compilation_cache,
 )
-from jaxspec_host.pairs import REAL_TARGET, TINY, add_pair_flag, choose_saying
+from jaxspec_host.pairs import TINY, resolve
 from jaxspec_host.worker import exit_if_abandoned, in_thread
 
 
 def _add_client_flags(g: argparse.ArgumentParser) -> None:
-    """The flags `generate` and `serve` share: the verifier, the draft, TLS and the token."""
-    g.add_argument(
-        "--verifier",
-        required=True,
-        help="host:port of `python -m verify serve`; a fleet: host:port,host:port,... or a "
-        "gRPC name with several addresses (dns:///verifiers:50051), balanced by gRPC's "
-        "round_robin over the replicas that are SERVING, a session moving on when its "
-        "replica dies or drains",
-    )
-    g.add_argument(
-        "--draft",
-        default=None,
-        help="draft checkpoint or built-in name (default: --pair's; not with --gamma 0)",
-    )
-    g.add_argument(
-        "--checkpoint",
-        default=None,
-        help="the target the verifier serves: only its tokenizer and chat template are "
-        "loaded, to encode the prompt and decode the answer (default: --pair's target with "
-        "the real pair, else the draft's)",
-    )
-    add_pair_flag(g)
-    g.add_argument(
-        "--quantize",
-        default="w4a16",
-        choices=["w4a16", "w8a16", "none"],
-        help="the draft's weights on this device",
-    )
-    g.add_argument("--token", default=None, help="tenant bearer token (or $JAXSPEC_TOKEN)")
+    """The flags `generate` and `serve` share: the verifier, the token, the models, TLS."""
+    add_client_flags(g, "edge")
+    add_model_flags(g, "edge")
     g.add_argument("--tls-ca", default=None, help="PEM CA to trust: enables TLS")
     g.add_argument("--tls", action="store_true", help="TLS with the system's CAs")
 
 
 def _add_session_flags(g: argparse.ArgumentParser) -> None:
     """The draft, pipeline and retry flags of a session (`generate` and `serve`)."""
-    add_draft_flags(g, mode="pipelined", q_dtype="float32", auto_gamma=True)
+    add_speculation_flags(g)
     add_cache_flag(g)
-    g.add_argument("--depth", type=int, default=2, help="blocks in flight when pipelined")
     g.add_argument(
         "--resume-timeout-s",
         type=float,
@@ -168,66 +138,62 @@ def _check(args: argparse.Namespace) -> DraftSpec:
 
 
 def resolve_models(args: argparse.Namespace, spec: DraftSpec, command: str) -> None:
-    """Fill `args.draft` (None with --gamma 0) and `args.checkpoint` where not given: a
-    `--checkpoint` alone drafts with the tiny draft; neither: `--pair`'s models (SmolLM2's
-    W4A16 copy for SmolLM2, fetched and built once and said on stderr, else the tiny pair,
-    its fallback said in one line). Idempotent."""
-    if args.draft is None and args.checkpoint is None:
-        pair = choose_saying(args.pair, lambda t: _say(t, command), draft=spec.speculative)
-        args.checkpoint = REAL_TARGET if pair.real else None  # tiny: the draft's tokenizer
-        args.draft = pair.draft
-    elif args.draft is None:
-        args.draft = TINY[1]
-    if not spec.speculative:
-        args.checkpoint = args.checkpoint or TINY[0]
-        args.draft = None  # nothing drafts (a --draft given with --gamma 0 was refused)
+    """Fill `args.checkpoint` and `args.draft` (None with --gamma 0) by the one rule
+    (`jaxspec_host.pairs.resolve`): neither named, `--pair`'s models (SmolLM2's W4A16 copy
+    for SmolLM2, fetched and built once and said on stderr, else the tiny pair, its fallback
+    said in one line); one named alone, its own pair's other half. Idempotent."""
+    say = functools.partial(_say, command=command)
+    pair = resolve(args.checkpoint, args.draft, args.pair, drafts=spec.speculative, say=say)
+    args.checkpoint, args.draft = pair.target, pair.draft
 
 
 def _load_models(args: argparse.Namespace, spec: DraftSpec) -> tuple[Drafter | None, Model]:
     """The drafter (None with --gamma 0) and the model whose tokenizer encodes prompts and
-    decodes answers: the draft's, or --checkpoint's tokenizer (the verifier's target)."""
+    decodes answers: the draft's, with the target's tokenizer (`--checkpoint`, the
+    verifier's) when it is another model."""
     if spec.speculative:
         drafter = load_drafter(args.draft, args.quantize, spec)
         text_model = drafter.model
     else:  # --gamma 0, speculation off: nothing drafts; only the target's tokenizer is
         # used, on the tiny draft (loaded in a second) rather than the whole target
         drafter, text_model = None, load(TINY[1])
-    if args.checkpoint is not None and args.checkpoint != args.draft:
+    if args.checkpoint != args.draft:
         tok = load_tokenizer(args.checkpoint)
         text_model = dataclasses.replace(text_model, tokenizer=tok, name=args.checkpoint)
     return drafter, text_model
 
 
-async def _serve(args: argparse.Namespace, spec: DraftSpec) -> int:
-    """`python -m edge serve`: the OpenAI-compatible endpoint, every request a session on
-    the verifier (edge.openai_server)."""
-    token = args.token or os.environ.get("JAXSPEC_TOKEN")
+@contextlib.asynccontextmanager
+async def _connected(
+    args: argparse.Namespace, spec: DraftSpec
+) -> AsyncIterator[tuple[GrpcEndpoint, Drafter | None, Model]]:
+    """The verifier's channel, asked for its Stats first (seconds; an unavailable verifier
+    retried for --resume-timeout-s, said on stderr), then the models resolved and loaded
+    (tens of seconds; in threads a Ctrl-C does not wait for): (endpoint, drafter, the model
+    that encodes prompts and decodes answers, `_load_models`)."""
+    say = functools.partial(_say, command=args.command)
     async with GrpcEndpoint(
-        args.verifier, token=token, tls=args.tls, tls_ca=args.tls_ca, timeout_s=args.timeout_s
+        args.verifier,
+        token=token_from_args(args),
+        tls=args.tls,
+        tls_ca=args.tls_ca,
+        timeout_s=args.timeout_s,
     ) as ep:
-        say = functools.partial(_say, command="serve")
         await check_verifier(
             ep, retry_s=args.resume_timeout_s, on_retry=say, on_wait=at_most_every(say)
         )
-        await in_thread(resolve_models, args, spec, "serve")
+        await in_thread(resolve_models, args, spec, args.command)
         drafter, text_model = await in_thread(_load_models, args, spec)
-        name = args.checkpoint or args.draft
-        backend = Backend(
-            endpoint=ep,
-            drafter=drafter,
-            text_model=with_chat_template(text_model, args.chat_template_text),
-            model_id=args.served_model_name or name,
-            draft=spec,
-            mode=args.mode,
-            depth=args.depth,
-            max_tokens=args.max_new_tokens,
-            chat_defaults=generation_defaults(name),
-            resume_timeout_s=args.resume_timeout_s,
-            # what the drafter can hold (gamma 0: no drafter; the verifier's --max-len decides)
-            max_context=text_model.config.max_position_embeddings if drafter else None,
-        )
-        app = create_app(backend, api_key=args.api_key, limits=args.http_limits)
-        await serve_app(app, args.host, args.port, backend.model_id, args.http_limits)
+        yield ep, drafter, text_model
+
+
+async def _serve(args: argparse.Namespace, spec: DraftSpec) -> int:
+    """`python -m edge serve`: the OpenAI-compatible endpoint, every request a session on
+    the verifier (edge.openai_server)."""
+    async with _connected(args, spec) as (ep, drafter, text_model):
+        # what the drafter can hold (gamma 0: no drafter; the verifier's --max-len decides)
+        room = text_model.config.max_position_embeddings if drafter else None
+        await serve_backend(args, ep, drafter, text_model, spec, max_context=room)
     return 0
 
 
@@ -241,29 +207,17 @@ def _say(text: str, command: str = "generate") -> None:
 
 
 async def _generate(args: argparse.Namespace, spec: DraftSpec) -> int:
-    token = args.token or os.environ.get("JAXSPEC_TOKEN")
-    tls_ca = args.tls_ca
-    async with GrpcEndpoint(
-        args.verifier, token=token, tls=args.tls, tls_ca=tls_ca, timeout_s=args.timeout_s
-    ) as ep:
-        # The verifier first (seconds), then the draft model (tens of seconds).
-        await check_verifier(
-            ep, retry_s=args.resume_timeout_s, on_retry=_say, on_wait=at_most_every(_say)
-        )
-        # The pair (SmolLM2 fetched once) and the models, in threads a Ctrl-C does not wait for.
-        await in_thread(resolve_models, args, spec, "generate")
-        drafter, text_model = await in_thread(_load_models, args, spec)
+    async with _connected(args, spec) as (ep, drafter, text_model):
         prompt, echo = prompt_from_args(text_model, args)
-        model_settings = {}
-        if args.chat is not None:  # the target's recommended sampling, where no flag says
-            model_settings = generation_defaults(args.checkpoint or args.draft)
-            said = said_from_model(args, model_settings)
-            if said:
-                _say(f"{said}; --temperature/--top-p/--top-k override")
+        # --chat: the target's recommended sampling, where no flag says
+        chat = generation_defaults(args.checkpoint) if args.chat is not None else {}
+        sampling, said = sampling_for_model(args, chat)
+        if said:
+            _say(f"{said}; --temperature/--top-p/--top-k override")
         config = SessionConfig(
             prompt=prompt,
             max_new_tokens=args.max_new_tokens,
-            sampling=sampling_from_args(args, model_settings),  # the model's values checked too
+            sampling=sampling,
             seed=args.seed,
             mode=args.mode,
             draft=spec,
@@ -305,7 +259,7 @@ def _acceptance(trace: SessionTrace) -> str:
     f = trace.figures
     if not f.num_drafts:
         return "speculation off" if not f.accepted_per_position else "no drafts verified"
-    per_pos = " ".join(f"{n / f.num_drafts:.2f}" for n in f.accepted_per_position)
+    per_pos = " ".join(f"{rate:.2f}" for rate in f.per_position_acceptance)
     return f"acceptance rate {f.acceptance_rate:.2f} (per position {per_pos})"
 
 
@@ -328,10 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return asyncio.run(run(args, spec))
     except VerifierError as e:
-        hint = ""
-        if e.code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
-            hint = " (give a tenant's token with --token or $JAXSPEC_TOKEN)"
-        print(f"python -m edge {args.command}: {e.code}: {e}{hint}", file=sys.stderr)
+        print(refused_line(f"python -m edge {args.command}", e), file=sys.stderr)
         return 1
     except (ValueError, OSError) as e:
         print(f"python -m edge {args.command}: error: {e}", file=sys.stderr)

@@ -27,6 +27,7 @@ from typing import Any
 from jaxspec.decoding.sampling import SEED_LIMIT
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import InvalidArgument, SamplingSettings, VerifierError
+from jaxspec_host.flags import MODEL_SAMPLING, model_sampling
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 MAX_STOP_CHARS = 256  # characters per stop string (the held-back tail is checked per chunk)
@@ -463,12 +464,11 @@ def session_fields(
 ) -> dict[str, Any]:
     """The `SessionConfig` keywords of `req` (all but prompt, mode and draft): its sampling
     fields; for chat, the model's own generation settings (`defaults`, as `edge generate
-    --chat` takes them) where it gave none; `max_tokens` and `seed` where it gave none."""
+    --chat` takes them, `jaxspec_host.flags.model_sampling`) where it gave none; `max_tokens`
+    and `seed` where it gave none."""
     values: dict[str, Any] = {}
     if req.kind == "chat":
-        values.update({k: v for k, v in defaults.items() if k in ("temperature", "top_k", "top_p")})
-        if "top_k" in values:
-            values["top_k"] = int(values["top_k"])
+        values.update(model_sampling(defaults, MODEL_SAMPLING))
     values.update(req.sampling)
     return {
         "sampling": SamplingSettings(**values),

@@ -62,11 +62,12 @@ from edge.openai_api import (
     usage,
 )
 from edge.session import EdgeSession
+from jaxspec.ckpts.checkpoint import generation_defaults
 from jaxspec.decoding.sampling import SEED_LIMIT
 from jaxspec.nn.model import Model
 from jaxspec.nn.text import chat_prompt, decode_text, encode_prompt
 from jaxspec.protocol import DraftSpec, SessionConfig, VerifierEndpoint, VerifierError
-from jaxspec_host.flags import add_max_new_tokens, port_arg
+from jaxspec_host.flags import add_max_new_tokens, is_loopback, port_arg
 
 COMMITS = ("accept", "correct", "bonus")  # session events that commit tokens
 DEFAULT_COMPLETION_TOKENS = 16  # /v1/completions without max_tokens: OpenAI's default
@@ -800,8 +801,6 @@ def _quiet_out_of_files(every_s: float = 10.0) -> Callable[[Any, dict], None]:
 
 # -- the command-line side, shared by `python -m edge serve` and `jaxspec serve` ------------
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
 
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     """`--host --port --api-key --served-model-name --chat-template --max-new-tokens
@@ -859,7 +858,7 @@ def check_serve_args(args: argparse.Namespace) -> None:
         args.api_key = os.environ.get("JAXSPEC_API_KEY") or None
     if args.api_key is not None:
         check_api_key(args.api_key)
-    if args.host not in LOOPBACK and args.api_key is None and not args.allow_insecure_public:
+    if not is_loopback(args.host) and args.api_key is None and not args.allow_insecure_public:
         raise ValueError(
             f"--host {args.host} is not loopback: give --api-key (or $JAXSPEC_API_KEY), or "
             "--allow-insecure-public to serve anyone who reaches it"
@@ -884,3 +883,36 @@ def with_chat_template(model: Model, template: str | None) -> Model:
     tok = copy.copy(model.tokenizer)
     tok.chat_template = template
     return dataclasses.replace(model, tokenizer=tok)
+
+
+async def serve_backend(
+    args: argparse.Namespace,
+    endpoint: VerifierEndpoint,
+    drafter: Drafter | None,
+    text_model: Model,
+    draft: DraftSpec,
+    *,
+    max_context: int | None,
+) -> None:
+    """Serve the endpoint the flags describe (`add_serve_flags`, checked by
+    `check_serve_args`; `--mode --depth` and, where the command has it, `--resume-timeout-s`)
+    over `endpoint` until SIGINT/SIGTERM: `text_model` (the target's tokenizer, `--chat-template`
+    applied) encodes and decodes, each request a session drafting `draft` with `drafter`; the
+    model served is `--checkpoint` (`--served-model-name` renames it), whose generation
+    settings a chat takes where it gives none. `python -m edge serve` and `jaxspec serve`
+    both serve through here."""
+    backend = Backend(
+        endpoint=endpoint,
+        drafter=drafter,
+        text_model=with_chat_template(text_model, args.chat_template_text),
+        model_id=args.served_model_name or args.checkpoint,
+        draft=draft,
+        mode=args.mode,
+        depth=args.depth,
+        max_tokens=args.max_new_tokens,
+        chat_defaults=generation_defaults(args.checkpoint),
+        resume_timeout_s=getattr(args, "resume_timeout_s", 0.0),
+        max_context=max_context,
+    )
+    app = create_app(backend, api_key=args.api_key, limits=args.http_limits)
+    await serve_app(app, args.host, args.port, backend.model_id, args.http_limits)

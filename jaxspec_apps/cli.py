@@ -48,6 +48,7 @@ from jaxspec_host.flags import (
     add_cache_flag,
     add_draft_flags,
     add_max_new_tokens,
+    add_model_flags,
     add_penalty_flags,
     add_prompt_flags,
     add_sampling_flags,
@@ -55,8 +56,7 @@ from jaxspec_host.flags import (
     prompt_from_args,
     refuse_draft_without_speculation,
     refuse_shadowed_package,
-    said_from_model,
-    sampling_from_args,
+    sampling_for_model,
     use_compilation_cache,
 )
 from jaxspec_host.worker import exit_if_abandoned
@@ -68,10 +68,9 @@ def _generate(args: argparse.Namespace) -> int:
     use_compilation_cache(args)
     model = jaxspec.load(args.checkpoint)
     settings = jaxspec.generation_defaults(args.checkpoint) if args.chat is not None else {}
-    said = said_from_model(args, settings)
+    sampling, said = sampling_for_model(args, settings)  # the values the model gave, checked
     if said:
         print(f"[{said}; --temperature/--top-p/--top-k override]", file=sys.stderr)
-    sampling = sampling_from_args(args, settings)  # the values the model gave, checked too
     draft = jaxspec.load(args.draft) if args.draft else None
     ids, echo = prompt_from_args(model, args)
     if spec.adaptive:  # co-located decoding drafts one fixed gamma: measure and pick it
@@ -220,20 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser(
         "generate", help="decode a prompt with a checkpoint", formatter_class=HelpFormatter
     )
-    g.add_argument(
-        "--checkpoint",
-        required=True,
-        help="HF checkpoint dir, .gguf file, or a name: default, default-draft, smollm2",
-    )
+    add_model_flags(g, "generate")  # --checkpoint (required) and --draft
     add_prompt_flags(g)
     add_max_new_tokens(g, 64)
     add_sampling_flags(g, from_model=True)
     add_penalty_flags(g)
-    g.add_argument(
-        "--draft",
-        default=None,
-        help="draft checkpoint: speculative decoding (not with --gamma 0, which is plain decoding)",
-    )
     add_draft_flags(
         g,
         mode="sync",

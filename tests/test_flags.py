@@ -15,6 +15,7 @@ from jaxspec_host.flags import (
     add_sampling_flags,
     check_args,
     draft_spec_from_args,
+    is_loopback,
     logit_bias_from_args,
     penalties_from_args,
 )
@@ -196,3 +197,97 @@ def test_the_same_meaning_has_the_same_name_and_default_everywhere():
     assert demo.parse_args(["--tokens", "7"]).tokens == 7
     assert demo.parse_args(["--max-new-tokens", "9"]).tokens == 9
     assert "TOML" in cmds["python -m verify serve"].format_help()
+
+
+# ---- the serving commands' one home (issue 49) --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("127.0.0.2", True), ("localhost", True), ("Localhost", True),
+     ("LOCALHOST", True), ("::1", True), ("[::1]", True), ("0.0.0.0", False), ("::", False),
+     ("10.0.0.5", False), ("example.org", False), ("localhost.example.org", False)],
+)  # fmt: skip
+def test_one_loopback_rule(host, loopback):
+    """`is_loopback`: the rule of `python -m verify serve`, `python -m edge serve` and
+    `jaxspec serve` alike (the OpenAI endpoint's fixed list is gone)."""
+    from edge.openai_server import add_serve_flags, check_serve_args
+
+    assert is_loopback(host) is loopback
+    p = argparse.ArgumentParser()
+    add_serve_flags(p)
+    args = p.parse_args(["--host", host])
+    if loopback:
+        check_serve_args(args)  # no --api-key needed
+    else:
+        with pytest.raises(ValueError, match="is not loopback"):
+            check_serve_args(args)
+
+
+def _serving_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each serving command's (sub)parser, by command."""
+    from edge.__main__ import build_parser as edge_parser
+    from jaxspec_apps.cli import build_parser as cli_parser
+    from verify.__main__ import build_parser as verify_parser
+
+    def sub(p: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+        return p._subparsers._group_actions[0].choices[name]
+
+    return {
+        "verify serve": sub(verify_parser(), "serve"),
+        "edge generate": sub(edge_parser(), "generate"),
+        "edge serve": sub(edge_parser(), "serve"),
+        "jaxspec serve": sub(cli_parser(), "serve"),
+        "jaxspec demo": sub(cli_parser(), "demo"),
+    }
+
+
+def _actions(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {a.option_strings[0]: a for a in p._actions if a.option_strings}
+
+
+def test_the_serving_commands_share_one_definition_of_each_flag():
+    """The same flag has the same default, type and choices in every command that has it."""
+    seen: dict[str, tuple] = {}
+    flags = ("--pair", "--quantize", "--gamma", "--mode", "--depth", "--longest-block",
+             "--encoding", "--sparse-k", "--max-sessions", "--max-len", "--token")  # fmt: skip
+    for command, p in _serving_parsers().items():
+        actions = _actions(p)
+        assert "--checkpoint" in actions and "--pair" in actions, command
+        for flag in flags:
+            if flag in actions:
+                a = actions[flag]
+                shape = (a.default, a.type, tuple(a.choices or ()))
+                assert seen.setdefault(flag, shape) == shape, (command, flag)
+
+
+def test_jaxspec_serve_takes_verify_serves_defaults():
+    """`jaxspec serve`'s sizes default as `python -m verify serve`'s: SchedulerConfig's own."""
+    from jaxspec_apps.serve import _config
+    from verify import SchedulerConfig
+    from verify.serve import scheduler_config_from_args
+
+    parsers = _serving_parsers()
+    verify_args = parsers["verify serve"].parse_args([])
+    serve_args = parsers["jaxspec serve"].parse_args([])
+    for field in ("max_sessions", "max_len"):
+        want = getattr(SchedulerConfig, field)
+        assert getattr(serve_args, field) == getattr(verify_args, field) == want, field
+    verify_args.mesh = (1, 1)
+    assert scheduler_config_from_args(verify_args) == SchedulerConfig()
+    spec = check_args(serve_args)
+    assert _config(serve_args, spec) == SchedulerConfig(max_gamma=max(spec.gamma, 1))
+
+
+def test_the_sampling_settings_are_made_once():
+    """`check_args` keeps the settings (`args.sampling`); a session reuses them unless the
+    model's settings fill an unset flag (a chat)."""
+    from jaxspec_host.flags import model_sampling, sampling_for_model
+
+    p = argparse.ArgumentParser()
+    add_sampling_flags(p, from_model=True)
+    args = p.parse_args(["--temperature", "0.5"])
+    check_args(args)
+    assert sampling_for_model(args, {"temperature": 0.2})[0] is args.sampling
+    model = {"temperature": 0.2, "top_k": 20.0, "top_p": 0.9, "min_p": 0.1}
+    assert model_sampling(model, ("top_k", "top_p")) == {"top_k": 20, "top_p": 0.9}

@@ -96,9 +96,11 @@ def test_the_edge_drafts_with_the_pair_unless_told(monkeypatch, tmp_path):
     resolve_models(args, spec, "generate")
     assert (args.draft, args.checkpoint) == ("smollm2-w4a16", "smollm2")
     for argv, want in (
-        (["--pair", "tiny"], ("default-draft", None)),  # the draft's tokenizer, as before
-        (["--draft", "d"], ("d", None)),
+        (["--pair", "tiny"], ("default-draft", "default")),  # the target, as every command
+        (["--draft", "d"], ("d", "default")),  # one named alone: its own pair's other half
+        (["--draft", "smollm2-draft"], ("smollm2-draft", "smollm2")),
         (["--checkpoint", "t"], ("default-draft", "t")),  # the tiny draft fills it
+        (["--checkpoint", "smollm2"], ("smollm2-w4a16", "smollm2")),
         (["--gamma", "0"], (None, "smollm2")),  # nothing drafts: the target's tokenizer
         (["--gamma", "0", "--pair", "tiny"], (None, "default")),
     ):
@@ -108,7 +110,30 @@ def test_the_edge_drafts_with_the_pair_unless_told(monkeypatch, tmp_path):
     monkeypatch.setattr(hub, "ensure", _offline)
     args, spec = _edge()
     resolve_models(args, spec, "generate")
-    assert (args.draft, args.checkpoint) == ("default-draft", None)
+    assert (args.draft, args.checkpoint) == ("default-draft", "default")
+
+
+def test_one_rule_fills_the_models_not_named(monkeypatch, tmp_path):
+    """`pairs.resolve`, the rule of every command: neither named, `--pair`'s; one named
+    alone, its own pair's other half; both, as given; nothing drafts: no draft."""
+    asked = _fetched(monkeypatch, tmp_path)
+    assert pairs.resolve(None, None) == pairs.Pair("smollm2", "smollm2-w4a16", real=True)
+    assert asked == ["smollm2", "smollm2-w4a16"]
+    asked.clear()
+    for target, draft, want in (
+        ("smollm2", None, ("smollm2", "smollm2-w4a16", True)),
+        (None, "smollm2-draft", ("smollm2", "smollm2-draft", True)),
+        (None, "smollm2-w4a16", ("smollm2", "smollm2-w4a16", True)),
+        ("/my/target", None, ("/my/target", "default-draft", False)),
+        (None, "/my/draft", ("default", "/my/draft", False)),
+        ("a", "b", ("a", "b", False)),
+    ):
+        pair = pairs.resolve(target, draft, "tiny")  # --pair plays no part once one is named
+        assert (pair.target, pair.draft, pair.real) == want, (target, draft)
+        assert pairs.resolve(target, draft, drafts=False).draft is None
+    assert asked == []  # a model named: nothing fetched
+    said: list[str] = []
+    assert pairs.resolve(None, None, "tiny", say=said.append).target == "default" and not said
 
 
 def test_a_draft_with_gamma_0_is_refused_in_every_command(capsys):

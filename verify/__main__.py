@@ -45,7 +45,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -55,13 +54,15 @@ from jaxspec.nn.model import Model
 from jaxspec_host.flags import (
     HelpFormatter,
     add_cache_flag,
+    add_model_flags,
+    add_verifier_limits,
     interrupted,
     port_arg,
     port_number,
     refuse_shadowed_package,
     use_compilation_cache,
 )
-from jaxspec_host.pairs import REAL_TARGET, add_pair_flag, choose_saying
+from jaxspec_host.pairs import resolve
 from jaxspec_host.worker import exit_if_abandoned, in_thread
 from verify import multihost
 from verify.local import LocalVerifier
@@ -70,7 +71,6 @@ from verify.scheduler import (
     Scheduler,
     SchedulerConfig,
     WarmupCancelled,
-    row_buckets_for,
     shape_name,
     warmup_order,
 )
@@ -87,6 +87,7 @@ from verify.serve import (
     checkpoint_vocab,
     insecure_public_reason,
     rate_limit_client_caused_logs,
+    scheduler_config_from_args,
 )
 from verify.servicer import FIRST_MESSAGE_TIMEOUT_S, WRITE_TIMEOUT_S
 from verify.step import make_mesh
@@ -131,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_listen_flags(s)
     _add_device_flags(s)
-    _add_scheduler_flags(s)
+    add_verifier_limits(s, SchedulerConfig)  # the scheduler's sizes, defaulting to its own
     _add_timeout_flags(s)
     _add_observability_flags(s)
     _add_warmup_flags(s)
@@ -142,13 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_listen_flags(s: argparse.ArgumentParser) -> None:
     """What is served, where, and to whom: the target, the address, tenants and TLS."""
-    s.add_argument(
-        "--checkpoint",
-        default=None,
-        help="HF checkpoint dir, .gguf file, or a name: smollm2 (fetched on first use), "
-        "default (the shipped tiny target); without it, --pair's target",
-    )
-    add_pair_flag(s)
+    add_model_flags(s, "verifier")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     s.add_argument(
         "--allow-insecure-public",
@@ -182,105 +177,35 @@ def _add_device_flags(s: argparse.ArgumentParser) -> None:
     )
 
 
-def _scheduler_default(field: str) -> Any:
-    """`SchedulerConfig`'s own default for `field`: a scheduler flag's default is stated once,
-    there."""
-    return next(f.default for f in dataclasses.fields(SchedulerConfig) if f.name == field)
-
-
-def _add_scheduler_flags(s: argparse.ArgumentParser) -> None:
-    """The scheduler's settings (`scheduler_config_from_args`), defaulting to
-    `SchedulerConfig`'s."""
-    default = _scheduler_default
-    s.add_argument(
-        "--max-sessions",
-        type=int,
-        default=default("max_sessions"),
-        help="KV slots (live sessions)",
-    )
-    s.add_argument("--max-len", type=int, default=default("max_len"), help="positions per session")
-    s.add_argument(
-        "--max-gamma", type=int, default=default("max_gamma"), help="largest drafts per block"
-    )
-    s.add_argument(
-        "--kv-buckets",
-        type=_positions,
-        default=default("kv_buckets"),
-        help="slot positions a verify step may attend over, comma-separated and ending at "
-        "--max-len (default: half the slot and the whole slot, for slots of 256 or more; "
-        "each bucket is one more set of compiled step shapes)",
-    )
-    s.add_argument(
-        "--max-sparse-k",
-        type=int,
-        default=default("max_sparse_k"),
-        help="most q columns a sparse draft may carry",
-    )
-    s.add_argument(
-        "--idle-timeout-s",
-        type=float,
-        default=default("idle_timeout_s"),
-        help="a session without progress this long is evicted",
-    )
+# How long a stream, a handshake, a connection and the drain may take, and streams per
+# connection (`verify.serve`'s limits): (flag, type, default, help), in --help's order.
+_TIMEOUT_FLAGS = (
+    ("--write-timeout-s", float, WRITE_TIMEOUT_S,
+     "a Verify stream whose client reads no answer this long is ended, its session closed"),
+    ("--handshake-timeout-s", float, HANDSHAKE_TIMEOUT_S,
+     "a connection that has not finished its TLS / HTTP/2 handshake this long is closed"),
+    ("--first-message-timeout-s", float, FIRST_MESSAGE_TIMEOUT_S,
+     "a Verify stream that sends no first message (open, or a block naming its session) this "
+     "long is ended DEADLINE_EXCEEDED"),
+    ("--max-connection-idle-s", float, MAX_CONNECTION_IDLE_S,
+     "a connection (TLS or not) with no RPC in flight this long is closed"),
+    ("--max-connection-age-s", float, MAX_CONNECTION_AGE_S,
+     "a connection this old is sent GOAWAY: clients reconnect"),
+    ("--max-connection-age-grace-s", float, MAX_CONNECTION_AGE_GRACE_S,
+     "after GOAWAY for its age, the streams a connection still carries may run this long "
+     "before it is closed"),
+    ("--max-concurrent-streams", int, MAX_CONCURRENT_STREAMS,
+     "most streams one connection carries at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a "
+     "stream beyond is refused)"),
+    ("--drain-timeout-s", float, 30.0, "most time to drain"),
+    ("--drain-min-s", float, 0.5, "least time NOT_SERVING"),
+)  # fmt: skip
 
 
 def _add_timeout_flags(s: argparse.ArgumentParser) -> None:
     """How long a stream, a handshake and the drain may take; connection limits."""
-    s.add_argument(
-        "--write-timeout-s",
-        type=float,
-        default=WRITE_TIMEOUT_S,
-        help="a Verify stream whose client reads no answer this long is ended, its session "
-        "closed (default %(default)s)",
-    )
-    s.add_argument(
-        "--handshake-timeout-s",
-        type=float,
-        default=HANDSHAKE_TIMEOUT_S,
-        help="a connection that has not finished its TLS / HTTP/2 handshake this long is "
-        "closed (default %(default)s)",
-    )
-    s.add_argument(
-        "--first-message-timeout-s",
-        type=float,
-        default=FIRST_MESSAGE_TIMEOUT_S,
-        help="a Verify stream that sends no first message (open, or a block naming its "
-        "session) this long is ended DEADLINE_EXCEEDED (default %(default)s)",
-    )
-    _add_connection_flags(s)
-    s.add_argument("--drain-timeout-s", type=float, default=30.0, help="most time to drain")
-    s.add_argument("--drain-min-s", type=float, default=0.5, help="least time NOT_SERVING")
-
-
-def _add_connection_flags(s: argparse.ArgumentParser) -> None:
-    """Connection idle and age limits, streams per connection (`verify.serve`'s)."""
-    s.add_argument(
-        "--max-connection-idle-s",
-        type=float,
-        default=MAX_CONNECTION_IDLE_S,
-        help="a connection (TLS or not) with no RPC in flight this long is closed "
-        "(default %(default)s)",
-    )
-    s.add_argument(
-        "--max-connection-age-s",
-        type=float,
-        default=MAX_CONNECTION_AGE_S,
-        help="a connection this old is sent GOAWAY: clients reconnect (default %(default)s)",
-    )
-    s.add_argument(
-        "--max-connection-age-grace-s",
-        type=float,
-        default=MAX_CONNECTION_AGE_GRACE_S,
-        help="after GOAWAY for its age, the streams a connection still carries may run this "
-        "long before it is closed (default %(default)s)",
-    )
-    s.add_argument(
-        "--max-concurrent-streams",
-        type=int,
-        default=MAX_CONCURRENT_STREAMS,
-        help="most streams one connection carries at once (HTTP/2 "
-        "SETTINGS_MAX_CONCURRENT_STREAMS; a stream beyond is refused) (default %(default)s)",
-    )
+    for flag, type_, default, text in _TIMEOUT_FLAGS:
+        s.add_argument(flag, type=type_, default=default, help=text)
 
 
 def connection_limits_from_args(args: argparse.Namespace) -> ConnectionLimits:
@@ -338,36 +263,12 @@ def _add_multihost_flags(s: argparse.ArgumentParser) -> None:
     )
 
 
-def scheduler_config_from_args(args: argparse.Namespace) -> SchedulerConfig:
-    """The scheduler the flags describe: row buckets from --max-sessions, each a multiple of
-    the mesh's data shards."""
-    data, _ = args.mesh
-    return SchedulerConfig(
-        max_sessions=args.max_sessions,
-        max_len=args.max_len,
-        max_gamma=args.max_gamma,
-        max_sparse_k=args.max_sparse_k,
-        row_buckets=row_buckets_for(args.max_sessions, data),
-        kv_buckets=getattr(args, "kv_buckets", None),
-        idle_timeout_s=args.idle_timeout_s,
-    )
-
-
-def _positions(text: str) -> tuple[int, ...]:
-    """`--kv-buckets`: "256,512" -> (256, 512)."""
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected positions like 256,512, got {text!r}") from None
-
-
 def resolve_target(args: argparse.Namespace) -> str:
     """Fill `args.checkpoint` from `--pair` when not given (`jaxspec_host.pairs`: SmolLM2 when
     it can be had, fetched once and said on stderr, else the tiny target, said in one line);
     the checkpoint. The verifier needs no draft, so no W4A16 copy is built."""
-    if args.checkpoint is None:
-        pair = choose_saying(args.pair, lambda text: log.warning("%s", text), draft=False)
-        args.checkpoint = REAL_TARGET if pair.real else pair.target
+    say = functools.partial(log.warning, "%s")
+    args.checkpoint = resolve(args.checkpoint, None, args.pair, drafts=False, say=say).target
     return args.checkpoint
 
 
@@ -466,6 +367,11 @@ def refuse_insecure_public(args: argparse.Namespace) -> str | None:
     return insecure_public_reason(args.host, tenants=args.tenants is not None, tls=tls)
 
 
+# The flags `verify.serve.bind` takes as they are (its keywords of the same names).
+_BIND_FLAGS = ("host", "port", "reflection", "metrics_port", "metrics_host",
+               "write_timeout_s", "handshake_timeout_s", "first_message_timeout_s")  # fmt: skip
+
+
 async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None = None) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")
@@ -480,7 +386,7 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
         log.warning("no --tenants file: every caller is accepted as tenant %r", ANONYMOUS)
     config = scheduler_config_from_args(args)  # bad flags fail before anything is bound
     limits = connection_limits_from_args(args)
-    for flag in ("write_timeout_s", "handshake_timeout_s", "first_message_timeout_s"):
+    for flag in _BIND_FLAGS[-3:]:  # the timeouts
         if not getattr(args, flag) > 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
     overcommitted = tenants.overcommitted(config.max_sessions)
@@ -495,21 +401,8 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
     if vocab is None:  # no config.json to read cheaply: loading says what is wrong
         model = load_target(args)
         vocab = model.config.vocab_size
-    server = await bind(
-        config,
-        vocab,
-        host=args.host,
-        port=args.port,
-        tenants=tenants,
-        tls=tls,
-        reflection=args.reflection,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-        write_timeout_s=args.write_timeout_s,
-        handshake_timeout_s=args.handshake_timeout_s,
-        first_message_timeout_s=args.first_message_timeout_s,
-        limits=limits,
-    )
+    flags = {name: getattr(args, name) for name in _BIND_FLAGS}
+    server = await bind(config, vocab, tenants=tenants, tls=tls, limits=limits, **flags)
     if lockstep is not None:  # a dead process: NOT_SERVING, then exit 3 (verify.multihost)
         lockstep.on_failure = functools.partial(
             _lockstep_failed, asyncio.get_running_loop(), server, args.drain_min_s

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
-import ipaddress
 import json
 import logging
 import pathlib
@@ -35,9 +34,10 @@ from jaxspec.ckpts.gguf_import import find_gguf, gguf_config
 from jaxspec.nn.config import LlamaConfig
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec_host import hub
+from jaxspec_host.flags import is_loopback
 from verify.local import LocalVerifier
 from verify.metrics import MetricsServer, serve_metrics
-from verify.scheduler import SchedulerConfig
+from verify.scheduler import SchedulerConfig, row_buckets_for
 from verify.servicer import (
     FIRST_MESSAGE_TIMEOUT_S,
     WRITE_TIMEOUT_S,
@@ -159,17 +159,6 @@ def message_limit(vocab: int, max_gamma: int, prompt_len: int) -> int:
 # ---- before anything loads -------------------------------------------------------------------
 
 
-def is_loopback(host: str) -> bool:
-    """Whether binding `host` reaches this machine only: "localhost" or a loopback IP.
-    Any other name or address (0.0.0.0, ::, a hostname) counts as reachable from outside."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def insecure_public_reason(host: str, *, tenants: bool, tls: bool) -> str | None:
     """Why serving on `host` would be open to the network, or None when it is not: a
     non-loopback address needs both a tenants file (else anyone who reaches the port uses the
@@ -189,6 +178,18 @@ def insecure_public_reason(host: str, *, tenants: bool, tls: bool) -> str | None
         f"--host {host} is not a loopback address: {'; '.join(problems)}. Add them, serve on "
         "--host 127.0.0.1, or pass --allow-insecure-public if that is what you mean"
     )
+
+
+def scheduler_config_from_args(args: Any, **given: Any) -> SchedulerConfig:
+    """The scheduler the flags describe (`jaxspec_host.flags.add_verifier_limits`; a size the
+    command has no flag for takes `SchedulerConfig`'s default, `given` overrides): row
+    buckets from --max-sessions, each a multiple of the mesh's data shards (`args.mesh`,
+    where the command has one). `ValueError` for sizes out of range."""
+    names = [f.name for f in dataclasses.fields(SchedulerConfig)]
+    fields = {n: getattr(args, n) for n in names if hasattr(args, n)} | given
+    data, _ = getattr(args, "mesh", (1, 1))
+    sessions = fields.get("max_sessions", SchedulerConfig.max_sessions)
+    return SchedulerConfig(**fields, row_buckets=row_buckets_for(sessions, data))
 
 
 def checkpoint_config(checkpoint: str) -> tuple[LlamaConfig, int | None] | None:

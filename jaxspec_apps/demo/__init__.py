@@ -45,15 +45,18 @@ from jaxspec_host.flags import (
     AUTO,
     HelpFormatter,
     add_cache_flag,
-    add_draft_flags,
+    add_client_flags,
     add_max_new_tokens,
+    add_model_flags,
     add_sampling_flags,
+    add_speculation_flags,
     check_args,
     interrupted,
     refuse_draft_without_speculation,
+    refused_line,
     use_compilation_cache,
 )
-from jaxspec_host.pairs import add_pair_flag, fetch_notice
+from jaxspec_host.pairs import fetch_notice
 from verify.process import VerifierProcess
 
 MAX_TENANTS = 64
@@ -82,9 +85,8 @@ def _add_tenant_flags(p: argparse.ArgumentParser) -> None:
         "serve` is its tenants file, a different thing)",
     )
     p.add_argument("--tenants", dest="tenants", type=int, help=argparse.SUPPRESS)  # old name
-    add_draft_flags(p, mode="pipelined", encoding=None, sparse_k=None, auto_gamma=True)
+    add_speculation_flags(p, q_dtype=None, encoding=False)  # --gamma ... --depth
     add_cache_flag(p)
-    p.add_argument("--depth", type=int, default=2, help="blocks in flight when pipelined")
     p.add_argument("--rtt-ms", type=float, default=50.0, help="simulated round trip in ms")
     p.add_argument("--jitter-ms", type=float, default=5.0, help="± on the round trip in ms")
 
@@ -120,21 +122,8 @@ def _add_generation_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_verifier_flags(p: argparse.ArgumentParser) -> None:
     """Which verifier (a running one, or one spawned with which target), and the draft."""
-    p.add_argument("--verifier", default=None, help="host:port of a running verifier")
-    p.add_argument("--token", default=None, help="bearer token for --verifier ($JAXSPEC_TOKEN)")
-    add_pair_flag(p)
-    p.add_argument(
-        "--checkpoint", default=None, help="target the spawned verifier serves (default: --pair's)"
-    )
-    p.add_argument(
-        "--draft", default=None, help="draft checkpoint or built-in name (default: --pair's)"
-    )
-    p.add_argument(
-        "--quantize",
-        default="w4a16",
-        choices=["w4a16", "w8a16", "none"],
-        help="the draft's weights on the edge (default %(default)s)",
-    )
+    add_client_flags(p, "demo")  # --verifier (none: one is spawned), --token
+    add_model_flags(p, "demo")  # --checkpoint --draft --pair --quantize
     p.add_argument(
         "--warmup",
         action=argparse.BooleanOptionalAction,
@@ -380,10 +369,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         result = run(args, console, live=live)
     except VerifierError as e:  # --verifier unreachable, token refused, draining
-        hint = ""
-        if e.code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
-            hint = " (give a tenant's token with --token or $JAXSPEC_TOKEN)"
-        print(f"jaxspec demo: {e.code}: {e}{hint}", file=sys.stderr)
+        print(refused_line("jaxspec demo", e), file=sys.stderr)
         return 1
     except RuntimeError as e:  # the verifier did not start
         print(f"jaxspec demo: error: {e}", file=sys.stderr)

@@ -3,7 +3,8 @@ verify serve` and `python -m edge generate`): SmolLM2-135M-Instruct with its own
 as the draft when the target can be had, else the shipped tiny pair, said in one line.
 
     --pair auto|smollm2|tiny   as in jaxspec_host.pairs
-    --checkpoint / --draft     given explicitly: used as given (the tiny pair fills the other)
+    --checkpoint / --draft     given explicitly: used as given; one named alone goes with
+                               its own pair's other half (SmolLM2's, else the tiny pair's)
 
 With `--verifier` (a verifier that is already running, serving whatever it serves) `auto`
 means the tiny draft, as before: `--pair smollm2` (or `--draft smollm2-w4a16`) for a verifier
@@ -29,36 +30,35 @@ def needs_fetch(args: argparse.Namespace) -> bool:
     bar) rather than find the real pair in the cache."""
     if getattr(args, "chat", None) is not None or args.checkpoint or args.draft:
         return False
-    if args.pair == "tiny" or args.verifier is not None:
+    if _choice(args) == "tiny":
         return False
     return not pairs.is_cached(draft=_drafts(args))
 
 
+def _choice(args: argparse.Namespace) -> str:
+    """`--pair`, but `auto` with `--verifier` is the tiny pair (what a running verifier
+    serves is not known here)."""
+    return "tiny" if args.pair == "auto" and args.verifier is not None else args.pair
+
+
 def resolve_pair(args: argparse.Namespace, progress: hub.Progress | None = None) -> str | None:
     """Fill `args.checkpoint`, `args.draft` (None with `--gamma 0`) and `args.chat` (chat
-    prompts for the real pair); return the one line to show when `auto` fell back to the
-    tiny pair (None otherwise). Idempotent. `progress(stage, done, total)` hears a fetch's
-    bytes and a conversion's and quantization's steps. Raises ValueError for `--pair
-    smollm2` when the real pair cannot run."""
+    prompts for the real pair) by every command's rule (`jaxspec_host.pairs.resolve`);
+    return the one line to show when `auto` fell back to the tiny pair (None otherwise).
+    Idempotent. `progress(stage, done, total)` hears a fetch's bytes and a conversion's and
+    quantization's steps. Raises ValueError for `--pair smollm2` when the real pair cannot
+    run."""
     if getattr(args, "chat", None) is not None:
         return None
-    notice = None
-    if args.checkpoint is not None or args.draft is not None:
-        args.checkpoint = args.checkpoint or TINY[0]
-        args.draft = args.draft or TINY[1]
-        args.chat = args.draft in REAL_DRAFTS or (
-            not _drafts(args) and hub.remote_model(args.checkpoint) is not None
-        )
-    else:
-        choice = "tiny" if args.pair == "auto" and args.verifier is not None else args.pair
-        pair = pairs.choose(
-            choice, fetch=args.verifier is None, draft=_drafts(args), progress=progress
-        )
-        args.checkpoint, args.draft, args.chat = pair.target, pair.draft, pair.real
-        notice = pair.notice
-    if not _drafts(args):
-        args.draft = None  # nothing drafts (an explicit --draft was refused already)
+    named = args.checkpoint is not None or args.draft is not None
+    pair = pairs.resolve(
+        args.checkpoint, args.draft, _choice(args), drafts=_drafts(args), progress=progress
+    )
+    args.checkpoint, args.draft = pair.target, pair.draft
+    args.chat = pair.real or (
+        named and (args.draft in REAL_DRAFTS or hub.remote_model(args.checkpoint) is not None)
+    )
     if args.chat and not getattr(args, "q_dtype", None):
         # q over a 49152-entry vocabulary: float16 halves the 196 KB per draft, exactly.
         args.q_dtype = "float16"
-    return notice
+    return pair.notice

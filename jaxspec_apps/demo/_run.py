@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import os
 from collections.abc import Awaitable, Callable, Sequence
 
 from edge.adaptive import AdaptiveGamma
@@ -38,7 +37,7 @@ from jaxspec.protocol import DraftSpec, SessionConfig
 from jaxspec_apps.demo._pair import resolve_pair
 from jaxspec_apps.demo._progress import warmup_progress
 from jaxspec_apps.demo._state import DemoSettings, DemoState, TenantView
-from jaxspec_host.flags import draft_spec_from_args, sampling_from_args
+from jaxspec_host.flags import draft_spec_from_args, sampling_from_args, token_from_args
 from jaxspec_host.worker import in_thread
 
 DEFAULT_PROMPTS = (
@@ -102,7 +101,8 @@ def _configs(
             return "".join(f" {i}" for i in ids)
         return tok.decode(ids, skip_special_tokens=True)
 
-    sampling = sampling_from_args(args)  # --temperature (the demo's one sampling flag)
+    # --temperature (the demo's one sampling flag): the settings `check_args` made
+    sampling = getattr(args, "sampling", None) or sampling_from_args(args)
     configs = []
     for i, view in enumerate(state.tenants):
         view.decode = decode
@@ -182,7 +182,7 @@ async def run_demo(
     """
 
     words = _StartupWords(state, asyncio.get_running_loop(), on_phase, verifier_log)
-    token = args.token or os.environ.get("JAXSPEC_TOKEN")
+    token = token_from_args(args)
     watch = None
     if not state.settings.spawned:  # the verifier first (a second), then the draft (tens of s)
         await _check_named_verifier(args, token, words)
