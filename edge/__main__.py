@@ -53,7 +53,6 @@ from jaxspec.nn.model import Model
 from jaxspec.nn.text import decode_text
 from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
 from jaxspec_host.flags import (
-    HelpFormatter,
     add_cache_flag,
     add_client_flags,
     add_max_new_tokens,
@@ -63,6 +62,7 @@ from jaxspec_host.flags import (
     add_sampling_flags,
     add_speculation_flags,
     check_args,
+    command_parser,
     interrupted,
     prompt_from_args,
     refuse_draft_without_speculation,
@@ -101,13 +101,8 @@ def _add_session_flags(g: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m edge", description="the jaxspec edge client", formatter_class=HelpFormatter
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-    g = sub.add_parser(
-        "generate", help="generate against a verifier service", formatter_class=HelpFormatter
-    )
+    p, sub = command_parser("python -m edge", "the jaxspec edge client")
+    g = sub.add_parser("generate", help="generate against a verifier service")
     _add_client_flags(g)
     add_prompt_flags(g)
     add_max_new_tokens(g, 64)
@@ -115,9 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_penalty_flags(g)
     _add_session_flags(g)
     s = sub.add_parser(
-        "serve",
-        help="an OpenAI-compatible HTTP endpoint drafting here, verifying on the verifier",
-        formatter_class=HelpFormatter,
+        "serve", help="an OpenAI-compatible HTTP endpoint drafting here, verifying on the verifier"
     )
     _add_client_flags(s)
     add_serve_flags(s)

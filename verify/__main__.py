@@ -52,10 +52,10 @@ import jax.numpy as jnp
 import jaxspec
 from jaxspec.nn.model import Model
 from jaxspec_host.flags import (
-    HelpFormatter,
     add_cache_flag,
     add_model_flags,
     add_verifier_limits,
+    command_parser,
     interrupted,
     port_arg,
     port_number,
@@ -123,13 +123,8 @@ def _coordinator_arg(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """`python -m verify serve`'s flags (one `_add_*_flags` per group, in --help's order)."""
-    p = argparse.ArgumentParser(
-        prog="python -m verify", description="the jaxspec verifier", formatter_class=HelpFormatter
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser(
-        "serve", help="serve jaxspec.v1.Verifier over gRPC", formatter_class=HelpFormatter
-    )
+    p, sub = command_parser("python -m verify", "the jaxspec verifier")
+    s = sub.add_parser("serve", help="serve jaxspec.v1.Verifier over gRPC")
     _add_listen_flags(s)
     _add_device_flags(s)
     add_verifier_limits(s, SchedulerConfig)  # the scheduler's sizes, defaulting to its own
