@@ -273,7 +273,7 @@ class EdgeSession:
 
     # --- sending ----------------------------------------------------------------------------
 
-    def _fill(self) -> None:
+    async def _fill(self) -> None:
         """Keep `depth` blocks in flight, drafting along the optimistic path."""
         if not self.speculative:  # gamma 0: each block gets exactly one token, so the next
             while len(self.inflight) < self.depth:  # ones sit at the next positions
@@ -287,7 +287,7 @@ class EdgeSession:
                 self._send(block)
                 self.behind = True
             else:
-                self._send_drafts(n)
+                await self._send_drafts(n)
 
     def _room(self) -> bool:
         """Whether the drafter's context has room for one more longest block."""
@@ -307,8 +307,10 @@ class EdgeSession:
         start = len(self.committed) + ahead
         return DraftBlock(session_id=self.sid, epoch=self.epoch, start=start, tokens=())
 
-    def _send_drafts(self, n: int) -> None:
-        """Draft a block of `n` tokens, send it and report it ("draft")."""
+    async def _send_drafts(self, n: int) -> None:
+        """Draft a block of `n` tokens, send it and report it ("draft"). The wait for the
+        drafts runs on a worker thread, so the event loop (other sessions, a client's
+        disconnect, answers arriving) is never held by the device."""
         if self.behind:  # tokens came while nothing drafted: rebuild the draft's KV
             self.state = self.drafter.prefill(
                 self.state, [self.committed], prompt_len=[len(self.prompt)]
@@ -316,7 +318,8 @@ class EdgeSession:
             self.keep, self.tail, self.behind = len(self.committed), [], False
         t_draft = time.perf_counter()
         batch = self._round(n)
-        block = _to_wire(batch, self.sid, self.epoch)  # waits for the drafts: timed whole
+        # waits for the drafts: timed whole
+        block = await asyncio.to_thread(_to_wire, batch, self.sid, self.epoch)
         self.sent_at[id(block)] = time.perf_counter()
         took = self.draft_took[id(block)] = self.sent_at[id(block)] - t_draft
         self.trace.draft_s += took
@@ -347,7 +350,7 @@ class EdgeSession:
 
     async def _step(self) -> None:
         """Fill the pipeline, then take the oldest block's answer."""
-        self._fill()
+        await self._fill()
         block, task = self.inflight.pop(0)
         sent = self.sent_at.pop(id(block), None)
         took = self.draft_took.pop(id(block), 0.0)

@@ -35,6 +35,7 @@ import ipaddress
 import os
 import sys
 from collections.abc import Collection, Mapping
+from typing import Any
 
 from jaxspec.decoding.sampling import check_seed
 from jaxspec.nn.model import Model
@@ -92,9 +93,7 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default %(default)s)"
 
 
-def command_parser(
-    prog: str, description: str
-) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+def command_parser(prog: str, description: str) -> tuple[argparse.ArgumentParser, Any]:
     """A command with subcommands (`python -m verify`, `python -m edge`, `jaxspec`): the
     parser and the action whose `add_parser(name, help=...)` adds one, every parser with
     `HelpFormatter`."""

@@ -255,8 +255,8 @@ def test_a_cached_copy_of_another_recipe_is_not_taken(tmp_path):
 
 
 def test_the_demo_runs_the_real_pair_when_smollm2_is_here(smol, monkeypatch):
-    """`jaxspec demo` (--pair auto) with SmolLM2 cached: its directory, the shipped draft,
-    chat prompts."""
+    """`jaxspec demo` (--pair auto) with SmolLM2 cached: SmolLM2 by name (loading finds the
+    cache), its W4A16 copy as the draft, chat prompts."""
     from jaxspec_apps.demo import add_arguments
     from jaxspec_apps.demo._pair import resolve_pair
 
@@ -267,5 +267,5 @@ def test_the_demo_runs_the_real_pair_when_smollm2_is_here(smol, monkeypatch):
     monkeypatch.setattr(hub, "ensure_copy", lambda name, progress=None: built.append(name))
     assert resolve_pair(args) is None
     assert built == ["smollm2-w4a16"]  # (its build is the test above's)
-    assert args.checkpoint == str(hub.model_dir(hub.SMOLLM2))
+    assert args.checkpoint == "smollm2" and hub.model_dir(hub.SMOLLM2).is_dir()
     assert (args.draft, args.chat) == ("smollm2-w4a16", True)
