@@ -224,15 +224,28 @@ def ensure(name: str, progress: Progress | None = None) -> pathlib.Path:
     if not is_pulled(spec):
         return pull(name, progress=progress)
     d = model_dir(spec)
-    if spec.generation and not (d / GENERATION_FILE).is_file():  # converted before it was kept
+    if spec.generation and not _has_generation(d):  # converted before it was kept (whole)
         _write_generation(spec, d)
     return d
 
 
+def _has_generation(d: pathlib.Path) -> bool:
+    """Whether `d` holds a generation_config.json with the stop ids (one written before they
+    were recorded has none: transformers then never stops at the end of an answer)."""
+    try:
+        return "eos_token_id" in json.loads((d / GENERATION_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+
+
 def _write_generation(spec: RemoteModel, d: pathlib.Path) -> None:
-    """Record `spec.generation` as the checkpoint's HF generation_config.json (written to a
-    temporary name and renamed: readers see a whole file or none)."""
-    body = {"do_sample": True, **dict(spec.generation), "jaxspec_source": "the model card"}
+    """Record `spec.generation` as the checkpoint's HF generation_config.json, with the
+    config's bos/eos ids as HF's own file has them (transformers takes its stop ids from this
+    file, not config.json); written to a temporary name and renamed: readers see a whole file
+    or none."""
+    config = json.loads((d / "config.json").read_text())
+    ids = {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
+    body = {**ids, "do_sample": True, **dict(spec.generation), "jaxspec_source": "the model card"}
     tmp = d / f".{GENERATION_FILE}.{os.getpid()}"
     tmp.write_text(json.dumps(body, indent=2) + "\n")
     os.replace(tmp, d / GENERATION_FILE)

@@ -4,6 +4,7 @@ No download: the real model is tests/test_smollm2.py."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import zipfile
 
@@ -149,3 +150,17 @@ def test_unknown_names(tmp_path):
         jaxspec.load(tmp_path / "nowhere")
     with pytest.raises(CheckpointError, match="no fetchable model named 'llama-70b'"):
         hub.pull("llama-70b")
+
+
+def test_the_generation_file_carries_the_stop_ids(tmp_path):
+    """A pulled model's generation_config.json has the config's bos/eos ids, as HF's own
+    file does (transformers stops on the eos of this file, not config.json's: without it the
+    peer's plain generate ran past the end of an answer), and one written before the ids
+    were recorded is rewritten by `ensure`."""
+    (tmp_path / "config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    (tmp_path / hub.GENERATION_FILE).write_text(json.dumps({"temperature": 0.2}))
+    assert not hub._has_generation(tmp_path)  # the old file: no stop ids
+    hub._write_generation(hub.SMOLLM2, tmp_path)
+    body = json.loads((tmp_path / hub.GENERATION_FILE).read_text())
+    assert (body["bos_token_id"], body["eos_token_id"]) == (1, 2) and hub._has_generation(tmp_path)
+    assert body["temperature"] == dict(hub.SMOLLM2.generation)["temperature"]

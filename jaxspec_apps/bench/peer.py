@@ -72,6 +72,8 @@ def hf_decoders(
     const.generation_config.num_assistant_tokens = gamma
     const.generation_config.num_assistant_tokens_schedule = "constant"
     eos = hf_target.generation_config.eos_token_id
+    if eos is None:  # a generation_config.json without stop ids: the model's own (config.json)
+        eos = hf_target.generation_config.eos_token_id = hf_target.config.eos_token_id
 
     def make(assistant: Any) -> Callable[[list[int]], list[int]]:
         def decode(prompt: list[int]) -> list[int]:
