@@ -231,6 +231,11 @@ def run_section(ctx: Context) -> dict[str, Any]:
         them = theirs(ctx, ctx.log)
     except Unavailable as e:
         return {"skipped": f"llama.cpp could not be built or run here ({e})"}
+    # The sections before this one leave hundreds of compiled programs in the process, each
+    # its own memory maps: ours compiles a dozen more, which ran a whole real pass out of
+    # Linux's default 65,530 maps (vm.max_map_count; "LLVM ERROR: Unable to allocate
+    # section memory"). Nothing after this section reuses them.
+    jax.clear_caches()
     us = ours(ctx, ctx.log)
     b, t = them["bench"], us["tok_s"]
     vs = {
