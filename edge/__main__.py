@@ -10,8 +10,7 @@ by the rule of every command (`jaxspec_host.pairs.resolve`, as `python -m verify
 `jaxspec demo` choose): neither named, `--pair`'s: SmolLM2-135M-Instruct's own W4A16 copy
 drafting for SmolLM2 when it can be had (fetched and built once, said on stderr with the
 cache directory), else the shipped tiny pair, said in one line; one named alone goes with
-its own pair's other half (SmolLM2's, else the tiny pair's), except a draft checkpoint
-of one's own given alone, whose own tokenizer is used.
+its own pair's other half (SmolLM2's, else the tiny pair's).
 
 The draft model (quantized W4A16 as on a device) proposes `--gamma` tokens per block
 (`--gamma 0`: speculation off, nothing drafts: the verifier decodes, one token per round; a
@@ -73,7 +72,7 @@ from jaxspec_host.flags import (
     token_from_args,
     use_compilation_cache,
 )
-from jaxspec_host.pairs import TINY, is_real, resolve
+from jaxspec_host.pairs import TINY, resolve
 from jaxspec_host.worker import exit_if_abandoned, in_thread
 
 
@@ -135,17 +134,10 @@ def resolve_models(args: argparse.Namespace, spec: DraftSpec, command: str) -> N
     """Fill `args.checkpoint` and `args.draft` (None with --gamma 0) by the one rule
     (`jaxspec_host.pairs.resolve`): neither named, `--pair`'s models (SmolLM2's W4A16 copy
     for SmolLM2, fetched and built once and said on stderr, else the tiny pair, its fallback
-    said in one line); one named alone, its own pair's other half, except a draft of one's
-    own (a checkpoint, not a named model) given alone: the edge only reads the target's
-    tokenizer, and the draft shares the verifier's vocabulary, so its own is used.
-    Idempotent."""
+    said in one line); one named alone, its own pair's other half. Idempotent."""
     say = functools.partial(_say, command=command)
-    own_draft = args.checkpoint is None and args.draft is not None
-    own_draft = own_draft and not is_real(args.draft) and args.draft not in TINY
     pair = resolve(args.checkpoint, args.draft, args.pair, drafts=spec.speculative, say=say)
     args.checkpoint, args.draft = pair.target, pair.draft
-    if own_draft:
-        args.checkpoint = args.draft
 
 
 def _load_models(args: argparse.Namespace, spec: DraftSpec) -> tuple[Drafter | None, Model]:

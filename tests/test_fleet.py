@@ -126,7 +126,8 @@ def test_the_edge_command_takes_the_fleet(fleet, reference):
     cfg = CONFIGS[2]  # greedy, pipelined, onehot, gamma 4
     cmd = [
         sys.executable, "-m", "edge", "generate", "--verifier", addresses(fleet),
-        "--draft", str(fleet["draft"]), "--quantize", "none", "--prompt", "fleet",
+        "--checkpoint", str(fleet["target"]), "--draft", str(fleet["draft"]),
+        "--quantize", "none", "--prompt", "fleet",
         "--max-new-tokens", str(cfg.max_new_tokens), "--temperature", "0", "--mode", "pipelined",
         "--encoding", "onehot", "--gamma", "4", "--seed", str(cfg.seed),
     ]  # fmt: skip
