@@ -33,7 +33,7 @@ def machine_line(r: dict[str, Any]) -> str:
         f"jax {m['jax']} ({m['jax_backend']}), Python {m['python']}"
         + (f", {extra}" if extra else "")
         + f"; {m['platform']}; 1-minute load average {m['load_average_1min_start']:.1f} at the "
-        f"start and {m['load_average_1min_end']:.1f} at the end (other work shared the cores)"
+        f"start and {m['load_average_1min_end']:.1f} at the end (its own threads count)"
     )
 
 
