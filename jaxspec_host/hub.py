@@ -242,8 +242,11 @@ def _write_generation(spec: RemoteModel, d: pathlib.Path) -> None:
     """Record `spec.generation` as the checkpoint's HF generation_config.json, with the
     config's bos/eos ids as HF's own file has them (transformers takes its stop ids from this
     file, not config.json); written to a temporary name and renamed: readers see a whole file
-    or none."""
-    config = json.loads((d / "config.json").read_text())
+    or none. A directory without a readable config.json gets the settings alone."""
+    try:
+        config = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
     ids = {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
     body = {**ids, "do_sample": True, **dict(spec.generation), "jaxspec_source": "the model card"}
     tmp = d / f".{GENERATION_FILE}.{os.getpid()}"
