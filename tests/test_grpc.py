@@ -355,7 +355,8 @@ def test_fuzzed_messages_get_only_documented_statuses(world, bob_reference):
     thread.start()
     seen: dict[str, int] = {}
 
-    @settings(max_examples=60, database=None)
+    # derandomized: the examples are fixed, so the coverage asserted below is too
+    @settings(max_examples=60, database=None, derandomize=True)
     @given(open_requests(), st.booleans())
     def fuzz_open(req, in_stream):
         try:
@@ -374,7 +375,7 @@ def test_fuzzed_messages_get_only_documented_statuses(world, bob_reference):
 
     fuzz_open()
 
-    @settings(max_examples=120, database=None)
+    @settings(max_examples=120, database=None, derandomize=True)
     @given(st.data())
     def fuzz_blocks(data):
         enc = data.draw(st.sampled_from(["full", "sparse", "onehot"]))
