@@ -112,23 +112,24 @@ def test_a_round_is_rollback_append_and_draft_in_one_donated_call(drafters, enco
 
 
 class _ForwardSpy:
-    """A draft module stand-in for `draft_block`: records the positions of every forward as
-    it is traced and counts the forwards as they run (a host callback per run)."""
+    """A draft module stand-in for `draft_block`: records the width of every forward as it is
+    traced and as it runs (a host callback per run)."""
 
     def __init__(self, module):
         self.module, self.config, self.dtype = module, module.config, module.dtype
         self.traced, self.ran = [], []
 
     def apply(self, variables, tokens_BT, *args):
-        self.traced.append(tokens_BT.shape[1])
-        jax.debug.callback(lambda: self.ran.append(1))
+        width = tokens_BT.shape[1]
+        self.traced.append(width)
+        jax.debug.callback(lambda: self.ran.append(width))
         return self.module.apply(variables, tokens_BT, *args)
 
 
-def test_a_block_feeds_one_position_per_forward(model):
+def test_a_block_runs_gamma_forwards_the_first_two_wide_where_a_row_lags(model):
     """A block of gamma drafts runs gamma forwards of one position each (`last`, then each
-    draft) when no row's KV lags by two, and one more (that feeds `prev`) when a row's does:
-    never a two-position forward (the W4A16 kernel's dearer many-row path) for one live row."""
+    draft) when no row's KV lags by two; when a row's does, still gamma forwards, the first
+    two positions wide (`prev` and `last`), never a separate forward for `prev`."""
     spy = _ForwardSpy(model.module)
     spec = DraftSpec(gamma=GAMMA, encoding="full")
     st = fresh(Drafter(model, spec), PROMPTS)
@@ -143,10 +144,46 @@ def test_a_block_feeds_one_position_per_forward(model):
         )  # fmt: skip
 
     block(st.cache, jnp.array([False, False]))[0].block_until_ready()
-    assert set(spy.traced) == {1} and len(spy.ran) == GAMMA
+    assert set(spy.traced) == {1, 2} and spy.ran == [1] * GAMMA
     spy.ran.clear()
     block(st.cache, jnp.array([False, True]))[0].block_until_ready()
-    assert len(spy.ran) == GAMMA + 1
+    assert spy.ran == [2] + [1] * (GAMMA - 1)
+
+
+@pytest.mark.parametrize("encoding", ["full", "sparse"])
+def test_prev_fed_in_the_first_forward_drafts_the_bits_of_feeding_it_alone(drafters, encoding):
+    """A lagging row's block (prev fed in the two-wide first forward) drafts the very bits,
+    q included, that feeding prev in a forward of its own and then drafting gives: the
+    kernels are batch-invariant across a forward's positions. The mutant that leaves prev
+    unfed (its KV missing) drafts otherwise, so the comparison can fail."""
+    d = drafters[encoding]
+    model = d.model
+    st = fresh(d, PROMPTS)
+    sp, keys, live = sampling(2), session_keys(5, 2), jnp.array([True, True])
+    rows, n = jnp.arange(2), st.length  # the prompt's KV is written below n - 1
+    prev, last = st.tokens[rows, n - 2], st.tokens[rows, n - 1]
+    c = st.cache  # lagging by two: prev's KV (at n - 2) missing
+    lagging = c.replace(k=c.k.at[:, rows, n - 2].set(0), v=c.v.at[:, rows, n - 2].set(0),
+                        lengths=n - 2)  # fmt: skip
+
+    @jax.jit
+    def drafted(cache, feed_prev):
+        return draft_block(model.module, model.params, cache, prev, last, n, feed_prev, live,
+                           sp, keys, spec=d.spec)  # fmt: skip
+
+    @jax.jit
+    def fed_alone(cache):
+        args = prev[:, None], (n - 2)[:, None], live[:, None], cache
+        return model.module.apply({"params": model.params}, *args)[1]
+
+    both = drafted(lagging, jnp.array([True, True]))
+    ref = drafted(fed_alone(lagging), jnp.array([False, False]))
+    for x, y in zip(jax.tree.leaves(both), jax.tree.leaves(ref), strict=True):
+        np.testing.assert_array_equal(x, y)
+    unfed = drafted(lagging, jnp.array([False, False]))  # the mutant
+    assert not np.array_equal(unfed[0], both[0]) or not np.array_equal(
+        jax.tree.leaves(unfed[1])[0], jax.tree.leaves(both[1])[0]
+    )
 
 
 def test_draws_are_keyed_by_position(drafters):

@@ -208,18 +208,21 @@ def draft_block(
     """Draft `spec.gamma` tokens per row at positions next_pos .. next_pos+gamma-1 (traced),
     each sampled as `spec.encoding` says (`spec.k` sparse columns).
 
-    One forward of one position per draft: `last` (at next_pos-1), then each draft. Where
-    `feed_prev` (the row's KV lags its context by two: after a fully accepted sync block the
-    draft never fed its own last draft, the bonus followed it) one more forward first feeds
-    `prev` (at next_pos-2); a round where no live row needs it runs `gamma` forwards, not
-    `gamma + 1` (a `lax.while_loop` of that many steps). The co-located loop and the edge
-    drafter both draft through here, so both draft the same bits.
+    `gamma` forwards a block: the first feeds `last` (at next_pos-1) and gives draft 0, each
+    further one feeds the draft before. Where a live row's KV lags its context by two
+    (`feed_prev`: after a fully accepted sync block the draft never fed its own last draft,
+    the bonus followed it) the first forward is two positions wide, `prev` (at next_pos-2,
+    written only for those rows) and `last`: a two-row forward costs the W4A16 kernel about
+    1.3 one-row forwards, a separate forward for `prev` a whole one (a fully accepted round
+    cost `gamma + 1` forwards that way); a round where no row lags runs the one-wide first
+    forward (`lax.cond`). The kernels are batch-invariant, so `last`'s logits have the same
+    bits either way. The co-located loop and the edge drafter both draft through here, so both
+    draft the same bits.
     `counts` (the rows' `TokenCounts` before the block; needed for penalties) are updated
     by the block's own drafts position by position: draft i sees d_0 .. d_{i-1}.
     Returns drafts `[B, gamma]`, the q's they were sampled from, and the draft cache.
     """
     G = spec.gamma
-    extra = jnp.any(live_B & feed_prev_B).astype(jnp.int32)  # 1: a step feeds prev first
 
     def propose(logits_BV, pos_B, counts):
         u = uniforms(keys_B2, pos_B[:, None], Purpose.DRAFT)[:, 0]
@@ -234,29 +237,42 @@ def draft_block(
             return counts
         return counts.add(jnp.where(live_B, d_B, -1)[:, None])
 
-    def step(c):
-        k, tok_B, cache, counts, d_GB, q_G = c
-        j = k - extra  # the draft this step proposes; -1: the step that feeds prev
-        counts = seen(counts, jnp.where(j >= 1, tok_B, -1))  # d_{j-1} from j = 1 on
-        fed_B = jnp.where(j < 0, prev_B, jnp.where(j == 0, last_B, tok_B))
-        pos_B = next_pos_B - 1 + j  # where the fed token sits
-        valid_B = live_B & ((j >= 0) | feed_prev_B)
+    def feed_last(cache):
+        """`last` alone at next_pos-1: its logits `[B, V]` and the cache."""
         logits, cache = draft.apply(
-            {"params": params}, fed_B[:, None], pos_B[:, None], valid_B[:, None], cache
+            {"params": params}, last_B[:, None], next_pos_B[:, None] - 1, live_B[:, None], cache
+        )
+        return logits[:, 0], cache
+
+    def feed_prev_and_last(cache):
+        """[prev, last] at [next_pos-2, next_pos-1] (prev written only where `feed_prev`; its
+        position clamped at 0 where it is not: a one-token prompt has no prev)."""
+        fed_B2 = jnp.stack([prev_B, last_B], axis=1)
+        pos_B2 = jnp.stack([jnp.maximum(next_pos_B - 2, 0), next_pos_B - 1], axis=1)
+        valid_B2 = jnp.stack([live_B & feed_prev_B, live_B], axis=1)
+        logits, cache = draft.apply({"params": params}, fed_B2, pos_B2, valid_B2, cache)
+        return logits[:, 1], cache
+
+    lagging = jnp.any(live_B & feed_prev_B)
+    logits_BV, cache = jax.lax.cond(lagging, feed_prev_and_last, feed_last, cache)
+    d0, q0 = propose(logits_BV, next_pos_B, counts)
+
+    def step(c):
+        j, tok_B, cache, counts, d_GB, q_G = c  # j: the draft this step proposes (>= 1)
+        counts = seen(counts, tok_B)  # d_{j-1}
+        pos_B = next_pos_B - 1 + j  # where the fed token d_{j-1} sits
+        logits, cache = draft.apply(
+            {"params": params}, tok_B[:, None], pos_B[:, None], live_B[:, None], cache
         )
         d, q = propose(logits[:, 0], pos_B + 1, counts)
-        i = jnp.maximum(j, 0)  # the prev step's proposal is overwritten by draft 0's
-        d_GB = d_GB.at[i].set(d)
-        q_G = jax.tree.map(lambda buf, x: buf.at[i].set(x), q_G, q)
-        return k + 1, d, cache, counts, d_GB, q_G
+        d_GB = d_GB.at[j].set(d)
+        q_G = jax.tree.map(lambda buf, x: buf.at[j].set(x), q_G, q)
+        return j + 1, d, cache, counts, d_GB, q_G
 
-    logits_BV = jax.ShapeDtypeStruct(  # the model's logits: float32 (float64 models: 64)
-        (last_B.shape[0], draft.config.vocab_size), jnp.promote_types(draft.dtype, jnp.float32)
-    )
-    _, q_one = jax.eval_shape(propose, logits_BV, next_pos_B, counts)
-    q_G = jax.tree.map(lambda a: jnp.zeros((G, *a.shape), a.dtype), q_one)
-    init = (jnp.int32(0), last_B, cache, counts, jnp.zeros((G, *last_B.shape), jnp.int32), q_G)
-    _, _, cache, _, d_GB, q_G = jax.lax.while_loop(lambda c: c[0] < G + extra, step, init)
+    q_G = jax.tree.map(lambda x: jnp.zeros((G, *x.shape), x.dtype).at[0].set(x), q0)
+    d_GB = jnp.zeros((G, *last_B.shape), jnp.int32).at[0].set(d0)
+    init = (jnp.int32(1), d0, cache, counts, d_GB, q_G)
+    _, _, cache, _, d_GB, q_G = jax.lax.while_loop(lambda c: c[0] < G, step, init)
     return d_GB.T, pack_q(spec.encoding, q_G), cache
 
 

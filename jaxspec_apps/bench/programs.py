@@ -10,9 +10,9 @@ all in turns (one call of each per turn, the best of the turns kept):
     co-located round     `speculative_decode`'s loop (full q, `generate`'s default), per
                          round: (t(n) - t(n0)) / (its rounds(n) - rounds(n0)), one compiled
                          loop (only max_new differs);
-                         parts: (gamma + f) draft forwards [1, 1] (f: the share of rounds
-                         that first feed the previous token, after a bonus) + one target
-                         forward [1, gamma + 1]
+                         parts: gamma draft forwards, the first [1, 2] in the share f of
+                         rounds that also feed the previous token (after a bonus), [1, 1]
+                         otherwise, + one target forward [1, gamma + 1]
     drafter round        `edge.drafter` `Drafter.round` (rollback, append, gamma drafts),
                          the edge's onehot block; parts: gamma draft forwards [1, 1]
     verify step R        the verifier's step (`Scheduler` tick, its `last_step_s`) with R
@@ -206,6 +206,7 @@ def measure(ctx: Any, turns: int, rows: tuple[int, ...]) -> dict[str, Any]:
         ),
         "part target 1x(g+1)": forward_part(target, 1, g + 1, 1, co["cache_len"], at=at),
         "part draft 1x1": forward_part(draft, 1, 1, 1, co["cache_len"], at=at),
+        "part draft 1x2": forward_part(draft, 1, 2, 1, co["cache_len"], at=at),
         "part draft 1x1 (edge)": forward_part(draft, 1, 1, 1, d_len, at=at),
         "part pool 1x1": forward_part(target, 1, 1, **pool),
         **{f"part pool {R}x(g+1)": forward_part(target, R, g + 1, **pool) for R in rows},
@@ -231,8 +232,9 @@ def _rows(best, steps, co, n, n0, g, rows) -> dict[str, Any]:
         row("plain decode token", (best["plain long"] - best["plain short"]) / (n - n0),
             best["part target 1x1"], "target [1, 1]"),
         row("co-located round", (best["co-located long"] - best["co-located short"])
-            / co["rounds"], (g + f) * best["part draft 1x1"] + best["part target 1x(g+1)"],
-            f"{g + f:.2f} x draft [1, 1] + target [1, {g + 1}]"),
+            / co["rounds"], (g - f) * best["part draft 1x1"] + f * best["part draft 1x2"]
+            + best["part target 1x(g+1)"],
+            f"{g - f:.2f} x draft [1, 1] + {f:.2f} x draft [1, 2] + target [1, {g + 1}]"),
         row("drafter round", best["drafter round"], g * best["part draft 1x1 (edge)"],
             f"{g} x draft [1, 1]"),
         step_row("gamma-0 step", "gamma-0 step", "part pool 1x1", "target [1, 1] (pool)"),
