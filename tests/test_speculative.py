@@ -12,7 +12,7 @@ from scipy import stats
 
 import jaxspec
 from jaxspec.ckpts.tiny import tiny_config, to_dtype
-from jaxspec.decoding import analytic
+from jaxspec.decoding.generate import GammaChoice
 from jaxspec.decoding.sampling import SamplingParams, warp
 from tests.mutant_helpers import mutated
 
@@ -179,22 +179,51 @@ def test_stats_and_stop_tokens(hf_pair):
 
 
 def test_gamma_auto_picks_by_measuring_and_decodes_as_that_gamma(hf_pair):
-    """gamma="auto" (here an adaptive spec, longest block 3): the pair is measured (probes of
-    max_new_tokens here: fewer than 16), the gamma in 1..3 the co-located model calls for with
-    those figures is picked and recorded, and the output is exactly generate's at that gamma."""
+    """gamma="auto" (here an adaptive spec, longest block 3): the forwards are measured, the
+    acceptance probed (probes of max_new_tokens here: fewer than 16) on a pair that has none
+    yet, the gamma in 0..3 with the least modelled time per token is picked and recorded,
+    and the output is exactly generate's at that gamma. A second call reads the acceptance
+    the pair has shown since instead of probing."""
     target, draft = hf_pair
+    draft = draft.with_params(jax.tree.map(jnp.copy, draft.params))  # a pair seen nowhere else
     prompts, kw = [[1, 2, 3], [4, 5]], dict(temperature=0.8, draft=draft, seeds=[4, 5])
     longest = jaxspec.DraftSpec(gamma=3, adaptive=True)
     auto = jaxspec.generate(target, prompts, 12, draft_spec=longest, **kw)
     s, a = auto.stats, auto.stats.auto
-    assert 1 <= s.gamma <= 3 and (a.gamma, a.longest, a.probe_tokens) == (s.gamma, 3, 12)
-    assert a.draft_s > 0 and a.target_s > 0 and len(a.alphas) == 3 and "ms/token" in a.describe()
-    best = analytic.best_gamma("colocated", a.alphas, a.draft_s, 0.0, a.target_s, longest=3)
-    assert s.gamma == best and s.figures.num_draft_tokens == s.gamma * s.figures.rounds
-    fixed = jaxspec.generate(target, prompts, 12, gamma=s.gamma, **kw)
-    assert fixed.tokens == auto.tokens and (fixed.stats.gamma, fixed.stats.auto) == (s.gamma, None)
+    assert 0 <= s.gamma <= 3 and (a.gamma, a.longest, a.probe_tokens) == (s.gamma, 3, 12)
+    assert a.draft_s > 0 and a.draft2_s > 0 and a.target_s > 0 and len(a.verify_s) == 3
+    assert len(a.alphas) == 3 and "ms/token" in a.describe()
+    assert s.gamma == min(range(4), key=lambda g: (a.token_s(g), g))
+    fixed = jaxspec.generate(target, prompts, 12, gamma=max(s.gamma, 1), **kw)
+    if s.gamma:
+        assert (
+            fixed.tokens == auto.tokens and s.figures.num_draft_tokens == s.gamma * s.figures.rounds
+        )
+    again = jaxspec.generate(target, prompts, 12, draft_spec=longest, **kw).stats.auto
+    assert again.probe_tokens == 0 and "earlier calls" in again.describe()
     plain = jaxspec.generate(target, prompts, 12, gamma="auto", temperature=0.8, seeds=[4, 5])
     assert (plain.stats.gamma, plain.stats.auto, plain.stats.figures) == (None, None, None)
+
+
+def test_gamma_auto_model_prices_a_round_as_measured():
+    """The model behind gamma="auto": a block's time is its draft forwards (the first two
+    wide after a fully accepted sync block) and its verify forward, over E[A] tokens; a pair
+    whose drafts are never accepted decodes plain (0), one whose drafts always are takes the
+    block the verify costs call for, and a verify that grows steeply with the block keeps it
+    short."""
+
+    def choice(alpha, verify):
+        return GammaChoice(gamma=0, longest=4, draft_s=0.004, target_s=0.02, alphas=(alpha,) * 4,
+                           acceptance_rate=alpha, probe_tokens=0, draft2_s=0.005,
+                           verify_s=verify)  # fmt: skip
+
+    flat = (0.02, 0.02, 0.02, 0.02)
+    c = choice(1.0, flat)
+    assert c.token_s(4) == pytest.approx((3 * 0.004 + 0.005 + 0.02) / 5)
+    assert c.token_s(4, "pipelined") == pytest.approx((4 * 0.004 + 0.02) / 5)
+    best = lambda c: min(range(5), key=lambda g: (c.token_s(g), g))  # noqa: E731
+    assert best(choice(0.0, flat)) == 0 and best(c) == 4
+    assert best(choice(1.0, (0.02, 0.025, 0.06, 0.09))) == 2
 
 
 @pytest.mark.parametrize(

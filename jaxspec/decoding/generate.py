@@ -23,7 +23,7 @@ from jaxtyping import Array, UInt32
 from jaxspec.compilation import trace_cache
 from jaxspec.compilation.shapes import bucket
 from jaxspec.compilation.traces import traces
-from jaxspec.decoding import analytic
+from jaxspec.decoding import analytic, costs
 from jaxspec.decoding.sampling import (
     Purpose,
     SamplingParams,
@@ -48,11 +48,15 @@ PROBE_TOKENS = 16  # new tokens of each measuring run of gamma="auto"
 class GammaChoice:
     """What `generate(gamma="auto")` measured and the gamma it picked (`GenerateStats.auto`).
 
-    Fields: `gamma` (picked, in 1..`longest`); `draft_s` and `target_s`, each model's seconds
-    per token in a plain run of `probe_tokens` new tokens (compilation excluded; a verify
-    step of a few positions costs about one decode step on a memory-bound model); `alphas`,
-    the acceptance of each draft position given the earlier ones were accepted, and
-    `acceptance_rate`, both from a speculative run at `longest`."""
+    Fields: `gamma` (picked, in 0..`longest`; 0: plain decoding beats every block);
+    `draft_s`, `draft2_s`: a draft forward of one and of two positions (the first of a block
+    after a fully accepted one), `target_s`: a target forward of one position (a plain
+    decoding step), `verify_s`: the target's forward of the gamma + 1 positions a block of
+    gamma drafts is verified with, for gamma 1..`longest`; all seconds inside a jitted loop
+    (`jaxspec.decoding.costs`, measured once per process). `alphas`: the acceptance of each
+    draft position given the earlier ones were accepted, and `acceptance_rate`, from a probe
+    run of `probe_tokens` at `longest` on the call's rows, or (`probe_tokens` 0) from the
+    pair's earlier speculative calls in this process (`pair_acceptance`)."""
 
     gamma: int
     longest: int
@@ -61,13 +65,34 @@ class GammaChoice:
     alphas: tuple[float, ...]
     acceptance_rate: float
     probe_tokens: int
+    draft2_s: float = 0.0
+    verify_s: tuple[float, ...] = ()
+
+    def token_s(self, gamma: int, mode: str = "sync") -> float:
+        """The model's expected seconds per token at `gamma` (0: plain decoding): a round of
+        gamma drafts costs gamma draft forwards (the first two positions wide after a fully
+        accepted sync block: probability `survival[gamma]`) and the verify forward of gamma +
+        1 positions, and yields E[A] tokens (`jaxspec.decoding.analytic`)."""
+        if gamma == 0:
+            return self.target_s
+        alphas = list(self.alphas) or [0.0]
+        lag = analytic.survival(alphas, gamma)[gamma] if mode == "sync" else 0.0
+        draft = (gamma * self.draft_s + lag * (self.draft2_s - self.draft_s)) / gamma
+        return analytic.colocated_token_time(gamma, alphas, draft, self.verify_s[gamma - 1])
 
     def describe(self) -> str:
         """The figures in words (what `jaxspec generate --gamma auto` prints)."""
+        seen = (
+            f"over {self.probe_tokens} probe tokens at gamma={self.longest}"
+            if self.probe_tokens
+            else "over this pair's earlier calls"
+        )
+        verify = f", verify of gamma={self.longest} {self.verify_s[-1] * 1e3:.1f} ms" * bool(
+            self.verify_s
+        )
         return (
             f"draft {self.draft_s * 1e3:.1f} ms/token, target {self.target_s * 1e3:.1f} "
-            f"ms/token, acceptance {self.acceptance_rate:.2f} over {self.probe_tokens} probe "
-            f"tokens at gamma={self.longest}"
+            f"ms/token{verify}, acceptance {self.acceptance_rate:.2f} {seen}"
         )
 
 
@@ -237,6 +262,8 @@ def decode(
     spec, auto = _picked(
         model, draft, head, sampling, keys, stop_tokens, spec, mode, max_new_tokens
     )
+    if auto is not None and auto.gamma == 0:
+        draft, spec = None, None  # speculation cannot pay: plain decoding
     n = len(rows)
     stop_arr = jnp.asarray(list(stop_tokens) or [-1], jnp.int32)
     out = np.full((n, max_new_tokens), -1, np.int32)
@@ -254,6 +281,8 @@ def decode(
         if counters is not None:
             part = counters.to_figures()
             figures = part if figures is None else figures + part
+    if draft is not None:
+        _remember(_pair_key(model, draft, sampling, mode), figures)
     stats = GenerateStats(
         num_rows=n,
         new_tokens=int(np.sum(out >= 0)),
@@ -261,7 +290,7 @@ def decode(
         compiled=compiled,
         figures=figures,
         compile_s=compile_s,
-        gamma=None if draft is None else spec.gamma,
+        gamma=auto.gamma if auto is not None else None if draft is None else spec.gamma,
         auto=auto,
     )
     return out, stats
@@ -328,26 +357,107 @@ def choose_gamma(
     mode: str = "sync",
     probe_tokens: int = PROBE_TOKENS,
 ) -> GammaChoice:
-    """`gamma="auto"`: the gamma in 1..`spec.gamma` with the least expected time per token
-    under the model the edge's adaptive gamma uses (`jaxspec.decoding.analytic`, co-located:
-    the sync round without a network), fed with figures measured on these rows: the draft's and the
-    target's seconds per token from a plain run of `probe_tokens` each, and the acceptance
-    per draft position from a speculative run at `spec.gamma` (the longest block). Each
-    run's compilation is excluded from its timing (`GenerateStats.wall_s`). `sampling` and
-    `keys` may have more rows than `rows` (`generate` measures its first chunk)."""
+    """`gamma="auto"`: the gamma in 0..`spec.gamma` with the least expected time per token
+    under the co-located model (`jaxspec.decoding.analytic`: a round of gamma drafts costs
+    gamma draft forwards, the first two positions wide after a fully accepted sync block, and
+    one target forward of gamma + 1 positions; it yields E[A] tokens; 0 is plain decoding at
+    one target forward per token), fed with measured figures: each forward's seconds inside a
+    jitted loop (`jaxspec.decoding.costs`, once per process) and the acceptance per draft
+    position: the pair's acceptance over its earlier speculative calls in this process at
+    these sampling settings' kind (greedy or sampled; `pair_acceptance`), or where it has none
+    yet, a probe run at `spec.gamma` (the longest block) on these rows of at most
+    `probe_tokens`. `sampling` and `keys` may have more rows than `rows` (`generate`
+    measures its first chunk)."""
     head = jax.tree.map(lambda a: a[: len(rows)], (sampling, keys))
-    common = (rows, probe_tokens, *head, stop_tokens)
-    per_token = [decode(m, *common)[1] for m in (draft, model)]
-    t_d, t_v = (s.wall_s / max(1, s.new_tokens) for s in per_token)
-    longest = dataclasses.replace(spec, adaptive=False)
-    probe = decode(model, *common, draft=draft, spec=longest, mode=mode)[1]
-    figures = probe.figures or AcceptanceFigures()
-    alphas = conditional_alphas(figures.per_position_acceptance)
-    gamma = analytic.best_gamma("colocated", alphas, t_d, 0.0, t_v, longest=spec.gamma)
-    return GammaChoice(
-        gamma=gamma, longest=spec.gamma, draft_s=t_d, target_s=t_v, alphas=tuple(alphas),
-        acceptance_rate=figures.acceptance_rate, probe_tokens=probe_tokens,
+    L = spec.gamma
+    d = costs.forward_seconds(draft, (1, 2))
+    v = costs.forward_seconds(model, sorted({1, L // 2 + 1, L + 1}))
+    seen, probed = pair_acceptance(model, draft, head[0], mode), 0
+    if seen is None:  # the probe's own call pools its figures (`decode`)
+        longest = dataclasses.replace(spec, adaptive=False)
+        common = (rows, probe_tokens, *head, stop_tokens)
+        figures = decode(model, *common, draft=draft, spec=longest, mode=mode)[1].figures
+        seen, probed = PairAcceptance.of(figures or AcceptanceFigures()), probe_tokens
+    verify = tuple(costs.interpolated(v, g + 1) for g in range(1, L + 1))
+    measured = GammaChoice(
+        gamma=L, longest=L, draft_s=d[1], target_s=v[1], alphas=tuple(seen.alphas),
+        acceptance_rate=seen.acceptance_rate, probe_tokens=probed, draft2_s=d[2],
+        verify_s=verify,
     )  # fmt: skip
+    best = min(range(L + 1), key=lambda g: (measured.token_s(g, mode), g))
+    return dataclasses.replace(measured, gamma=best)
+
+
+@dataclasses.dataclass(frozen=True)
+class PairAcceptance:
+    """A pair's acceptance pooled over its speculative calls in this process: per draft
+    position i, `hits[i]` rounds whose drafts 0..i were accepted out of `tries[i]` that
+    tested draft i with drafts 0..i-1 accepted; `accepted` / `drafted` drafts overall. Older
+    calls count half at each new one, so the figures follow text whose acceptance moves."""
+
+    hits: tuple[float, ...] = ()
+    tries: tuple[float, ...] = ()
+    accepted: float = 0.0
+    drafted: float = 0.0
+
+    @classmethod
+    def of(cls, f: AcceptanceFigures) -> PairAcceptance:
+        app = list(f.accepted_per_position)
+        return cls(
+            hits=tuple(float(x) for x in app),
+            tries=tuple(float(x) for x in [f.num_drafts, *app[:-1]]),
+            accepted=float(f.num_accepted_tokens),
+            drafted=float(f.num_draft_tokens),
+        )
+
+    def __add__(self, new: PairAcceptance) -> PairAcceptance:
+        """These figures halved, plus `new`'s."""
+        n = max(len(self.hits), len(new.hits))
+
+        def pad(x: tuple[float, ...], w: float) -> list[float]:
+            return [w * v for v in x] + [0.0] * (n - len(x))
+
+        def pooled(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
+            return tuple(x + y for x, y in zip(pad(a, 0.5), pad(b, 1.0), strict=True))
+
+        return PairAcceptance(
+            hits=pooled(self.hits, new.hits), tries=pooled(self.tries, new.tries),
+            accepted=self.accepted / 2 + new.accepted, drafted=self.drafted / 2 + new.drafted,
+        )  # fmt: skip
+
+    @property
+    def alphas(self) -> list[float]:
+        """P(draft i accepted | drafts before it accepted), for the positions ever tested."""
+        return [min(1.0, h / t) for h, t in zip(self.hits, self.tries, strict=True) if t > 0]
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+_ACCEPTANCE: dict[tuple[Any, ...], PairAcceptance] = {}
+
+
+def _pair_key(model: Model, draft: Model, sampling: SamplingParams, mode: str) -> tuple:
+    greedy = bool(np.all(np.asarray(sampling.temperature) == 0))
+    return (id(model.params), id(draft.params), mode, greedy)
+
+
+def pair_acceptance(
+    model: Model, draft: Model, sampling: SamplingParams, mode: str
+) -> PairAcceptance | None:
+    """The pooled acceptance of this pair's speculative calls in this process (None before
+    any) at `sampling`'s kind (every row greedy, or not): the figures `gamma="auto"` uses."""
+    return _ACCEPTANCE.get(_pair_key(model, draft, sampling, mode))
+
+
+def _remember(key: tuple[Any, ...], figures: AcceptanceFigures | None) -> None:
+    """Pool one call's figures into its pair's (`PairAcceptance`)."""
+    if figures is None or not figures.num_drafts:
+        return
+    new = PairAcceptance.of(figures)
+    old = _ACCEPTANCE.get(key)
+    _ACCEPTANCE[key] = new if old is None else old + new
 
 
 def _check_length(model: Model, rows: list[list[int]], max_new_tokens: int) -> None:
