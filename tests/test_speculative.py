@@ -193,7 +193,7 @@ def test_gamma_auto_picks_by_measuring_and_decodes_as_that_gamma(hf_pair):
     assert 0 <= s.gamma <= 3 and (a.gamma, a.longest, a.probe_tokens) == (s.gamma, 3, 12)
     assert a.draft_s > 0 and a.draft2_s > 0 and a.target_s > 0 and len(a.verify_s) == 3
     assert len(a.alphas) == 3 and "ms/token" in a.describe()
-    assert s.gamma == min(range(4), key=lambda g: (a.token_s(g), g))
+    assert s.gamma == min(range(4), key=lambda g: (a.token_s(g, "sync", 12), g))
     fixed = jaxspec.generate(target, prompts, 12, gamma=max(s.gamma, 1), **kw)
     if s.gamma:
         assert (
@@ -224,6 +224,9 @@ def test_gamma_auto_model_prices_a_round_as_measured():
     best = lambda c: min(range(5), key=lambda g: (c.token_s(g), g))  # noqa: E731
     assert best(choice(0.0, flat)) == 0 and best(c) == 4
     assert best(choice(1.0, (0.02, 0.025, 0.06, 0.09))) == 2
+    # 6 tokens: gamma 4 needs two rounds (5 + 1), gamma 2 two (3 + 3): the block that fits
+    assert c.token_s(4, "sync", 6) == pytest.approx(2 * (3 * 0.004 + 0.005 + 0.02) / 6)
+    assert min(range(5), key=lambda g: (c.token_s(g, "sync", 6), g)) == 2
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ the batch it is decoded in (up to floating-point near-ties, docs/design.md §2).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -68,17 +69,23 @@ class GammaChoice:
     draft2_s: float = 0.0
     verify_s: tuple[float, ...] = ()
 
-    def token_s(self, gamma: int, mode: str = "sync") -> float:
+    def token_s(self, gamma: int, mode: str = "sync", new_tokens: int | None = None) -> float:
         """The model's expected seconds per token at `gamma` (0: plain decoding): a round of
         gamma drafts costs gamma draft forwards (the first two positions wide after a fully
         accepted sync block: probability `survival[gamma]`) and the verify forward of gamma +
-        1 positions, and yields E[A] tokens (`jaxspec.decoding.analytic`)."""
+        1 positions, and yields E[A] tokens (`jaxspec.decoding.analytic`). With `new_tokens`,
+        a call of that many: whole rounds, ceil(new_tokens / E[A]) of them (the last one's
+        drafts past the end are work for nothing), over its tokens."""
         if gamma == 0:
             return self.target_s
         alphas = list(self.alphas) or [0.0]
         lag = analytic.survival(alphas, gamma)[gamma] if mode == "sync" else 0.0
         draft = (gamma * self.draft_s + lag * (self.draft2_s - self.draft_s)) / gamma
-        return analytic.colocated_token_time(gamma, alphas, draft, self.verify_s[gamma - 1])
+        per_token = analytic.colocated_token_time(gamma, alphas, draft, self.verify_s[gamma - 1])
+        if new_tokens is None:
+            return per_token
+        per_round = analytic.expected_tokens(alphas, gamma)
+        return math.ceil(new_tokens / per_round - 1e-9) * per_token * per_round / new_tokens
 
     def describe(self) -> str:
         """The figures in words (what `jaxspec generate --gamma auto` prints)."""
@@ -313,8 +320,9 @@ def _picked(
         return spec, None
     probe = min(PROBE_TOKENS, max_new)
     auto = choose_gamma(
-        model, draft, rows, sampling, keys, stop_tokens, spec, mode=mode, probe_tokens=probe
-    )
+        model, draft, rows, sampling, keys, stop_tokens, spec, mode=mode, probe_tokens=probe,
+        new_tokens=max_new,
+    )  # fmt: skip
     return dataclasses.replace(spec, gamma=auto.gamma, adaptive=False), auto
 
 
@@ -356,6 +364,7 @@ def choose_gamma(
     *,
     mode: str = "sync",
     probe_tokens: int = PROBE_TOKENS,
+    new_tokens: int | None = None,
 ) -> GammaChoice:
     """`gamma="auto"`: the gamma in 0..`spec.gamma` with the least expected time per token
     under the co-located model (`jaxspec.decoding.analytic`: a round of gamma drafts costs
@@ -366,8 +375,9 @@ def choose_gamma(
     position: the pair's acceptance over its earlier speculative calls in this process at
     these sampling settings' kind (greedy or sampled; `pair_acceptance`), or where it has none
     yet, a probe run at `spec.gamma` (the longest block) on these rows of at most
-    `probe_tokens`. `sampling` and `keys` may have more rows than `rows` (`generate`
-    measures its first chunk)."""
+    `probe_tokens`. `new_tokens` (the call's `max_new_tokens`): priced as whole rounds
+    (`GammaChoice.token_s`). `sampling` and `keys` may have more rows than `rows`
+    (`generate` measures its first chunk)."""
     head = jax.tree.map(lambda a: a[: len(rows)], (sampling, keys))
     L = spec.gamma
     d = costs.forward_seconds(draft, (1, 2))
@@ -384,7 +394,7 @@ def choose_gamma(
         acceptance_rate=seen.acceptance_rate, probe_tokens=probed, draft2_s=d[2],
         verify_s=verify,
     )  # fmt: skip
-    best = min(range(L + 1), key=lambda g: (measured.token_s(g, mode), g))
+    best = min(range(L + 1), key=lambda g: (measured.token_s(g, mode, new_tokens), g))
     return dataclasses.replace(measured, gamma=best)
 
 

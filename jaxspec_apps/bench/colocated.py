@@ -94,7 +94,8 @@ def run(
                         "plain_tok_s": n_plain / t_plain,
                         "spec_tok_s": n_spec / t_spec,
                         "speedup": (n_spec / t_spec) / (n_plain / t_plain),
-                        **pooled(stats),
+                        "gammas": [s.gamma for s in stats],  # what gamma="auto" picked
+                        **pooled([s for s in stats if s.figures is not None]),
                     }
                 )
     return rows
@@ -168,7 +169,7 @@ def run_real(ctx: Context) -> dict[str, Any]:
     """The real pair at T = 0.7, one prompt per category."""
     p = ctx.p
     rows = run(
-        ctx.target, ctx.draft, ctx.prompts, gammas=(p.gamma,), temperatures=(0.7,),
+        ctx.target, ctx.draft, ctx.prompts, gammas=(p.gamma, "auto"), temperatures=(0.7,),
         new_tokens=p.new_tokens, repeats=p.repeats, modes=p.modes,
     )  # fmt: skip
     return {"rows": rows, "prompts": len(ctx.prompts)}
@@ -180,12 +181,19 @@ def markdown_real(c: dict[str, Any], page: Page) -> list[str]:
     lines = ["", f"### Co-located at T = {temps}", ""]
     for row in c["rows"]:
         lines.append(
-            f"T = {row['temperature']:g}, γ = {row['gamma']}, {row['mode']}, "
+            f"T = {row['temperature']:g}, γ = {_gamma(row)}, {row['mode']}, "
             f"{row['prompts']} prompts (one per category): plain {row['plain_tok_s']:.1f} "
             f"tok/s, speculative {row['spec_tok_s']:.1f} tok/s, **{ratio(row['speedup'])}**, "
             f"α {row['alpha']:.3f}, {row['tokens_per_round']:.2f} tokens per round."
         )
     return lines
+
+
+def _gamma(row: dict[str, Any]) -> str:
+    """A row's gamma; for gamma="auto" with what it picked."""
+    if row["gamma"] != "auto":
+        return str(row["gamma"])
+    return f"auto (picked {', '.join(str(g) for g in sorted(set(row.get('gammas', []))))})"
 
 
 TINY = Section("colocated", run_tiny, markdown_tiny, plot)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jaxspec
+from jaxspec.decoding import costs
 from jaxspec.nn.text import chat_prompt, encode_prompt
 from jaxspec_apps.bench.colocated import pooled
 from jaxspec_apps.bench.common import best_time, check_same_tokens
@@ -86,41 +87,73 @@ def run(
     new_tokens: int,
     gamma: int,
     repeats: int,
+    auto: bool = True,
 ) -> dict[str, Any]:
     """One row per category and one over all: plain and speculative tokens/s (T = 0, batch
     1, sync, stop tokens ignored so every answer is `new_tokens` long), the speedup, alpha,
-    mean accepted tokens per round and per-position acceptance."""
+    mean accepted tokens per round and per-position acceptance; at the fixed `gamma`, and
+    (`auto`) beside it at `gamma="auto"` with the gammas it picked."""
     common = dict(temperature=0.0, stop_tokens=(), seed=0)
-    rows, every = [], {"prompts": 0, "tokens": 0, "plain_s": 0.0, "spec_s": 0.0, "stats": []}
+    kinds = {"fixed": gamma, **({"auto": "auto"} if auto else {})}
+    every = {k: _totals() for k in kinds}
+    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     for category, ps in prompts.items():
-        cat = {"prompts": len(ps), "tokens": 0, "plain_s": 0.0, "spec_s": 0.0, "stats": []}
+        cat = {k: _totals() for k in kinds}
         for i, p in enumerate(ps):
             p = [int(t) for t in p]
             t_plain, plain = best_time(
                 lambda p=p: jaxspec.generate(target, p, new_tokens, **common), repeats
             )
-            t_spec, spec = best_time(
-                lambda p=p: jaxspec.generate(
-                    target, p, new_tokens, draft=draft, gamma=gamma, mode="sync", **common
-                ),
-                repeats,
-            )
-            check_same_tokens(f"specbench {category} prompt {i}", spec.tokens, plain.tokens)
-            cat["plain_s"] += t_plain
-            cat["spec_s"] += t_spec
-            cat["tokens"] += plain.stats.new_tokens
-            cat["stats"].append(spec.stats)
-        rows.append(_row(category, cat))
-        for k in ("prompts", "tokens", "plain_s", "spec_s", "stats"):
-            every[k] += cat[k]
-    overall = _row("overall", every)
-    return {"gamma": gamma, "new_tokens": new_tokens, "rows": rows, "overall": overall}
+            for kind, g in kinds.items():
+                t_spec, spec = best_time(
+                    lambda p=p, g=g: jaxspec.generate(
+                        target, p, new_tokens, draft=draft, gamma=g, mode="sync", **common
+                    ),
+                    repeats,
+                )
+                check_same_tokens(f"specbench {category} prompt {i} ({kind})", spec.tokens,
+                                  plain.tokens)  # fmt: skip
+                for t in (cat[kind], every[kind]):
+                    t["prompts"] += 1
+                    t["plain_s"] += t_plain
+                    t["spec_s"] += t_spec
+                    t["tokens"] += plain.stats.new_tokens
+                    t["stats"].append(spec.stats)
+        for kind in kinds:
+            rows[kind].append(_row(category, cat[kind]))
+    out = {"gamma": gamma, "new_tokens": new_tokens, "rows": rows["fixed"],
+           "overall": _row("overall", every["fixed"])}  # fmt: skip
+    if auto:
+        out["auto"] = {"rows": rows["auto"], "overall": _row("overall", every["auto"])}
+    out["parts"] = parts(target, draft, gamma, out["overall"])
+    return out
+
+
+def parts(target: Any, draft: Any, gamma: int, overall: dict[str, Any]) -> dict[str, Any]:
+    """What the forwards allow: each forward a round is made of, timed inside a jitted loop
+    (`jaxspec.decoding.costs`: no dispatch), and the speedup a round of exactly those
+    forwards would give at the measured tokens per round: E[A] x t(target [1, 1]) / ((gamma -
+    f) t(draft [1, 1]) + f t(draft [1, 2]) + t(target [1, gamma + 1])), f the share of rounds
+    whose first draft forward also feeds the previous token (those after a bonus)."""
+    d = costs.forward_seconds(draft, (1, 2))
+    v = costs.forward_seconds(target, (1, gamma + 1))
+    f = overall["per_position_acceptance"][-1]  # rounds fully accepted: a bonus follows
+    round_s = (gamma - f) * d[1] + f * d[2] + v[gamma + 1]
+    return {
+        "draft_s": d[1], "draft2_s": d[2], "target_s": v[1], "verify_s": v[gamma + 1],
+        "feed_prev_share": f, "round_s": round_s,
+        "speedup": overall["tokens_per_round"] * v[1] / round_s,
+    }  # fmt: skip
+
+
+def _totals() -> dict[str, Any]:
+    return {"prompts": 0, "tokens": 0, "plain_s": 0.0, "spec_s": 0.0, "stats": []}
 
 
 def _row(category: str, t: dict[str, Any]) -> dict[str, Any]:
     """A table row from the totals `t` (prompts, tokens, plain_s, spec_s, the speculative
-    runs' stats) of a category, or of all of them."""
-    figures = pooled(t["stats"])
+    runs' stats) of a category, or of all of them; `gammas`: the gamma of each run."""
+    figures = pooled([s for s in t["stats"] if s.figures is not None])
     return {
         "category": category,
         "prompts": t["prompts"],
@@ -129,6 +162,7 @@ def _row(category: str, t: dict[str, Any]) -> dict[str, Any]:
         "spec_tok_s": t["tokens"] / t["spec_s"],
         "speedup": t["plain_s"] / t["spec_s"],
         "tokens_per_round": figures["tokens_per_round"],
+        "gammas": [s.gamma for s in t["stats"]],
         **figures,
     }
 
@@ -143,27 +177,44 @@ def run_section(ctx: Context) -> dict[str, Any]:
 
 
 def table_md(sb: dict[str, Any]) -> list[str]:
-    """One row per category and one over all, with the acceptance at each position."""
-    g = sb["gamma"]
+    """One row per category and one over all, with the acceptance at each position; where
+    the run had `gamma="auto"`, its speedup and the gammas it picked beside the fixed one's."""
+    g, auto = sb["gamma"], sb.get("auto")
+    extra = " γ auto: speedup | picked |" if auto else ""
     lines = [
         "| category | prompts | plain tok/s | SD tok/s | speedup | tokens per round | α | "
         + " | ".join(f"pos {i + 1}" for i in range(g))
-        + " |",
-        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * g,
+        + " |"
+        + extra,
+        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * g + "---:|---|" * bool(auto),
     ]
-    for row in [*sb["rows"], sb["overall"]]:
+    autos = [*auto["rows"], auto["overall"]] if auto else []
+    for i, row in enumerate([*sb["rows"], sb["overall"]]):
         name = f"**{row['category']}**" if row["category"] == "overall" else row["category"]
         pos = " | ".join(f"{a:.2f}" for a in row["per_position_acceptance"])
-        lines.append(
+        line = (
             f"| {name} | {row['prompts']} | {row['plain_tok_s']:.1f} | {row['spec_tok_s']:.1f} | "
             f"{ratio(row['speedup'])} | {row['tokens_per_round']:.2f} | {row['alpha']:.3f} | "
             f"{pos} |"
         )
+        if autos:
+            a = autos[i]
+            picked = ", ".join(str(x) for x in sorted(set(a["gammas"])))
+            line += f" {ratio(a['speedup'])} | {picked} |"
+        lines.append(line)
     return lines
 
 
 def markdown(sb: dict[str, Any], page: Page) -> list[str]:
     """The Spec-Bench section of the real pair's report."""
+    auto = (
+        ' The last two columns: the same prompts at `gamma="auto"` (timed the same way; its '
+        "forwards measured once per process inside a jitted loop, the acceptance read from "
+        "the pair's earlier calls: `jaxspec.decoding.generate.choose_gamma`) and the gammas "
+        "it picked."
+        if "auto" in sb
+        else ""
+    )
     return [
         "",
         "### Spec-Bench: speedup and mean accepted tokens per category (T = 0, batch 1)",
@@ -173,7 +224,7 @@ def markdown(sb: dict[str, Any], page: Page) -> list[str]:
         f"(the best of {page.settings['repeats']} after a warm-up). Greedy speculative "
         "tokens are asserted equal to plain greedy tokens. Tokens per round = tokens "
         "committed per verification (bonus included; Spec-Bench's τ); pos i = the share "
-        "of rounds whose draft i was accepted.",
+        f"of rounds whose draft i was accepted.{auto}",
         "",
         *table_md(sb),
     ]
