@@ -215,7 +215,7 @@ def draft_block(
     written only for those rows) and `last`: a two-row forward costs the W4A16 kernel about
     1.3 one-row forwards, a separate forward for `prev` a whole one (a fully accepted round
     cost `gamma + 1` forwards that way); a round where no row lags runs the one-wide first
-    forward (`lax.cond`). The kernels are batch-invariant, so `last`'s logits have the same
+    forward. The kernels are batch-invariant, so `last`'s logits have the same
     bits either way. The co-located loop and the edge drafter both draft through here, so both
     draft the same bits.
     `counts` (the rows' `TokenCounts` before the block; needed for penalties) are updated
@@ -253,8 +253,23 @@ def draft_block(
         logits, cache = draft.apply({"params": params}, fed_B2, pos_B2, valid_B2, cache)
         return logits[:, 1], cache
 
-    lagging = jnp.any(live_B & feed_prev_B)
-    logits_BV, cache = jax.lax.cond(lagging, feed_prev_and_last, feed_last, cache)
+    # Two loops of 0 or 1 trips, not `lax.cond`: XLA:CPU copies a whole cache passed through
+    # a conditional's branches (once per block, O(max_len): an edge drafter of 2048 positions
+    # drafted at 2x the cost), while a loop's carry is updated in place.
+    lagging = jnp.any(live_B & feed_prev_B).astype(jnp.int32)
+    acc = jnp.promote_types(draft.dtype, jnp.float32)  # the model's logits (float64 models: 64)
+    logits_BV = jnp.zeros((last_B.shape[0], draft.config.vocab_size), acc)
+
+    def once(fn, trips):
+        def body(c):
+            k, _, cache = c
+            logits, cache = fn(cache)
+            return k + 1, logits.astype(acc), cache
+
+        return lambda c: jax.lax.while_loop(lambda c: c[0] < trips, body, c)
+
+    _, logits_BV, cache = once(feed_prev_and_last, lagging)((jnp.int32(0), logits_BV, cache))
+    _, logits_BV, cache = once(feed_last, 1 - lagging)((jnp.int32(0), logits_BV, cache))
     d0, q0 = propose(logits_BV, next_pos_B, counts)
 
     def step(c):
