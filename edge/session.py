@@ -279,7 +279,7 @@ class EdgeSession:
             while len(self.inflight) < self.depth:  # ones sit at the next positions
                 self._send(self._empty_block(ahead=len(self.inflight)))
             return
-        while len(self.inflight) < self.depth and self._room():
+        while len(self.inflight) < self.depth and self._room() and self._wanted():
             n = self._next_len()
             if n == 0:  # no drafting: the verifier samples the token (edge.adaptive)
                 block = self._empty_block()
@@ -292,6 +292,14 @@ class EdgeSession:
     def _room(self) -> bool:
         """Whether the drafter's context has room for one more longest block."""
         return self.keep + len(self.tail) + self.gamma <= self.max_len
+
+    def _wanted(self) -> bool:
+        """Whether one more block can still be of use: the drafts in flight do not yet reach
+        the last token the session may commit (a pipeline `depth` deep drafted up to `depth`
+        blocks past it, for nothing: 20 tokens of a 64-token session at depth 5), or none is
+        in flight."""
+        end = len(self.prompt) + self.config.max_new_tokens
+        return self.keep + len(self.tail) < end or not self.inflight
 
     def _next_len(self) -> int:
         """The next block's length: `gamma`, or what `block_len()` picks (checked)."""

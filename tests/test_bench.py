@@ -234,7 +234,12 @@ def test_the_real_pass_adds_its_object_and_keeps_the_tiny_keys(checkpoints, tmp_
     assert [r["category"] for r in s["specbench"]["rows"]] == [
         "coding", "explanation", "summarization", "math", "rewriting"
     ]  # fmt: skip
-    assert real["colocated_speedup"] == s["specbench"]["overall"]["speedup"]
+    assert real["colocated_speedup"] == s["specbench"]["auto"]["overall"]["speedup"]
+    assert real["colocated_speedup_gamma4"] == s["specbench"]["overall"]["speedup"]
+    assert all(0 <= g <= 8 for g in s["specbench"]["auto"]["overall"]["gammas"])
+    parts = s["specbench"]["parts"]  # what a round of exactly its forwards allows
+    assert parts["round_s"] > parts["verify_s"] > 0 and parts["draft2_s"] > 0
+    assert real["colocated_vs_parts"] == s["specbench"]["overall"]["speedup"] / parts["speedup"]
     assert real["draft_cost_ratio"] == (
         s["cost"]["draft"]["s_per_token"] / s["cost"]["target"]["s_per_token"]
     )
@@ -536,6 +541,13 @@ def test_the_round_profile_section_buckets_each_modes_time(checkpoints, tmp_path
     for x in rows.values():
         assert x["parts_s"] > 0 and x["ratio"] == x["measured_s"] / x["parts_s"]
     assert rows["gamma-0 step"]["host_s"] >= 0 and rows["drafter round"]["host_s"] is None
+    # The co-located round's device account: every part of a round found in the trace.
+    acc = r["device_account"]
+    assert acc["rounds"] > 0 and acc["device_wall_s"] > 0 and acc["host_s"] >= 0
+    for part in ("draft forwards", "draft sampling (q)", "verify forward", "rule and commit"):
+        assert acc["parts_s"][part] > 0, part
+    assert acc["parts_s"]["prefill: draft (per call)"] > 0
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "## Where a round's time goes" in text and "`program_vs_parts`" in text
+    assert "device account (`jax.profiler`)" in text
     assert "### Where the edge sessions stall" in text

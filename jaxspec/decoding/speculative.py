@@ -313,8 +313,14 @@ def speculative_decode(
     dcache = init_cache(draft.config, B, S, draft.dtype)
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     pre_valid = positions < (batch.lengths - 1)[:, None]
-    _, tcache = target.apply({"params": target_params}, batch.prompt, positions, pre_valid, tcache)
-    _, dcache = draft.apply({"params": draft_params}, batch.prompt, positions, pre_valid, dcache)
+    with jax.named_scope("prefill_target"):
+        _, tcache = target.apply(
+            {"params": target_params}, batch.prompt, positions, pre_valid, tcache
+        )
+    with jax.named_scope("prefill_draft"):
+        _, dcache = draft.apply(
+            {"params": draft_params}, batch.prompt, positions, pre_valid, dcache
+        )
     at = functools.partial(jnp.take_along_axis, batch.prompt, axis=1)
     state = RoundState(
         out=jnp.full((B, buffer), -1, jnp.int32),
@@ -353,21 +359,26 @@ class _Round:
         live_B = ~s.done
         P_B = b.lengths + s.num_new  # committed length; the next token sits at P
         missing_B = (P_B >= 2) & (s.draft_cache.lengths < P_B - 1)  # prev's KV not written
-        d_BK, draft_q, dcache = draft_block(
-            self.draft, self.draft_params, s.draft_cache, s.prev, s.last, P_B, missing_B, live_B,
-            b.sampling, b.keys, spec=self.spec, variant=self.variant, counts=s.counts,
-        )  # fmt: skip
+        # The scopes name the round's parts in compiled programs and profiles (the bench's
+        # device account, jaxspec_apps/bench/device_account.py).
+        with jax.named_scope("round_draft"):
+            d_BK, draft_q, dcache = draft_block(
+                self.draft, self.draft_params, s.draft_cache, s.prev, s.last, P_B, missing_B,
+                live_B, b.sampling, b.keys, spec=self.spec, variant=self.variant, counts=s.counts,
+            )  # fmt: skip
         block = jnp.concatenate([s.last[:, None], d_BK], axis=1)
         pos = P_B[:, None] - 1 + jnp.arange(K + 1)[None, :]
         valid = jnp.broadcast_to(live_B[:, None], (B, K + 1))
         params = {"params": self.target_params}
-        logits, tcache = self.target.apply(params, block, pos, valid, s.target_cache)
+        with jax.named_scope("round_target"):
+            logits, tcache = self.target.apply(params, block, pos, valid, s.target_cache)
         num_draft = jnp.where(live_B, K, 0)
-        vr = verify_block(
-            d_BK, num_draft, logits, draft_q, b.sampling, b.keys, P_B, self.sync_B, s.counts,
-            self.variant,
-        )  # fmt: skip
-        return self._commit(s, vr, d_BK, num_draft, tcache, dcache)
+        with jax.named_scope("round_rule"):
+            vr = verify_block(
+                d_BK, num_draft, logits, draft_q, b.sampling, b.keys, P_B, self.sync_B, s.counts,
+                self.variant,
+            )  # fmt: skip
+            return self._commit(s, vr, d_BK, num_draft, tcache, dcache)
 
     def _commit(self, s, vr: Verdicts, d_BK, num_draft, tcache, dcache) -> RoundState:
         """Append the verdict's tokens (cut at the first stop token and at max_new), roll

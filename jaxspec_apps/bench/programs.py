@@ -93,25 +93,36 @@ def in_turns(calls: dict[str, Callable[[], Any]], turns: int) -> dict[str, float
     return best
 
 
-def _colocated(target: Any, draft: Any, prompt: list[int], gamma: int, n: int, n0: int) -> dict:
-    """The co-located loop at n and n0 new tokens (one compiled loop), T = 0, full q (as
-    `jaxspec.generate` drafts by default): its calls and the rounds each made, the share of
-    rounds that fed the previous token first."""
+def colocated_call(
+    target: Any, draft: Any, prompt: list[int], gamma: int, n: int, max_new: int | None = None,
+    text: bool = True,
+) -> tuple[Callable[[], Any], str]:  # fmt: skip
+    """The co-located loop as `jaxspec.generate` runs it (T = 0, full q, one row, a buffer of
+    `n` new tokens, `max_new` of them made): a call that waits for it, and (`text`) its
+    compiled program's text."""
     T, N = bucket(len(prompt), 8), bucket(n, 8)
     p = np.zeros((1, T), np.int32)
     p[0, : len(prompt)] = prompt
     spec = DraftSpec(gamma=gamma, encoding="full")
+    batch = DecodeBatch(
+        prompt=jnp.asarray(p), lengths=jnp.asarray([len(prompt)], jnp.int32),
+        sampling=SamplingParams.of([SamplingSettings(temperature=0.0)]).pad(1),
+        keys=session_keys(0, 1), stop_ids=jnp.asarray([-1], jnp.int32),
+        max_new=jnp.int32(n if max_new is None else max_new), num_live=jnp.int32(1),
+    )  # fmt: skip
+    args = (target.module, draft.module, target.params, draft.params, batch, jnp.ones(1, bool))
+    lowered = speculative_decode.lower(*args, spec=spec, buffer=N) if text else None
+    compiled = lowered.compile().as_text() if lowered is not None else ""
+    return lambda: jax.block_until_ready(speculative_decode(*args, spec=spec, buffer=N)), compiled
+
+
+def _colocated(target: Any, draft: Any, prompt: list[int], gamma: int, n: int, n0: int) -> dict:
+    """The co-located loop at n and n0 new tokens (one compiled loop), T = 0, full q (as
+    `jaxspec.generate` drafts by default): its calls and the rounds each made, the share of
+    rounds that fed the previous token first."""
 
     def call(max_new: int):
-        batch = DecodeBatch(
-            prompt=jnp.asarray(p), lengths=jnp.asarray([len(prompt)], jnp.int32),
-            sampling=SamplingParams.of([SamplingSettings(temperature=0.0)]).pad(1),
-            keys=session_keys(0, 1), stop_ids=jnp.asarray([-1], jnp.int32),
-            max_new=jnp.int32(max_new), num_live=jnp.int32(1),
-        )  # fmt: skip
-        args = (target.module, draft.module, target.params, draft.params, batch)
-        sync = jnp.ones(1, bool)
-        return lambda: jax.block_until_ready(speculative_decode(*args, sync, spec=spec, buffer=N))
+        return colocated_call(target, draft, prompt, gamma, n, max_new, text=False)[0]
 
     figures = {m: call(m)()[1].to_figures() for m in (n, n0)}
     rounds = figures[n].rounds - figures[n0].rounds
@@ -120,7 +131,7 @@ def _colocated(target: Any, draft: Any, prompt: list[int], gamma: int, n: int, n
         "calls": {"long": call(n), "short": call(n0)},
         "rounds": rounds,
         "feed_prev": bonus / rounds,
-        "cache_len": T + N + gamma + 1,
+        "cache_len": bucket(len(prompt), 8) + bucket(n, 8) + gamma + 1,
     }
 
 

@@ -50,7 +50,7 @@ from edge.drafter import Drafter
 from edge.session import SessionTrace, run_session
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec.quant.calibration import prompt_ids
-from jaxspec_apps.bench import programs
+from jaxspec_apps.bench import device_account, programs
 from jaxspec_apps.bench.common import make_scheduler
 from jaxspec_apps.bench.latency import session_depth
 from jaxspec_apps.bench.section import Context, Page, Section
@@ -145,6 +145,40 @@ def stall_shares(tr: SessionTrace) -> dict[str, float]:
     return {k: v / wall for k, v in tr.stalls().items()}
 
 
+ACCOUNT = ("draft forwards", "draft sampling (q)", "verify forward", "rule and commit",
+           "copies", "loop and other")  # fmt: skip
+PREFILL = ("prefill: target (per call)", "prefill: draft (per call)")
+
+
+def colocated_part(instruction: str, op_name: str) -> str:
+    """The part of `speculative_decode` an op belongs to, by the scopes of its op_name."""
+    if "prefill_target" in op_name:
+        return PREFILL[0]
+    if "prefill_draft" in op_name:
+        return PREFILL[1]
+    if "round_draft" in op_name:
+        return "draft forwards" if "/Llama/" in op_name else "draft sampling (q)"
+    if "round_target" in op_name:
+        return "verify forward"
+    if "round_rule" in op_name:
+        return "rule and commit"
+    return "copies" if instruction.startswith("copy") else "loop and other"
+
+
+def colocated_account(target: Any, draft: Any, prompt: list[int], gamma: int, n: int) -> dict:
+    """One co-located call (`speculative_decode`, T = 0, full q, as `generate` runs it) under
+    `jax.profiler`: each part's thread time per round (prefill: per call), the program's wall
+    per round and the host's time around it per call (device_account.py)."""
+    call, compiled = programs.colocated_call(target, draft, prompt, gamma, n)
+    call()  # warm
+    events = device_account.traced(call)
+    rounds = call()[1].to_figures().rounds
+    acc = device_account.account(events, device_account.op_names(compiled), colocated_part)
+    per = {k: v / (1 if k.startswith("prefill") else rounds) for k, v in acc["parts_s"].items()}
+    return {"rounds": rounds, "gamma": gamma, "new_tokens": n, "parts_s": per,
+            "device_wall_s": acc["device_wall_s"], "host_s": acc["host_s"]}  # fmt: skip
+
+
 def run_section(ctx: Context) -> dict[str, Any]:
     """The program_vs_parts table, then every mode profiled on the same prompt and each edge
     mode's stalls."""
@@ -171,8 +205,9 @@ def run_section(ctx: Context) -> dict[str, Any]:
     rows = {name: profile(run) for name, run in modes.items()}
     for name, (_, depth, r) in edges.items():  # the unprofiled run's trace (warm-up first)
         rows[name] |= {"depth": depth, "rtt_ms": r * 1e3, "stalls": stall_shares(traces[name][1])}
+    account = colocated_account(ctx.target, ctx.draft, prompt, p.gamma, n)
     return {"command": ctx.command, "gamma": p.gamma, "new_tokens": n, "modes": rows,
-            "program_vs_parts": parts}  # fmt: skip
+            "program_vs_parts": parts, "device_account": account}  # fmt: skip
 
 
 def markdown(r: dict[str, Any], page: Page) -> list[str]:
@@ -199,7 +234,35 @@ def markdown(r: dict[str, Any], page: Page) -> list[str]:
     for name, m in r["modes"].items():
         top = "; ".join(f"{t['function']} {t['ms_per_token']:.2f}" for t in m["top"][:5])
         lines += ["", f"Top own time, {name} (ms per token, profiled): {top}."]
-    return [*lines, "", *programs_md(r["program_vs_parts"]), "", *stalls_md(r)]
+    account = account_md(r["device_account"]) if "device_account" in r else []
+    return [*lines, "", *account, *programs_md(r["program_vs_parts"]), "", *stalls_md(r)]
+
+
+def account_md(a: dict[str, Any]) -> list[str]:
+    """The co-located round's device account (`colocated_account`)."""
+    rounds = {k: v for k, v in a["parts_s"].items() if not k.startswith("prefill")}
+    busy = sum(rounds.values())
+    lines = [
+        "### The co-located round's device account (`jax.profiler`)",
+        "",
+        f"One co-located call (γ {a['gamma']}, {a['new_tokens']} new tokens, T = 0, full q, "
+        f"{a['rounds']} rounds) traced with `jax.profiler`; each XLA op's time on its thread "
+        "put under the part of the round its named scope says (jaxspec_apps/bench/"
+        "device_account.py). The program ran "
+        f"{a['device_wall_s'] * 1e3 / a['rounds']:.1f} ms per round on the device (prefill "
+        f"included); the host's time around it was {a['host_s'] * 1e3:.1f} ms per call. The "
+        "parts add up to both threads' busy time (XLA runs independent ops at once).",
+        "",
+        "| part | ms per round | share of the round's busy time |",
+        "|---|---:|---:|",
+    ]
+    for k in ACCOUNT:
+        if k in rounds:
+            lines.append(f"| {k} | {rounds[k] * 1e3:.2f} | {100 * rounds[k] / busy:.0f}% |")
+    for k in PREFILL:
+        if k in a["parts_s"]:
+            lines.append(f"| {k} | {a['parts_s'][k] * 1e3:.1f} | |")
+    return [*lines, ""]
 
 
 STALLS = (("draft_kept", "drafting, kept"), ("draft_wasted", "drafting, thrown away"),
