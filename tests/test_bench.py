@@ -551,3 +551,34 @@ def test_the_round_profile_section_buckets_each_modes_time(checkpoints, tmp_path
     assert "## Where a round's time goes" in text and "`program_vs_parts`" in text
     assert "device account (`jax.profiler`)" in text
     assert "### Where the edge sessions stall" in text
+
+
+def test_the_device_account_puts_each_op_under_its_part_and_leaves_the_host_out():
+    """`device_account.account` on a made-up trace: ops under the part their op_name says,
+    control-flow spans and the executor's own spans not counted (their ops are), the host's
+    thread (named after the process, not "python") kept out of the parts, and the host's
+    time the outermost Python span less the device's wall."""
+    from jaxspec_apps.bench import device_account
+    from jaxspec_apps.bench.roundprofile import colocated_part
+
+    def ev(name, dur_us, tid, thread):
+        return {"name": name, "dur": dur_us, "pid": 1, "tid": tid, "thread": thread, "ph": "X"}
+
+    host, xla = (0, "jaxspec"), (1, "tf_XLAEigen/1")
+    events = [
+        ev("$bench.py:1 run", 1000, *host), ev("PjitFunction(f)", 900, *host),
+        ev(device_account.WAIT, 800, 2, "tf_XLAPjRtCpuClient/1"),
+        ev("ThunkExecutor::Execute", 700, *xla), ev("while.3", 600, *xla),
+        ev("ffi_call.1", 300, *xla), ev("end: ffi_call.1", 1, *xla),
+        ev("ffi_call.2", 200, *xla), ev("add_fusion.4", 50, *xla), ev("copy.5", 10, *xla),
+    ]  # fmt: skip
+    scopes = {"ffi_call.1": "round_draft/Llama/layers_0/x", "ffi_call.2": "round_target/Llama/x",
+              "add_fusion.4": "round_rule/add", "copy.5": "copy"}  # fmt: skip
+    text = "\n".join(
+        f'  %{k} = f32[1] op(), metadata={{op_name="jit(f)/while/body/{v}"}}'
+        for k, v in scopes.items()
+    )
+    acc = device_account.account(events, device_account.op_names(text), colocated_part)
+    assert acc["parts_s"] == pytest.approx({"draft forwards": 3e-4, "verify forward": 2e-4,
+                                            "rule and commit": 5e-5, "copies": 1e-5})  # fmt: skip
+    assert acc["device_wall_s"] == pytest.approx(8e-4) and acc["host_s"] == pytest.approx(2e-4)

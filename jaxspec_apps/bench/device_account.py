@@ -68,11 +68,14 @@ def account(
     the result's transfer)."""
     parts: dict[str, float] = {}
     wall = python = 0.0
+    # The host's threads: those with Python frames ("$file:line name"; the main thread is
+    # named after the process, "python" or "jaxspec").
+    host = {(e["pid"], e["tid"]) for e in events if e["name"].startswith("$")}
     for e in events:
         seconds = e["dur"] / 1e6
         if e["name"] == WAIT:
             wall += seconds
-        elif e["thread"] == "python":
+        elif (e["pid"], e["tid"]) in host:
             python = max(python, seconds)  # the outermost Python call spans the others
         elif not e["name"].startswith(("end: ", "ThunkExecutor")) and not CONTAINER.match(
             e["name"]
