@@ -180,7 +180,7 @@ class EdgeSession:
         self.gamma = config.draft.gamma  # the longest block
         self.prompt = list(config.prompt)
         self.trace = SessionTrace()
-        # Set as the session opens (`_start`: the drafter first, then the verifier's session).
+        # Set when the session opens (`_start`), after the verifier has accepted the config.
         self.sid = ""
         self.max_len = 0
         self.state: DrafterState | None = None
@@ -220,17 +220,14 @@ class EdgeSession:
         return self.trace
 
     async def _start(self) -> None:
-        """Size and prefill the drafter, open the session, make its sampling. The prefill is
-        dispatched first: the device runs it while the verifier opens the session and
-        prefills its own side (one after the other, a session's first block waited for both:
-        a few hundred ms on a core each for a chat prompt)."""
+        """Open the session, then size and prefill the drafter and make its sampling."""
+        self.sid = await self._open(self.config)
         c = self.config
         need = len(self.prompt) + c.max_new_tokens + (self.depth + 1) * self.gamma + 2
         self.max_len = bucket(need, 64)  # sessions share compilations
         if self.speculative:
             self.state = self.drafter.prefill(self.drafter.init(1, self.max_len), [self.prompt])
             self.keep = len(self.prompt)
-        self.sid = await self._open(self.config)
         self.sampling = SamplingParams.of([c.sampling])
         self.keys = session_key(c.seed, 0)[None]
 
