@@ -77,8 +77,9 @@ def _generate(args: argparse.Namespace) -> int:
         gamma = 0  # without a draft, plain decoding: nothing to choose
         if draft is not None:
             gamma, why = choose_colocated_gamma(
-                model, draft, ids, args.longest_block, sampling, args.seed
-            )
+                model, draft, ids, args.longest_block, sampling, args.seed,
+                new_tokens=args.max_new_tokens,
+            )  # fmt: skip
             print(f"[--gamma auto: picked gamma={gamma} ({why})]", file=sys.stderr)
         spec = dataclasses.replace(spec, gamma=gamma, adaptive=False)
         args.gamma = gamma
@@ -115,16 +116,20 @@ def choose_colocated_gamma(
     sampling: jaxspec.SamplingSettings,
     seed: int,
     probe_tokens: int = PROBE_TOKENS,
+    *,
+    new_tokens: int | None = None,
 ) -> tuple[int, str]:
     """`--gamma auto` for co-located decoding: what `jaxspec.generate(..., gamma="auto")`
-    picks (`jaxspec.generate`'s `choose_gamma`: the draft's and the target's time per token
-    from short plain runs, the acceptance per position from a speculative run at `longest`,
-    the least expected time per token under `jaxspec.decoding.analytic`'s co-located model), on the
-    one prompt. Returns the gamma and the figures in words."""
+    picks (`jaxspec.generate`'s `choose_gamma`: each model's forwards timed in a jitted loop,
+    the acceptance per position from the pair's earlier calls or a speculative run at
+    `longest`, the gamma in 0..`longest` with the least expected time per token for a call of
+    `new_tokens`; 0 is plain decoding), on the one prompt. Returns the gamma and the figures
+    in words."""
     choice = choose_gamma(
         target, draft, [list(ids)], jaxspec.SamplingParams.of([sampling]),
         session_keys(seed, 1), target.config.eos_token_ids,
         jaxspec.DraftSpec(gamma=longest, adaptive=True), probe_tokens=probe_tokens,
+        new_tokens=new_tokens,
     )  # fmt: skip
     return choice.gamma, choice.describe()
 

@@ -237,6 +237,43 @@ def draft_block(
             return counts
         return counts.add(jnp.where(live_B, d_B, -1)[:, None])
 
+    logits_BV, cache = _first_forward(
+        draft, params, cache, prev_B, last_B, next_pos_B, feed_prev_B, live_B
+    )
+    d0, q0 = propose(logits_BV, next_pos_B, counts)
+
+    def step(c):
+        j, tok_B, cache, counts, d_GB, q_G = c  # j: the draft this step proposes (>= 1)
+        counts = seen(counts, tok_B)  # d_{j-1}
+        pos_B = next_pos_B - 1 + j  # where the fed token d_{j-1} sits
+        logits, cache = draft.apply(
+            {"params": params}, tok_B[:, None], pos_B[:, None], live_B[:, None], cache
+        )
+        d, q = propose(logits[:, 0], pos_B + 1, counts)
+        d_GB = d_GB.at[j].set(d)
+        q_G = jax.tree.map(lambda buf, x: buf.at[j].set(x), q_G, q)
+        return j + 1, d, cache, counts, d_GB, q_G
+
+    q_G = jax.tree.map(lambda x: jnp.zeros((G, *x.shape), x.dtype).at[0].set(x), q0)
+    d_GB = jnp.zeros((G, *last_B.shape), jnp.int32).at[0].set(d0)
+    init = (jnp.int32(1), d0, cache, counts, d_GB, q_G)
+    _, _, cache, _, d_GB, q_G = jax.lax.while_loop(lambda c: c[0] < G, step, init)
+    return d_GB.T, pack_q(spec.encoding, q_G), cache
+
+
+def _first_forward(
+    draft: Llama,
+    params: Any,
+    cache: Any,
+    prev_B: jax.Array,
+    last_B: jax.Array,
+    next_pos_B: jax.Array,
+    feed_prev_B: jax.Array,
+    live_B: jax.Array,
+) -> tuple[jax.Array, Any]:
+    """A block's first forward (`draft_block`): [prev, last] two wide where a live row lags,
+    `last` alone elsewhere; returns the logits at `last` `[B, V]` and the cache."""
+
     def feed_last(cache):
         """`last` alone at next_pos-1: its logits `[B, V]` and the cache."""
         logits, cache = draft.apply(
@@ -270,25 +307,7 @@ def draft_block(
 
     _, logits_BV, cache = once(feed_prev_and_last, lagging)((jnp.int32(0), logits_BV, cache))
     _, logits_BV, cache = once(feed_last, 1 - lagging)((jnp.int32(0), logits_BV, cache))
-    d0, q0 = propose(logits_BV, next_pos_B, counts)
-
-    def step(c):
-        j, tok_B, cache, counts, d_GB, q_G = c  # j: the draft this step proposes (>= 1)
-        counts = seen(counts, tok_B)  # d_{j-1}
-        pos_B = next_pos_B - 1 + j  # where the fed token d_{j-1} sits
-        logits, cache = draft.apply(
-            {"params": params}, tok_B[:, None], pos_B[:, None], live_B[:, None], cache
-        )
-        d, q = propose(logits[:, 0], pos_B + 1, counts)
-        d_GB = d_GB.at[j].set(d)
-        q_G = jax.tree.map(lambda buf, x: buf.at[j].set(x), q_G, q)
-        return j + 1, d, cache, counts, d_GB, q_G
-
-    q_G = jax.tree.map(lambda x: jnp.zeros((G, *x.shape), x.dtype).at[0].set(x), q0)
-    d_GB = jnp.zeros((G, *last_B.shape), jnp.int32).at[0].set(d0)
-    init = (jnp.int32(1), d0, cache, counts, d_GB, q_G)
-    _, _, cache, _, d_GB, q_G = jax.lax.while_loop(lambda c: c[0] < G, step, init)
-    return d_GB.T, pack_q(spec.encoding, q_G), cache
+    return logits_BV, cache
 
 
 @trace_cache.jit(static_argnames=("target", "draft", "spec", "buffer", "variant"))
