@@ -556,8 +556,8 @@ def test_the_round_profile_section_buckets_each_modes_time(checkpoints, tmp_path
 def test_the_device_account_puts_each_op_under_its_part_and_leaves_the_host_out():
     """`device_account.account` on a made-up trace: ops under the part their op_name says,
     control-flow spans and the executor's own spans not counted (their ops are), the host's
-    thread (named after the process, not "python") kept out of the parts, and the host's
-    time the outermost Python span less the device's wall."""
+    thread (named after the process, not "python") kept out of the parts, and the device's
+    wall read off the runtime's wait."""
     from jaxspec_apps.bench import device_account
     from jaxspec_apps.bench.roundprofile import colocated_part
 
@@ -581,4 +581,4 @@ def test_the_device_account_puts_each_op_under_its_part_and_leaves_the_host_out(
     acc = device_account.account(events, device_account.op_names(text), colocated_part)
     assert acc["parts_s"] == pytest.approx({"draft forwards": 3e-4, "verify forward": 2e-4,
                                             "rule and commit": 5e-5, "copies": 1e-5})  # fmt: skip
-    assert acc["device_wall_s"] == pytest.approx(8e-4) and acc["host_s"] == pytest.approx(2e-4)
+    assert acc["device_wall_s"] == pytest.approx(8e-4) and set(acc) == {"parts_s", "device_wall_s"}

@@ -10,8 +10,8 @@ in one jitted `lax.fori_loop` against n0, so dispatch and the result's transfer 
 (a forward timed through its own jitted call pays ~2.5 ms of dispatch for SmolLM2's ~270
 weight arrays, more than a third of a W4A16 forward).
 
-Measurements are kept per process for each (weights, dtype, width, cache length): the weights
-and the machine do not change between calls.
+Measurements are kept per process for each (weights, module, width, cache length) in a
+`PerWeights` store: the weights and the machine do not change between calls.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +28,35 @@ import jax.numpy as jnp
 
 from jaxspec.nn.model import Llama, init_cache
 
-_SEEN: dict[tuple[Any, ...], float] = {}
+
+class PerWeights:
+    """Figures kept per process for given weights (and more key parts): keyed by the weights'
+    id, but an id is reused once the weights are freed, so each entry holds a weak reference
+    to the weights' first array and is taken only while it is still that very array (figures
+    of freed weights are never read for new ones, and holding them keeps no weights alive)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+
+    @staticmethod
+    def _first(params: Any) -> Any:
+        return jax.tree.leaves(params)[0]
+
+    def get(self, params: tuple[Any, ...], rest: tuple[Any, ...]) -> Any:
+        """The value kept for `params` (a tuple of param trees) and `rest`, or None."""
+        entry = self._entries.get((*map(id, params), *rest))
+        if entry is None:
+            return None
+        refs, value = entry
+        alive = all(r() is self._first(p) for r, p in zip(refs, params, strict=True))
+        return value if alive else None
+
+    def put(self, params: tuple[Any, ...], rest: tuple[Any, ...], value: Any) -> None:
+        refs = tuple(weakref.ref(self._first(p)) for p in params)
+        self._entries[(*map(id, params), *rest)] = (refs, value)
+
+
+_SEEN = PerWeights()  # forward seconds per (weights, module, width, cache length)
 LOOPS = (2, 6)  # forwards per timed call: the difference is four forwards
 TURNS = 3  # timed calls of each length, in turns; the least counts
 
@@ -55,10 +84,11 @@ def forward_seconds(model: Any, widths: Sequence[int], cache_len: int = 256) -> 
     width the first time; later calls of the same weights read what was measured."""
     out = {}
     for w in widths:
-        key = (id(model.params), model.module, w, cache_len)
-        if key not in _SEEN:
-            _SEEN[key] = _measure(model, w, max(cache_len, (LOOPS[1] + 1) * w))
-        out[w] = _SEEN[key]
+        rest = (model.module, w, cache_len)
+        out[w] = _SEEN.get((model.params,), rest)
+        if out[w] is None:
+            out[w] = _measure(model, w, max(cache_len, (LOOPS[1] + 1) * w))
+            _SEEN.put((model.params,), rest, out[w])
     return out
 
 

@@ -445,12 +445,14 @@ class PairAcceptance:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
-_ACCEPTANCE: dict[tuple[Any, ...], PairAcceptance] = {}
+_ACCEPTANCE = costs.PerWeights()  # per (target, draft) weights, mode and greedy or not
 
 
-def _pair_key(model: Model, draft: Model, sampling: SamplingParams, mode: str) -> tuple:
+def _pair_key(
+    model: Model, draft: Model, sampling: SamplingParams, mode: str
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     greedy = bool(np.all(np.asarray(sampling.temperature) == 0))
-    return (id(model.params), id(draft.params), mode, greedy)
+    return (model.params, draft.params), (mode, greedy)
 
 
 def pair_acceptance(
@@ -458,16 +460,18 @@ def pair_acceptance(
 ) -> PairAcceptance | None:
     """The pooled acceptance of this pair's speculative calls in this process (None before
     any) at `sampling`'s kind (every row greedy, or not): the figures `gamma="auto"` uses."""
-    return _ACCEPTANCE.get(_pair_key(model, draft, sampling, mode))
+    return _ACCEPTANCE.get(*_pair_key(model, draft, sampling, mode))
 
 
-def _remember(key: tuple[Any, ...], figures: AcceptanceFigures | None) -> None:
+def _remember(
+    key: tuple[tuple[Any, ...], tuple[Any, ...]], figures: AcceptanceFigures | None
+) -> None:
     """Pool one call's figures into its pair's (`PairAcceptance`)."""
     if figures is None or not figures.num_drafts:
         return
     new = PairAcceptance.of(figures)
-    old = _ACCEPTANCE.get(key)
-    _ACCEPTANCE[key] = new if old is None else old + new
+    old = _ACCEPTANCE.get(*key)
+    _ACCEPTANCE.put(*key, new if old is None else old + new)
 
 
 def _check_length(model: Model, rows: list[list[int]], max_new_tokens: int) -> None:

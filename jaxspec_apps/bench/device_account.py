@@ -63,11 +63,12 @@ def account(
     events: list[dict[str, Any]], names: dict[str, str], part: Callable[[str, str], str | None]
 ) -> dict[str, Any]:
     """Seconds per part over the XLA threads' events (`part(instruction, op_name)` names an
-    op's part; None: not an op of the program, e.g. the executor's own spans), the program's
-    wall (`device_wall_s`) and the host thread's time outside it (`host_s`: Python, dispatch,
-    the result's transfer)."""
+    op's part; None: not an op of the program, e.g. the executor's own spans) and the
+    program's wall (`device_wall_s`). The host's threads are left out: their spans also hold
+    the profiler's own start and stop, so the host's time is measured without the profiler
+    (`roundprofile.colocated_account`)."""
     parts: dict[str, float] = {}
-    wall = python = 0.0
+    wall = 0.0
     # The host's threads: those with Python frames ("$file:line name"; the main thread is
     # named after the process, "python" or "jaxspec").
     host = {(e["pid"], e["tid"]) for e in events if e["name"].startswith("$")}
@@ -76,11 +77,11 @@ def account(
         if e["name"] == WAIT:
             wall += seconds
         elif (e["pid"], e["tid"]) in host:
-            python = max(python, seconds)  # the outermost Python call spans the others
+            continue
         elif not e["name"].startswith(("end: ", "ThunkExecutor")) and not CONTAINER.match(
             e["name"]
         ):
             p = part(e["name"], names.get(e["name"], ""))
             if p is not None:
                 parts[p] = parts.get(p, 0.0) + seconds
-    return {"parts_s": parts, "device_wall_s": wall, "host_s": max(python - wall, 0.0)}
+    return {"parts_s": parts, "device_wall_s": wall}

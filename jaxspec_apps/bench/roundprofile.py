@@ -176,9 +176,7 @@ def colocated_account(target: Any, draft: Any, prompt: list[int], gamma: int, n:
     wall = time.perf_counter() - t0
     events = device_account.traced(call)
     acc = device_account.account(events, device_account.op_names(compiled), colocated_part)
-    # the host: the unprofiled call's wall less the device's (the trace's Python spans also
-    # hold the profiler's own start and stop)
-    acc["host_s"] = max(wall - acc["device_wall_s"], 0.0)
+    acc["host_s"] = max(wall - acc["device_wall_s"], 0.0)  # unprofiled wall less the device's
     per = {k: v / (1 if k.startswith("prefill") else rounds) for k, v in acc["parts_s"].items()}
     return {"rounds": rounds, "gamma": gamma, "new_tokens": n, "parts_s": per,
             "device_wall_s": acc["device_wall_s"], "host_s": acc["host_s"]}  # fmt: skip
