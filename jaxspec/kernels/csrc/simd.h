@@ -29,6 +29,7 @@ inline V Add(V a, V b) { return JS_PS(add)(a, b); }
 inline V Mul(V a, V b) { return JS_PS(mul)(a, b); }
 #undef JS_PS
 inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+inline void PrefetchL2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
 #endif
 
 #if JS_ISA == 3 || JS_ISA == 2
@@ -152,6 +153,7 @@ inline V Nibbles(const uint8_t* row, int c) {
   return v;
 }
 inline void Prefetch(const void*) {}
+inline void PrefetchL2(const void*) {}
 using V8 = V;
 inline V8 Zero8() { return Zero(); }
 inline V8 Load8(const float* p) { return Load(p); }
