@@ -174,6 +174,35 @@ def test_attention_over_the_whole_cache_reads_the_slices_in_place():
         attention_kernel.cache_attention(q, *cache, 2, jnp.asarray([0, N], jnp.int32), pos, S)
 
 
+@needs_kernel
+def test_attention_over_a_bfloat16_cache_reads_it_in_place():
+    """A bfloat16 cache is read where it lies, as float32: the same bits as the float32 kernel
+    over the cache converted first, on every ISA; no copy or conversion of the cache under
+    jit; a cache of two dtypes (or another dtype) is refused."""
+    rng = np.random.default_rng(8)
+    L, N, Smax, S = 2, 3, 40, 24
+    cache = [jnp.asarray(rng.standard_normal((L, N, Smax, 2, 16)), jnp.bfloat16) for _ in "kv"]
+    wide = [c.astype(jnp.float32) for c in cache]
+    q = jnp.asarray(rng.standard_normal((2, 3, 2, 3, 16)), jnp.float32)
+    rows, pos = jnp.asarray([2, 0], jnp.int32), jnp.asarray(rng.integers(0, S, (2, 3)), jnp.int32)
+
+    def whole(q, k, v):
+        return attention_kernel.cache_attention(q, k, v, 1, rows, pos, S)
+
+    want = np.asarray(jax.jit(whole)(q, *wide))
+    for path in ("scalar", "AVX2", "AVX-512"):
+        with isa(path):
+            np.testing.assert_array_equal(np.asarray(jax.jit(whole)(q, *cache)), want, path)
+    hlo = jax.jit(whole).lower(q, *cache).compile().as_text()
+    assert " copy(" not in hlo and "convert" not in hlo and "gather" not in hlo
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        attention_kernel.cache_attention(q, cache[0], wide[1], 1, rows, pos, S)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        attention_kernel.cache_attention(
+            q, *(c.astype(jnp.float16) for c in cache), 1, rows, pos, S
+        )
+
+
 # ------------------------------------------------------------------------------ the model
 
 P, S = 30, 64

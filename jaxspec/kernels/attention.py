@@ -24,6 +24,7 @@ from jaxspec import kernels
 
 TARGET = "jaxspec_attention"
 CACHE_TARGET = "jaxspec_attention_cache"
+CACHE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))  # read in place
 
 
 def _acc(dtype) -> jnp.dtype:
@@ -102,11 +103,17 @@ def cache_attention(
     positions_BT: jax.Array,
     S: int,
 ) -> Float[Array, "B T K G D"]:
-    """`attention` over `k_all[layer, rows, :S]` read in place from the whole float32 cache (a
-    slice or gather of it would be copied for the call). `layer`, `S` static; the same bits
-    as `attention` on the slices. Gradients: `einsum_attention`'s on the slices."""
+    """`attention` over `k_all[layer, rows, :S]` read in place from the whole cache, float32
+    or bfloat16 (a slice or gather of it, or a float32 copy of a bfloat16 one, would be copied
+    for the call). `layer`, `S` static; the same bits as `attention` on the slices converted
+    to float32. Gradients: `einsum_attention`'s on the slices."""
     if not kernels.available():
         raise RuntimeError(kernels.status())
+    if k_all_LNSKD.dtype != v_all_LNSKD.dtype or k_all_LNSKD.dtype not in CACHE_DTYPES:
+        raise ValueError(
+            f"the cache must be float32 or bfloat16 (k and v alike), got "
+            f"{k_all_LNSKD.dtype} and {v_all_LNSKD.dtype}"
+        )
     return _cache_attention(
         q_BTKGD.astype(jnp.float32), k_all_LNSKD, v_all_LNSKD,
         jnp.asarray(rows_B, jnp.int32), jnp.asarray(positions_BT, jnp.int32), layer, S,

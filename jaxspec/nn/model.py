@@ -178,9 +178,10 @@ class Attention(nn.Module):
 
     def _attend(self, q_BTKGD, k_all_LNSKD, v_all_LNSKD, layer, rows_B, slots_B, pos_BT, S):
         """Attention over the first S positions of each row's slot: on the batch-invariant
-        kernel where enabled (reading a float32 cache in place), else XLA's einsum form."""
+        kernel where enabled (reading a float32 or bfloat16 cache in place), else XLA's einsum
+        form."""
         kernel = self.kernels and dense_kernel.enabled()
-        if kernel and k_all_LNSKD.dtype == jnp.float32:
+        if kernel and k_all_LNSKD.dtype in attention_kernel.CACHE_DTYPES:
             out = attention_kernel.cache_attention(
                 q_BTKGD, k_all_LNSKD, v_all_LNSKD, layer, rows_B, pos_BT, S
             )

@@ -119,17 +119,20 @@ inline int64_t Part8(const Int8MM& p, int part) {  // first k of a part: a group
 // Grouped-query attention over a cache: query (b, t) sees cache indices s <= pos[b, t], s < S.
 // Batch row b reads cache row row0 + (rows ? rows[b] : b) of k, v [rows, Sc, H, D] (a plain
 // [B, S, H, D] input is rows = null, row0 = 0, Sc = S; the model's whole stacked cache
-// [L, N, Smax, H, D] is row0 = layer * N, rows = the batch's slots, Sc = Smax).
+// [L, N, Smax, H, D] is row0 = layer * N, rows = the batch's slots, Sc = Smax). k and v are
+// float32 or (kv_bf16) bfloat16, read as float32 (exactly) where they lie.
 struct Attn {
-  const float *q, *k, *v;  // q [B, T, H, G, D]; k, v: see above
+  const float* q;          // [B, T, H, G, D]
+  const void *k, *v;       // see above
+  bool kv_bf16;
   const int32_t* pos;      // [B, T]
   const int32_t* rows;     // [B] or null
   float* out;              // [B, T, H, G, D]
   int64_t B, T, H, G, D, S, Sc, row0;
   float scale;
-  const float* KeyRow(const float* base, int64_t b, int64_t s, int64_t h) const {
+  int64_t KeyAt(int64_t b, int64_t s, int64_t h) const {  // index of (b, s, h, 0) in k and v
     const int64_t row = row0 + (rows != nullptr ? rows[b] : b);
-    return base + ((row * Sc + s) * H + h) * D;
+    return ((row * Sc + s) * H + h) * D;
   }
 };
 

@@ -7,7 +7,8 @@
 //   JaxspecInt4Matmul   x f32[N, K] . int4 w in the tiled layout, with scale and offset
 //   JaxspecInt8Matmul   x f32[N, K] . int8 q [K, M] with a scale per group of k
 //   JaxspecAttention    grouped-query attention over a KV cache
-//   JaxspecAttentionCache  the same over the model's stacked cache, read in place
+//   JaxspecAttentionCache  the same over the model's stacked cache (float32 or bfloat16), read
+//                          in place
 
 #include <algorithm>
 #include <atomic>
@@ -283,7 +284,7 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buf
     return ffi::Error::InvalidArgument("attention: shapes disagree");
   if (vd.size() != 4 || vd[0] != B || vd[1] != S || vd[2] != H || vd[3] != D)
     return ffi::Error::InvalidArgument("attention: v must match k");
-  const Attn a{q.typed_data(), k.typed_data(), v.typed_data(), pos.typed_data(), nullptr,
+  const Attn a{q.typed_data(), k.typed_data(), v.typed_data(), false, pos.typed_data(), nullptr,
                out->typed_data(), B, T, H, G, D, S, S, 0,
                1.0f / std::sqrt(static_cast<float>(D))};
   RunAttention(pool, a);
@@ -293,7 +294,7 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buf
 // The same attention reading the model's stacked cache in place: k_all, v_all [L, N, Smax, H,
 // D], layer `layer`, batch row b's slot rows[b], the first S positions.
 ffi::Error AttentionCacheImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
-                              ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                              ffi::AnyBuffer k, ffi::AnyBuffer v,
                               ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::S32> pos,
                               ffi::ResultBuffer<ffi::F32> out, int64_t layer, int64_t S) {
   auto qd = q.dimensions();
@@ -312,11 +313,14 @@ ffi::Error AttentionCacheImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
     if (vd.size() != 5 || vd[i] != kd[i]) return ffi::Error::InvalidArgument("attention: v must match k");
   if (layer < 0 || layer >= L || S < 1 || S > Smax)
     return ffi::Error::InvalidArgument("attention: layer or S out of range");
+  const ffi::DataType kt = k.element_type();
+  if ((kt != ffi::DataType::F32 && kt != ffi::DataType::BF16) || v.element_type() != kt)
+    return ffi::Error::InvalidArgument("attention: k and v must both be float32 or bfloat16");
   const int32_t* r = rows.typed_data();
   for (int64_t b = 0; b < B; ++b)
     if (r[b] < 0 || r[b] >= N) return ffi::Error::InvalidArgument("attention: a slot out of range");
-  const Attn a{q.typed_data(), k.typed_data(), v.typed_data(), pos.typed_data(), r,
-               out->typed_data(), B, T, H, G, D, S, Smax, layer * N,
+  const Attn a{q.typed_data(), k.untyped_data(), v.untyped_data(), kt == ffi::DataType::BF16,
+               pos.typed_data(), r, out->typed_data(), B, T, H, G, D, S, Smax, layer * N,
                1.0f / std::sqrt(static_cast<float>(D))};
   RunAttention(pool, a);
   return ffi::Error::Success();
@@ -355,7 +359,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxspecAttentionCache, jaxspec::AttentionCacheImpl,
-    jaxspec::Bind().Arg<jaxspec::F32>().Arg<jaxspec::F32>().Arg<jaxspec::F32>()
+    jaxspec::Bind().Arg<jaxspec::F32>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
         .Arg<jaxspec::S32>().Arg<jaxspec::S32>().Ret<jaxspec::F32>().Attr<int64_t>("layer")
         .Attr<int64_t>("S"));
 
