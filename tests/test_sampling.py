@@ -8,11 +8,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from jaxspec.decoding.sampling import (
     Purpose,
     SamplingParams,
+    argmax,
     check_seed,
     position_key,
     sample,
@@ -29,6 +32,33 @@ def _warp1(logits, **kw):
 
 def test_temperature_zero_is_one_hot_at_lowest_argmax():
     np.testing.assert_array_equal(_warp1([1.0, 3.0, 3.0, 0.0], temperature=0.0), [0, 1, 0, 0])
+
+
+_ARGMAX = jax.jit(argmax)
+_SPECIAL = st.sampled_from([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 3.0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(
+        st.lists(st.one_of(_SPECIAL, st.floats(-4, 4, width=32)), min_size=7, max_size=7),
+        min_size=3,
+        max_size=3,
+    )
+)
+def test_two_pass_argmax_is_jnp_argmax(rows):
+    """The index `jnp.argmax` gives in every case: ties (lowest), NaN (the first), infinities,
+    signed zeros, all equal. A mutant that takes the highest index on ties is caught."""
+    x = jnp.asarray(rows, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(_ARGMAX(x)), np.asarray(jnp.argmax(x, axis=-1)))
+
+
+def test_two_pass_argmax_mutant_is_caught():
+    x = jnp.asarray([[1.0, 3.0, 3.0], [np.nan, 0.0, np.nan]], jnp.float32)
+    top = jnp.max(x, axis=-1, keepdims=True)
+    highest = jnp.max(jnp.where(x == top, jnp.arange(3), -1), axis=-1)  # the mutant
+    assert not np.array_equal(np.asarray(highest), np.asarray(jnp.argmax(x, axis=-1)))
+    np.testing.assert_array_equal(np.asarray(argmax(x)), [1, 0])
 
 
 def test_no_warping_is_softmax():

@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxspec.decoding.sampling import argmax
 from jaxspec.nn.model import Llama, init_cache
 
 
@@ -72,7 +73,7 @@ def _forwards(module: Llama, params: Any, steps: jax.Array, width: int, cache_le
     def body(i, carry):
         tok, cache = carry
         logits, cache = module.apply({"params": params}, tok, pos + i * width, ones, cache)
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), cache
+        return argmax(logits), cache
 
     tok, _ = jax.lax.fori_loop(0, steps, body, (jnp.zeros((1, width), jnp.int32), cache))
     return tok[0, 0]

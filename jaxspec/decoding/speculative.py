@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.compilation import trace_cache
+from jaxspec.decoding import sampling as smp
 from jaxspec.decoding.sampling import Purpose, SamplingParams, TokenCounts, sample, uniforms, warp
 from jaxspec.decoding.verification import EXACT, DraftQ, Variant, Verdicts, verify_block
 from jaxspec.figures import AcceptanceFigures
@@ -144,7 +145,7 @@ def draft_q_for(
     """
     q = warp(logits_BV, sampling, counts)
     if encoding == "onehot":
-        return jnp.argmax(q, axis=-1).astype(jnp.int32), None
+        return smp.argmax(q), None
     f16 = q_dtype == "float16"
     if encoding == "sparse":
         probs, ids = jax.lax.top_k(q, sparse_k)
