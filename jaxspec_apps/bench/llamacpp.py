@@ -3,7 +3,7 @@ the same run. On a laptop or an edge box llama.cpp is the engine people pick for
 size, so each of our parts is measured against its part:
 
     decode tokens/s        float32, bfloat16, int4 (their Q4_1 and Q4_0 / our W4A16 copy),
-                           at 2 threads and 1 (llama-bench -p 5 -n 64 -r 3; ours: the plain
+                           each at 2 threads and 1 (llama-bench -p 5 -n 64 -r 3; ours: the plain
                            greedy loop, `jaxspec.kernels.set_threads(1)` for one thread)
     5-token forward        its time / a 1-token forward's (the verify block's cost)
     speculative decoding   float32 target + int4 draft, gamma 4, T = 0, one Spec-Bench prompt
@@ -203,7 +203,7 @@ def ours(ctx: Context, log: Callable[[str], None]) -> dict[str, Any]:
     models = {"F32": target, "BF16": bf16, "W4A16": draft}
     log("llamacpp: our decode loops (float32, bfloat16, W4A16 at 2 threads and 1)")
     tok_s = {f"{k}/t2": 1 / decode_s_per_token(m, prompt, n, reps) for k, m in models.items()}
-    for k in ("F32", "W4A16"):
+    for k in ("F32", "BF16", "W4A16"):
         tok_s[f"{k}/t1"] = 1 / _one_thread(
             lambda m=models[k]: decode_s_per_token(m, prompt, n, reps)
         )
@@ -214,14 +214,15 @@ def ours(ctx: Context, log: Callable[[str], None]) -> dict[str, Any]:
                                             temperature=0.0, stop_tokens=()),
             p.new_tokens, reps,
         )  # fmt: skip
-    s_tok = 1 / tok_s["F32/t2"]
-    bytes_per_token = target.nbytes() + kv_bytes(target, 1, bucket(len(prompt) + n, 64))
+    slot = bucket(len(prompt) + n, 64)
     return {
         "tok_s": tok_s,
         "forward5_over_1": forward_ratio(target, PP, reps),
         "speculative_tok_s": len(ctx.prompts) / spec_s,
-        "f32_bytes_per_token": bytes_per_token,
-        "f32_s_per_token": s_tok,
+        "f32_bytes_per_token": target.nbytes() + kv_bytes(target, 1, slot),
+        "f32_s_per_token": 1 / tok_s["F32/t2"],
+        "bf16_bytes_per_token": bf16.nbytes() + kv_bytes(bf16, 1, slot),
+        "bf16_s_per_token": 1 / tok_s["BF16/t2"],
     }
 
 
@@ -244,6 +245,8 @@ def run_section(ctx: Context) -> dict[str, Any]:
         "bf16_decode_t2": t["BF16/t2"] / b["BF16"][f"tg{TG}/t2"],
         "w4a16_decode_t1": t["W4A16/t1"] / b["Q4_1"][f"tg{TG}/t1"],
         "w4a16_decode_t2": t["W4A16/t2"] / b["Q4_1"][f"tg{TG}/t2"],
+        "bf16_decode_t1": t["BF16/t1"] / b["BF16"][f"tg{TG}/t1"],
+        "w4a16_vs_q4_0_t2": t["W4A16/t2"] / b["Q4_0"][f"tg{TG}/t2"],
         "speculative": us["speculative_tok_s"] / them["speculative"]["tok_s"],
     }
     theirs_fwd = {k: (PP / v[f"pp{PP}/t2"]) * v[f"tg{TG}/t2"] for k, v in b.items()}
@@ -256,6 +259,8 @@ def run_section(ctx: Context) -> dict[str, Any]:
         "bandwidth_Bps": bw,
         "bandwidth_probe": ctx.roof().get("bandwidth_probe", ""),
         "decode_bandwidth_fraction": us["f32_bytes_per_token"] / us["f32_s_per_token"] / bw,
+        "decode_bandwidth_fraction_bf16": us["bf16_bytes_per_token"] / us["bf16_s_per_token"] / bw,
+        "w4a16_over_f32": t["F32/t2"] / t["W4A16/t2"],  # a W4A16 token's share, 2 threads
     }
 
 
@@ -266,6 +271,8 @@ def markdown(r: dict[str, Any], page: Page) -> list[str]:
         ("float32 decode, 2 threads", t["F32/t2"], b["F32"][f"{tg}/t2"], "F32"),
         ("float32 decode, 1 thread", t["F32/t1"], b["F32"][f"{tg}/t1"], "F32"),
         ("bfloat16 decode, 2 threads", t["BF16/t2"], b["BF16"][f"{tg}/t2"], "BF16"),
+        *([("bfloat16 decode, 1 thread", t["BF16/t1"], b["BF16"][f"{tg}/t1"], "BF16")]
+          if "BF16/t1" in t else []),
         ("int4 decode, 2 threads (theirs Q4_1)", t["W4A16/t2"], b["Q4_1"][f"{tg}/t2"], "Q4_1"),
         ("int4 decode, 1 thread (theirs Q4_1)", t["W4A16/t1"], b["Q4_1"][f"{tg}/t1"], "Q4_1"),
         ("int4 decode, 2 threads (theirs Q4_0)", t["W4A16/t2"], b["Q4_0"][f"{tg}/t2"], "Q4_0"),
@@ -290,7 +297,14 @@ def markdown(r: dict[str, Any], page: Page) -> list[str]:
         f"{them['speculative']['drafted']} drafts. Our float32 decode reads "
         f"{r['ours']['f32_bytes_per_token'] / 2**20:.0f} MiB per token: "
         f"**{r['decode_bandwidth_fraction']:.0%}** of the {r['bandwidth_Bps'] / 1e9:.1f} GB/s "
-        f"read bandwidth probed in this run ({r['bandwidth_probe']}).",
+        f"read bandwidth probed in this run ({r['bandwidth_probe']})"
+        + (
+            f"; our bfloat16 decode {r['ours']['bf16_bytes_per_token'] / 2**20:.0f} MiB: "
+            f"**{r['decode_bandwidth_fraction_bf16']:.0%}**. A W4A16 token costs "
+            f"**{r['w4a16_over_f32']:.2f}** of a float32 token (2 threads)."
+            if "decode_bandwidth_fraction_bf16" in r
+            else "."
+        ),
     ]
     return lines
 

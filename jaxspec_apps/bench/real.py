@@ -157,6 +157,9 @@ def headline(res: dict[str, Any]) -> dict[str, Any]:
     if "llamacpp" in s:
         out["vs_llamacpp"] = s["llamacpp"]["vs_llamacpp"]
         out["decode_bandwidth_fraction"] = s["llamacpp"]["decode_bandwidth_fraction"]
+        for key in ("decode_bandwidth_fraction_bf16", "w4a16_over_f32"):
+            if key in s["llamacpp"]:
+                out[key] = s["llamacpp"][key]
     if "wirecost" in s:
         out["wire_bytes_per_token"] = {
             r["encoding"]: r["bytes_per_token"] for r in s["wirecost"]["rows"]
@@ -187,6 +190,8 @@ HEADLINE = [
     ("capacity_vs_cloud_ar", "clients sustained, edge-cloud SD ÷ cloud autoregressive"),
     ("verify_over_decode", "verify step at batch 1 (γ + 1 positions) ÷ one plain decode token"),
     ("decode_bandwidth_fraction", "float32 decode: bytes per token ÷ time ÷ probed bandwidth"),
+    ("decode_bandwidth_fraction_bf16", "the same for the bfloat16 target"),
+    ("w4a16_over_f32", "a W4A16 decode token's time ÷ a float32 one's (2 threads)"),
 ]
 
 
