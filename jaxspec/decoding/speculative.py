@@ -25,8 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.compilation import trace_cache
-from jaxspec.decoding import sampling as smp
-from jaxspec.decoding.sampling import Purpose, SamplingParams, TokenCounts, sample, uniforms, warp
+from jaxspec.decoding.sampling import (
+    Purpose,
+    SamplingParams,
+    TokenCounts,
+    argmax,
+    sample,
+    uniforms,
+    warp,
+)
 from jaxspec.decoding.verification import EXACT, DraftQ, Variant, Verdicts, verify_block
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.nn.model import KVCache, Llama, init_cache
@@ -145,7 +152,7 @@ def draft_q_for(
     """
     q = warp(logits_BV, sampling, counts)
     if encoding == "onehot":
-        return smp.argmax(q), None
+        return argmax(q), None
     f16 = q_dtype == "float16"
     if encoding == "sparse":
         probs, ids = jax.lax.top_k(q, sparse_k)

@@ -162,3 +162,23 @@ inline V8 Fma8(const V8& a, const V8& b, const V8& c) { return Fma(a, b, c); }
 inline V8 Bcast8(float f) { return Bcast(f); }
 inline void Store8(float* p, const V8& v) { Store(p, v); }
 #endif
+
+// Values at index i of `base`, stored float32 or (B16) bfloat16, as float32 (exact): a weight
+// matrix (body_float.inc) or a KV cache (body_attention.inc) stored either way.
+template <bool B16>
+inline V LoadAs(const void* base, int64_t i) {
+  if constexpr (B16) return LoadBf16(static_cast<const uint16_t*>(base) + i);
+  return Load(static_cast<const float*>(base) + i);
+}
+
+template <bool B16>
+inline V8 Load8As(const void* base, int64_t i) {
+  if constexpr (B16) return Load8Bf16(static_cast<const uint16_t*>(base) + i);
+  return Load8(static_cast<const float*>(base) + i);
+}
+
+template <bool B16>
+inline float ValueAs(const void* base, int64_t i) {
+  if constexpr (B16) return Bf16ToF32(static_cast<const uint16_t*>(base)[i]);
+  return static_cast<const float*>(base)[i];
+}
