@@ -160,23 +160,36 @@ def decode_body(raw: bytes) -> Any:
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         why = str(e) if "digits" not in str(e) else "a number has over 4,300 digits"
         raise ApiError(f"the request body is not JSON: {why[:120]}") from None
-    if _depth(value) > MAX_DEPTH:
-        raise ApiError(f"the request body is nested deeper than {MAX_DEPTH} levels")
+    _check_decoded(value)
     return value
 
 
-def _depth(value: Any) -> int:
-    """The nesting depth of decoded JSON (a scalar is 0), without recursion."""
-    deepest, todo = 0, [(value, 1)]
+def _check_decoded(value: Any) -> None:
+    """Refuse (400) decoded JSON nested deeper than `MAX_DEPTH` or holding a string that is
+    not Unicode text: JSON's `\\ud800` escape decodes to a lone UTF-16 surrogate, which no
+    tokenizer or UTF-8 writer takes. Walked without recursion, keys included."""
+    todo = [(value, 1)]
     while todo:
         v, d = todo.pop()
-        items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if isinstance(v, str) and not _is_text(v):
+            raise ApiError(
+                f"the request body holds a lone UTF-16 surrogate in {show(v)} (a \\ud800-"
+                "\\udfff escape not in a high-low pair is not a character)"
+            )
+        items = [*v, *v.values()] if isinstance(v, dict) else v if isinstance(v, list) else None
         if items is None:
             continue
-        deepest = max(deepest, d)
-        if d <= MAX_DEPTH:
-            todo.extend((x, d + 1) for x in items)
-    return deepest
+        if d > MAX_DEPTH:
+            raise ApiError(f"the request body is nested deeper than {MAX_DEPTH} levels")
+        todo.extend((x, d + 1) for x in items)
+
+
+def _is_text(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

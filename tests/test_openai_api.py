@@ -321,6 +321,16 @@ def test_bad_requests_and_auth(stack, client):
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=200)
     r = _post(url, "/completions", b"{").getresponse()
     assert r.status == 400 and "not JSON" in json.loads(r.read())["error"]["message"]
+    # A lone UTF-16 surrogate (valid JSON, not text): a 400 naming it, streamed or not, in
+    # a prompt, a message's content or name, never the tokenizer's 500.
+    for path, body in (
+        ("/completions", rb'{"prompt": "\ud800"}'),
+        ("/completions", rb'{"prompt": "a\udfff", "stream": true}'),
+        ("/chat/completions", rb'{"messages": [{"role": "user", "content": "\ud800"}]}'),
+        ("/chat/completions", rb'{"messages": [{"role": "user", "content": "", "name": "\udc00"}]}'),  # noqa: E501
+    ):  # fmt: skip
+        r = _post(url, path, body[:-1] + b', "model": "' + MODEL.encode() + b'"}').getresponse()
+        assert r.status == 400 and "surrogate" in json.loads(r.read())["error"]["message"], path
     wrong = openai.OpenAI(base_url=url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()

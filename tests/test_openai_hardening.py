@@ -723,6 +723,10 @@ def test_body_decoding_bounds():
         assert e.value.status == 400 and len(str(e.value)) < 200
     with pytest.raises(ApiError, match="nested deeper"):
         decode_body(b"[" * 40 + b"]" * 40)
+    assert decode_body(rb'["\ud83d\ude00"]') == ["\U0001f600"]  # a pair is a character
+    for raw in (rb'"\ud800"', rb'{"\udfff": 1}', rb'[[["x\ud83d"]]]'):
+        with pytest.raises(ApiError, match="lone UTF-16 surrogate"):
+            decode_body(raw)
     with pytest.raises(ApiError, match="finite"):
         parse_request("completion", {"prompt": "x", "temperature": 10**400})
     with pytest.raises(ApiError, match="logit_bias"):
