@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 import zipfile
 from collections.abc import Callable
 
@@ -224,34 +225,65 @@ def ensure(name: str, progress: Progress | None = None) -> pathlib.Path:
     if not is_pulled(spec):
         return pull(name, progress=progress)
     d = model_dir(spec)
-    if spec.generation and not _has_generation(d):  # converted before it was kept (whole)
-        _write_generation(spec, d)
+    if spec.generation:
+        _complete_generation(spec, d)
     return d
 
 
-def _has_generation(d: pathlib.Path) -> bool:
-    """Whether `d` holds a generation_config.json with the stop ids (one written before they
-    were recorded has none: transformers then never stops at the end of an answer)."""
+def _complete_generation(spec: RemoteModel, d: pathlib.Path) -> None:
+    """Give `d` the generation_config.json `spec` recommends, never replacing the user's: a
+    missing file is written whole; one without the stop ids (written before they were
+    recorded, or edited) gets the config's bos/eos ids added and keeps every key it has; one
+    that is not a JSON object is left as it is, with a warning (readers then use defaults)."""
+    f = d / GENERATION_FILE
     try:
-        return "eos_token_id" in json.loads((d / GENERATION_FILE).read_text())
+        text = f.read_text()
+    except FileNotFoundError:
+        _write_generation(spec, d)
+        return
+    except OSError as e:
+        warnings.warn(f"{f}: unreadable ({e}); left as it is, defaults used", stacklevel=2)
+        return
+    try:
+        body = json.loads(text)
+    except ValueError as e:
+        body, why = None, f"not JSON ({e})"
+    else:
+        why = "not a JSON object"
+    if not isinstance(body, dict):
+        warnings.warn(f"{f}: {why}; left as it is, default sampling settings used", stacklevel=2)
+        return
+    missing = {k: v for k, v in _config_ids(d).items() if k not in body}
+    if missing:
+        _replace_json(f, {**body, **missing})
+
+
+def _config_ids(d: pathlib.Path) -> dict:
+    """The bos/eos ids of `d`'s config.json ({} without a readable one)."""
+    try:
+        config = json.loads((d / "config.json").read_text())
     except (OSError, ValueError):
-        return False
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    return {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
 
 
 def _write_generation(spec: RemoteModel, d: pathlib.Path) -> None:
     """Record `spec.generation` as the checkpoint's HF generation_config.json, with the
     config's bos/eos ids as HF's own file has them (transformers takes its stop ids from this
-    file, not config.json); written to a temporary name and renamed: readers see a whole file
-    or none. A directory without a readable config.json gets the settings alone."""
-    try:
-        config = json.loads((d / "config.json").read_text())
-    except (OSError, ValueError):
-        config = {}
-    ids = {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
-    body = {**ids, "do_sample": True, **dict(spec.generation), "jaxspec_source": "the model card"}
-    tmp = d / f".{GENERATION_FILE}.{os.getpid()}"
+    file, not config.json). A directory without a readable config.json gets the settings
+    alone."""
+    body = {**_config_ids(d), "do_sample": True, **dict(spec.generation)}
+    _replace_json(d / GENERATION_FILE, body | {"jaxspec_source": "the model card"})
+
+
+def _replace_json(f: pathlib.Path, body: dict) -> None:
+    """Write `body` to `f` under a temporary name and rename it: readers see a whole file or
+    none."""
+    tmp = f.with_name(f".{f.name}.{os.getpid()}")
     tmp.write_text(json.dumps(body, indent=2) + "\n")
-    os.replace(tmp, d / GENERATION_FILE)
+    os.replace(tmp, f)
 
 
 def pull(

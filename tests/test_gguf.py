@@ -155,12 +155,36 @@ def test_unknown_names(tmp_path):
 def test_the_generation_file_carries_the_stop_ids(tmp_path):
     """A pulled model's generation_config.json has the config's bos/eos ids, as HF's own
     file does (transformers stops on the eos of this file, not config.json's: without it the
-    peer's plain generate ran past the end of an answer), and one written before the ids
-    were recorded is rewritten by `ensure`."""
+    peer's plain generate ran past the end of an answer)."""
     (tmp_path / "config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
-    (tmp_path / hub.GENERATION_FILE).write_text(json.dumps({"temperature": 0.2}))
-    assert not hub._has_generation(tmp_path)  # the old file: no stop ids
-    hub._write_generation(hub.SMOLLM2, tmp_path)
+    hub._complete_generation(hub.SMOLLM2, tmp_path)  # no file: written whole
     body = json.loads((tmp_path / hub.GENERATION_FILE).read_text())
-    assert (body["bos_token_id"], body["eos_token_id"]) == (1, 2) and hub._has_generation(tmp_path)
+    assert (body["bos_token_id"], body["eos_token_id"]) == (1, 2)
     assert body["temperature"] == dict(hub.SMOLLM2.generation)["temperature"]
+
+
+def test_a_users_generation_file_is_never_replaced(tmp_path):
+    """One without the stop ids (an old cache, or edited by its user) gets the ids added and
+    keeps every key the user wrote; one that is not JSON is left byte for byte, with a
+    warning, and readers fall back to defaults."""
+    from jaxspec.ckpts.checkpoint import generation_defaults
+
+    (tmp_path / "config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    f = tmp_path / hub.GENERATION_FILE
+    mine = {"temperature": 1.3, "top_p": 0.5, "repetition_penalty": 1.2, "max_new_tokens": 7,
+            "my_own": [1, 2]}  # fmt: skip
+    f.write_text(json.dumps(mine))
+    hub._complete_generation(hub.SMOLLM2, tmp_path)
+    assert json.loads(f.read_text()) == mine | {"bos_token_id": 1, "eos_token_id": 2}
+    assert generation_defaults(tmp_path) == {"temperature": 1.3, "top_p": 0.5}
+    half = '{"temperature": 1.3, "top_p":'
+    f.write_text(half)
+    with pytest.warns(UserWarning, match="not JSON.*left as it is"):
+        hub._complete_generation(hub.SMOLLM2, tmp_path)
+    assert f.read_text() == half
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert generation_defaults(tmp_path) == {}
+    f.write_text("[1, 2]")
+    with pytest.warns(UserWarning, match="not a JSON object"):
+        hub._complete_generation(hub.SMOLLM2, tmp_path)
+    assert f.read_text() == "[1, 2]"

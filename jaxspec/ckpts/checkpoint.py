@@ -13,6 +13,7 @@ import importlib.metadata
 import json
 import os
 import pathlib
+import warnings
 from typing import Any
 
 import jax
@@ -254,11 +255,25 @@ def generation_defaults(path: PathLike) -> dict[str, float]:
     f = d / GENERATION_FILE
     try:
         raw = json.loads(f.read_text())
-    except (OSError, ValueError):
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        warnings.warn(f"{f}: unreadable ({e}); default sampling settings used", stacklevel=2)
+        return {}
+    if not isinstance(raw, dict):
+        warnings.warn(f"{f}: not a JSON object; default sampling settings used", stacklevel=2)
         return {}
     if raw.get("do_sample") is False:
         return {"temperature": 0.0}
-    return {k: float(raw[name]) for k, name in GENERATION_KEYS.items() if raw.get(name) is not None}
+    out = {}
+    for key, name in GENERATION_KEYS.items():
+        if raw.get(name) is None:
+            continue
+        try:
+            out[key] = float(raw[name])
+        except (TypeError, ValueError):
+            warnings.warn(f"{f}: {name} {raw[name]!r} is not a number; ignored", stacklevel=2)
+    return out
 
 
 def load_tokenizer(path: PathLike) -> Any:
