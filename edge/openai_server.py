@@ -31,6 +31,7 @@ import dataclasses
 import hmac
 import json
 import os
+import re
 import resource
 import secrets
 import sys
@@ -605,9 +606,13 @@ def _raw_error(status: int, e: ApiError) -> bytes:
     """A whole HTTP/1.1 answer (the connection then closes) for the protocol layer, which
     answers before or outside any request h11 could pair it with."""
     body = json.dumps(e.body()).encode()
-    reason = {400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavailable"}
+    reason = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large",
+              503: b"Service Unavailable"}  # fmt: skip
     head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n" % (status, reason[status])
     return head + b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body
+
+
+_HEAD_END = re.compile(rb"\n\r?\n")  # the blank line that ends a head (h11 takes bare \n too)
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -671,9 +676,29 @@ class GuardedH11Protocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self.transport.lingering:
             return  # closing: what the client still sends is dropped
+        if self.waiting() and self._head_too_long(data):
+            return
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:
             self._cancel_deadline()  # the head is in: the body has the app's deadline
+
+    def _head_too_long(self, data: bytes) -> bool:
+        """Answer 431 and close when the head being received (what h11 holds of it and
+        `data`) is over `max_header_bytes`: h11 bounds only a head that is still incomplete,
+        so one that came whole in a single read passed at any size."""
+        held = self.conn.trailing_data[0]
+        limit = self.limits.max_header_bytes
+        if len(held) + len(data) <= limit:
+            return False
+        end = _HEAD_END.search(bytes(held[-2:]) + data[: limit + 2])
+        head = len(held) + (end.end() - min(len(held), 2) if end else limit + 1)
+        if head <= limit:
+            return False
+        why = f"the request's head is over {limit} bytes (request line and headers)"
+        err = ApiError(why, status=431, code="request_header_fields_too_large")
+        self.transport.write(_raw_error(431, err))
+        self.transport.close()
+        return True
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
