@@ -118,6 +118,7 @@ class Backend:
     chat_defaults: Mapping[str, float] = dataclasses.field(default_factory=dict)
     resume_timeout_s: float = 0.0
     max_context: int | None = None
+    reserved: int = 0  # positions past max_context each slot keeps for a draft block
 
     def __post_init__(self) -> None:
         tok = self.text_model.tokenizer
@@ -284,12 +285,24 @@ class EventStream(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _context_error(backend: Backend, req: ApiRequest, prompt: int, answer: int) -> ApiError:
+def _context_error(
+    backend: Backend, req: ApiRequest, prompt: int, answer: int, *, at_least: bool = False
+) -> ApiError:
+    """The 400 of a request over the context: what it needs (`at_least`: a text's bound,
+    from its length, not tokenized) against the context and, where the verifier keeps
+    positions for a draft block, how many."""
     field = "messages" if req.kind == "chat" else "prompt"
+    kept = (
+        f" ({backend.max_context + backend.reserved} positions less {backend.reserved} kept "
+        "for a draft block)"
+        if backend.reserved
+        else ""
+    )
+    need = f"at least {prompt + answer}" if at_least else f"{prompt + answer}"
     return ApiError(
-        f"this model's context is {backend.max_context} tokens; the request needs "
-        f"{prompt + answer} ({prompt} in the {field}, {answer} for the answer): shorten the "
-        f"{field} or lower max_tokens",
+        f"this model's context is {backend.max_context} tokens{kept}; the request needs "
+        f"{need} ({'at least ' if at_least else ''}{prompt} in the {field}, {answer} for the "
+        f"answer): shorten the {field} or lower max_tokens",
         param=field if req.max_tokens is None else "max_tokens",
         code="context_length_exceeded",
     )
@@ -298,12 +311,18 @@ def _context_error(backend: Backend, req: ApiRequest, prompt: int, answer: int) 
 def _prompt_ids(backend: Backend, req: ApiRequest) -> tuple[int, ...]:
     """The request's prompt as token ids (chat: through the model's chat template); token ids
     it names (prompt, logit_bias) checked against the vocabulary. A text that cannot fit the
-    context whatever it tokenizes to is refused without being tokenized."""
+    context whatever it tokenizes to is refused without being tokenized; ids by their
+    count."""
     model = backend.text_model
-    chars = sum(len(m["content"]) for m in req.messages) + len(req.prompt)
+    if backend.max_context and isinstance(req.prompt, tuple):
+        if len(req.prompt) >= backend.max_context:
+            raise _context_error(backend, req, len(req.prompt), req.max_tokens or 1)
+    text = req.prompt if isinstance(req.prompt, str) else ""
+    chars = sum(len(m["content"]) for m in req.messages) + len(text)
     if backend.max_context and backend.token_chars:
         if chars > backend.max_context * backend.token_chars:
-            raise _context_error(backend, req, -(-chars // backend.token_chars), 0)
+            least = -(-chars // backend.token_chars)
+            raise _context_error(backend, req, least, req.max_tokens or 1, at_least=True)
     if req.kind == "chat":
         if model.tokenizer is None or not getattr(model.tokenizer, "chat_template", None):
             raise ApiError(
@@ -918,6 +937,7 @@ async def serve_backend(
     draft: DraftSpec,
     *,
     max_context: int | None,
+    reserved: int = 0,
 ) -> None:
     """Serve the endpoint the flags describe (`add_serve_flags`, checked by
     `check_serve_args`; `--mode --depth` and, where the command has it, `--resume-timeout-s`)
@@ -938,6 +958,7 @@ async def serve_backend(
         chat_defaults=generation_defaults(args.checkpoint),
         resume_timeout_s=getattr(args, "resume_timeout_s", 0.0),
         max_context=max_context,
+        reserved=reserved,
     )
     app = create_app(backend, api_key=args.api_key, limits=args.http_limits)
     await serve_app(app, args.host, args.port, backend.model_id, args.http_limits)

@@ -51,9 +51,14 @@ def _config(args: argparse.Namespace, spec: jaxspec.DraftSpec) -> SchedulerConfi
 async def _serve(args: argparse.Namespace, spec: jaxspec.DraftSpec) -> int:
     target = jaxspec.load(args.checkpoint)
     drafter = load_drafter(args.draft, args.quantize, spec) if spec.speculative else None
-    verifier = LocalVerifier(target, _config(args, spec))
+    config = _config(args, spec)
+    verifier = LocalVerifier(target, config)
+    reserved = config.max_gamma + 1  # a slot's positions past the answer (a draft block)
     try:
-        await serve_backend(args, verifier, drafter, target, spec, max_context=args.max_len)
+        await serve_backend(
+            args, verifier, drafter, target, spec,
+            max_context=args.max_len - reserved, reserved=reserved,
+        )  # fmt: skip
     finally:
         await verifier.aclose()
     return 0

@@ -526,10 +526,12 @@ def test_request_size_refused_before_any_work(edge, verifier):
         err = _openai_error(*_read_answer(sock))
     assert err["code"] == "request_too_large"
     steps = _stats(verifier.address)["steps"]
-    for prompt in ("x " * 400_000, [7] * 300_000, "word " * 600):
+    for prompt, needs in (("x " * 400_000, "at least"), ([7] * 300_000, "300001 (300000 in"),
+                          ("word " * 600, "")):  # fmt: skip
         status, body = _post(edge.url, "/completions", json.dumps({"prompt": prompt}).encode())
         err = _openai_error(status, body)
         assert status == 400 and err["code"] == "context_length_exceeded", err
+        assert f"the request needs {needs}" in err["message"], err  # ids counted, not chars
     assert _stats(verifier.address)["steps"] == steps
     big = openai.OpenAI(base_url=edge.url, api_key=KEY, timeout=WAIT_S)  # SDK's retries on
     with pytest.raises(openai.APIStatusError) as e:
@@ -725,6 +727,13 @@ def test_colocated_jaxspec_serve_has_the_same_fixes(root, env):
         assert got.choices[0].finish_reason == "stop" and "é" not in got.choices[0].text
         with pytest.raises(openai.BadRequestError, match="context"):
             local.completions.create(model="default", prompt="word " * 200, max_tokens=4)
+        # The context is --max-len less the positions a slot keeps for a draft block (gamma
+        # 4 + 1), said in the refusal; ids are counted as ids (150,000 were 3,659 "chars").
+        for ids, needs in (([7] * 120, "needs 124 (120 in"), ([7] * 150_000, "needs 150004")):
+            with pytest.raises(openai.BadRequestError, match="context") as e:
+                local.completions.create(model="default", prompt=ids, max_tokens=4)
+            assert "123 tokens (128 positions less 5 kept for a draft block)" in e.value.message
+            assert needs in e.value.message, e.value.message
     finally:
         server.stop()
 
