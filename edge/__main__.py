@@ -73,6 +73,7 @@ from jaxspec_host.flags import (
     use_compilation_cache,
 )
 from jaxspec_host.pairs import TINY, resolve
+from jaxspec_host.preflight import refuse_other_vocabularies, refuse_pair_with_models
 from jaxspec_host.worker import exit_if_abandoned, in_thread
 
 
@@ -136,6 +137,7 @@ def resolve_models(args: argparse.Namespace, spec: DraftSpec, command: str) -> N
     for SmolLM2, fetched and built once and said on stderr, else the tiny pair, its fallback
     said in one line); one named alone, its own pair's other half. Idempotent."""
     say = functools.partial(_say, command=command)
+    refuse_pair_with_models(args.pair, args.checkpoint, args.draft)
     pair = resolve(args.checkpoint, args.draft, args.pair, drafts=spec.speculative, say=say)
     args.checkpoint, args.draft = pair.target, pair.draft
 
@@ -172,10 +174,14 @@ async def _connected(
         tls_ca=args.tls_ca,
         timeout_s=args.timeout_s,
     ) as ep:
-        await check_verifier(
+        stats = await check_verifier(
             ep, retry_s=args.resume_timeout_s, on_retry=say, on_wait=at_most_every(say)
         )
         await in_thread(resolve_models, args, spec, args.command)
+        refuse_other_vocabularies(  # read cheaply, before anything loads
+            {"target": args.checkpoint, "draft": args.draft,
+             f"the verifier at {args.verifier}": stats.get("vocab_size")}
+        )  # fmt: skip
         drafter, text_model = await in_thread(_load_models, args, spec)
         yield ep, drafter, text_model
 

@@ -59,12 +59,14 @@ from jaxspec_host.flags import (
     sampling_for_model,
     use_compilation_cache,
 )
+from jaxspec_host.preflight import refuse_other_vocabularies
 from jaxspec_host.worker import exit_if_abandoned
 
 
 def _generate(args: argparse.Namespace) -> int:
     spec = check_args(args)  # every flag, before the checkpoints load (tens of seconds)
     refuse_draft_without_speculation(args)  # --gamma 0 is plain decoding: no draft
+    refuse_other_vocabularies({"target": args.checkpoint, "draft": args.draft})
     use_compilation_cache(args)
     model = jaxspec.load(args.checkpoint)
     settings = jaxspec.generation_defaults(args.checkpoint) if args.chat is not None else {}

@@ -30,6 +30,12 @@ from jaxspec_host.flags import (
     use_compilation_cache,
 )
 from jaxspec_host.pairs import resolve
+from jaxspec_host.preflight import (
+    refuse_other_vocabularies,
+    refuse_pair_with_models,
+    refuse_sessionless,
+    refuse_unaffordable_cache,
+)
 from verify import LocalVerifier, SchedulerConfig
 from verify.serve import scheduler_config_from_args
 
@@ -69,9 +75,13 @@ def main(args: argparse.Namespace) -> int:
     spec = check_args(args)
     refuse_draft_without_speculation(args)  # --gamma 0: plain decoding, no draft
     check_serve_args(args)
-    _config(args, spec)  # ValueError early
+    config = _config(args, spec)  # ValueError early
+    refuse_sessionless(config.max_len, config.max_gamma)
+    refuse_pair_with_models(args.pair, args.checkpoint, args.draft)
     say = lambda text: print(f"jaxspec serve: {text}", file=sys.stderr, flush=True)  # noqa: E731
     pair = resolve(args.checkpoint, args.draft, args.pair, drafts=spec.speculative, say=say)
     args.checkpoint, args.draft = pair.target, pair.draft
+    refuse_other_vocabularies({"target": args.checkpoint, "draft": args.draft})
+    refuse_unaffordable_cache(args.checkpoint, config.max_sessions, config.max_len)
     use_compilation_cache(args)
     return asyncio.run(_serve(args, spec))

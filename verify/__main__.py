@@ -63,6 +63,13 @@ from jaxspec_host.flags import (
     use_compilation_cache,
 )
 from jaxspec_host.pairs import resolve
+from jaxspec_host.preflight import (
+    checkpoint_config,
+    checkpoint_vocab,
+    refuse_pair_with_models,
+    refuse_sessionless,
+    refuse_unaffordable_cache,
+)
 from jaxspec_host.worker import exit_if_abandoned, in_thread
 from verify import multihost
 from verify.local import LocalVerifier
@@ -83,8 +90,6 @@ from verify.serve import (
     ConnectionLimits,
     Server,
     bind,
-    checkpoint_config,
-    checkpoint_vocab,
     insecure_public_reason,
     rate_limit_client_caused_logs,
     scheduler_config_from_args,
@@ -263,8 +268,16 @@ def resolve_target(args: argparse.Namespace) -> str:
     it can be had, fetched once and said on stderr, else the tiny target, said in one line);
     the checkpoint. The verifier needs no draft, so no W4A16 copy is built."""
     say = functools.partial(log.warning, "%s")
+    refuse_pair_with_models(args.pair, args.checkpoint, None)
     args.checkpoint = resolve(args.checkpoint, None, args.pair, drafts=False, say=say).target
     return args.checkpoint
+
+
+def refuse_unaffordable(args: argparse.Namespace, config: SchedulerConfig) -> None:
+    """A KV slot pool past the memory available (`jaxspec_host.preflight`), refused before
+    the target loads."""
+    itemsize = jnp.dtype(args.dtype).itemsize
+    refuse_unaffordable_cache(args.checkpoint, config.max_sessions, config.max_len, itemsize)
 
 
 def load_target(args: argparse.Namespace) -> Model:
@@ -389,8 +402,10 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
         log.warning("%s", overcommitted)
     cache = use_compilation_cache(args)
     log.info("compilation cache: %s", cache or "off")
+    refuse_sessionless(config.max_len, config.max_gamma)
     resolve_target(args)  # after every flag's check: it may fetch SmolLM2 (once)
-    refuse_unfit_mesh(args)  # before the target loads
+    refuse_unaffordable(args, config)  # before the target loads
+    refuse_unfit_mesh(args)
     model = None
     vocab = checkpoint_vocab(args.checkpoint)
     if vocab is None:  # no config.json to read cheaply: loading says what is wrong
@@ -605,8 +620,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     lockstep = None
     try:
         if is_multihost(args):
-            scheduler_config_from_args(args)  # the flags, the target and the mesh are
-            resolve_target(args)  # checked in every process before any joins or loads
+            config = scheduler_config_from_args(args)  # the flags, the target and the mesh
+            refuse_sessionless(config.max_len, config.max_gamma)  # are checked in every
+            resolve_target(args)  # process before any joins or loads
+            refuse_unaffordable(args, config)
             refuse_unfit_mesh(args)
             lockstep = join(args)
             if not lockstep.leader:

@@ -17,23 +17,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
-import json
 import logging
-import pathlib
 import socket
 import time
 from typing import Any
 
-import gguf
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection as grpc_reflection
 
-from jaxspec.ckpts.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
-from jaxspec.ckpts.gguf_import import find_gguf, gguf_config
-from jaxspec.nn.config import LlamaConfig
 from jaxspec.proto import verifier_pb2 as pb
-from jaxspec_host import hub
 from jaxspec_host.flags import is_loopback
 from verify.local import LocalVerifier
 from verify.metrics import MetricsServer, serve_metrics
@@ -190,38 +183,6 @@ def scheduler_config_from_args(args: Any, **given: Any) -> SchedulerConfig:
     data, _ = getattr(args, "mesh", (1, 1))
     sessions = fields.get("max_sessions", SchedulerConfig.max_sessions)
     return SchedulerConfig(**fields, row_buckets=row_buckets_for(sessions, data))
-
-
-def checkpoint_config(checkpoint: str) -> tuple[LlamaConfig, int | None] | None:
-    """A checkpoint's config (a directory, a GGUF, a built-in or remote name) and, for a
-    quantized one, its group size (None: per channel or not quantized), read without loading
-    any weights: the message limit is set when the port is bound, and a mesh checked
-    (`verify.mesh`), before the target loads. None when it cannot be read so cheaply (then
-    loading the checkpoint says what is wrong with it)."""
-    d = pathlib.Path(checkpoint)
-    remote = hub.remote_model(checkpoint)
-    if not d.exists() and checkpoint in BUILTIN_NAMES:
-        d = BUILTIN_DIR / BUILTIN_NAMES[checkpoint]
-    elif not d.exists() and remote is not None:
-        d = hub.model_dir(remote)  # not there yet: the load pulls it, then says
-    elif not d.exists() and (copy := hub.quantized_copy(checkpoint)) is not None:
-        d = hub.copy_dir(copy)  # not built yet: the load builds it, then says
-    try:
-        g = find_gguf(d)
-        if g is not None:
-            return gguf_config(gguf.GGUFReader(str(g)), str(g)), None
-        raw = json.loads((d / "config.json").read_text())
-        quant = raw.get("quantization_config") or {}
-        group = quant.get("group_size") if quant.get("quant_method") == "jaxspec-aqt" else None
-        return LlamaConfig.from_hf(raw), group
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # CheckpointError too
-        return None
-
-
-def checkpoint_vocab(checkpoint: str) -> int | None:
-    """The vocabulary size in a checkpoint's config (`checkpoint_config`), or None."""
-    read = checkpoint_config(checkpoint)
-    return None if read is None else read[0].vocab_size
 
 
 def _why_not_bound(host: str, port: int) -> str:
@@ -391,6 +352,7 @@ async def bind(
         config.row_buckets,
         write_timeout_s=write_timeout_s,
         first_message_timeout_s=first_message_timeout_s,
+        vocab_size=vocab,
     )
     add_to_server(service, server)
     health_servicer = health.aio.HealthServicer()

@@ -142,6 +142,7 @@ class VerifierService(pb_grpc.VerifierServicer):
         write_timeout_s: float = WRITE_TIMEOUT_S,
         max_unanswered: int = MAX_UNANSWERED,
         first_message_timeout_s: float = FIRST_MESSAGE_TIMEOUT_S,
+        vocab_size: int = 0,
     ):
         if not write_timeout_s > 0 or not first_message_timeout_s > 0 or max_unanswered < 1:
             raise ValueError(
@@ -150,6 +151,7 @@ class VerifierService(pb_grpc.VerifierServicer):
         self.write_timeout_s = write_timeout_s
         self.first_message_timeout_s = first_message_timeout_s
         self.max_unanswered = max_unanswered
+        self.vocab_size = vocab_size  # the target's (Stats), 0: not said
         self.verifier: LocalVerifier | None = None
         self.tenants = tenants
         self.rate_limits = RateLimits()
@@ -276,6 +278,7 @@ class VerifierService(pb_grpc.VerifierServicer):
         its blocks and the tokens committed to it; the verifier-wide step figures (last step
         time, rows, occupancy) are 0, since they tell of other tenants' load."""
         warming = dict(zip(("warming_done", "warming_total"), self.warming, strict=True))
+        warming["vocab_size"] = self.vocab_size  # tells of no tenant either
         if self.verifier is None:
             return dict(
                 sessions=0, queued_blocks=0, steps=0, last_step_s=0.0, last_rows=0,

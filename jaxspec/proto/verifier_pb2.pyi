@@ -196,7 +196,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("sessions", "queued_blocks", "steps", "last_step_s", "last_rows", "last_bucket_rows", "mean_occupancy", "tokens_committed", "serving", "warming_done", "warming_total")
+    __slots__ = ("sessions", "queued_blocks", "steps", "last_step_s", "last_rows", "last_bucket_rows", "mean_occupancy", "tokens_committed", "serving", "warming_done", "warming_total", "vocab_size")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class StatsResponse(_message.Message):
     SERVING_FIELD_NUMBER: _ClassVar[int]
     WARMING_DONE_FIELD_NUMBER: _ClassVar[int]
     WARMING_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     sessions: int
     queued_blocks: int
     steps: int
@@ -219,4 +220,5 @@ class StatsResponse(_message.Message):
     serving: bool
     warming_done: int
     warming_total: int
-    def __init__(self, sessions: _Optional[int] = ..., queued_blocks: _Optional[int] = ..., steps: _Optional[int] = ..., last_step_s: _Optional[float] = ..., last_rows: _Optional[int] = ..., last_bucket_rows: _Optional[int] = ..., mean_occupancy: _Optional[float] = ..., tokens_committed: _Optional[int] = ..., serving: _Optional[bool] = ..., warming_done: _Optional[int] = ..., warming_total: _Optional[int] = ...) -> None: ...
+    vocab_size: int
+    def __init__(self, sessions: _Optional[int] = ..., queued_blocks: _Optional[int] = ..., steps: _Optional[int] = ..., last_step_s: _Optional[float] = ..., last_rows: _Optional[int] = ..., last_bucket_rows: _Optional[int] = ..., mean_occupancy: _Optional[float] = ..., tokens_committed: _Optional[int] = ..., serving: _Optional[bool] = ..., warming_done: _Optional[int] = ..., warming_total: _Optional[int] = ..., vocab_size: _Optional[int] = ...) -> None: ...
