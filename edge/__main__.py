@@ -183,6 +183,12 @@ async def _connected(
              f"the verifier at {args.verifier}": stats.get("vocab_size")}
         )  # fmt: skip
         drafter, text_model = await in_thread(_load_models, args, spec)
+        if drafter is not None:  # one not read cheaply before (built on first use): now
+            sizes = {
+                "draft": drafter.model.config.vocab_size,
+                "the verifier": stats.get("vocab_size"),
+            }
+            refuse_other_vocabularies(sizes)
         yield ep, drafter, text_model
 
 

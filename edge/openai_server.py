@@ -119,6 +119,7 @@ class Backend:
     resume_timeout_s: float = 0.0
     max_context: int | None = None
     reserved: int = 0  # positions past max_context each slot keeps for a draft block
+    live: set[asyncio.Task] = dataclasses.field(default_factory=set)  # sessions running
 
     def __post_init__(self) -> None:
         tok = self.text_model.tokenizer
@@ -167,6 +168,8 @@ class Generation:
         """Open the session and wait for its first tokens (or its end): an open that fails
         raises here, before any answer has started."""
         self.task = asyncio.ensure_future(self.session.run())
+        self.backend.live.add(self.task)
+        self.task.add_done_callback(self.backend.live.discard)
         self.task.add_done_callback(lambda _: self.changed.set())
         # a session whose client went away may fail with nobody to hear it: seen here
         self.task.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -552,6 +555,20 @@ def create_app(
     async def bug(_request: Request, e: Exception) -> JSONResponse:  # logged by uvicorn too
         return _error(ApiError(f"internal error: {type(e).__name__}", status=500,
                                type="server_error"))  # fmt: skip
+
+    @app.get("/health")
+    async def health(request: Request) -> dict[str, Any]:
+        """200 while the endpoint serves (no key needed, as load balancers ask); with the
+        key, also its live sessions (and, co-located, the verifier's)."""
+        try:
+            _check_key(request, key)
+        except ApiError:
+            return {"status": "ok"}
+        out = {"status": "ok", "sessions": len(backend.live)}
+        scheduler = getattr(backend.endpoint, "scheduler", None)
+        if scheduler is not None:
+            out["verifier_sessions"] = len(scheduler.sessions)
+        return out
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

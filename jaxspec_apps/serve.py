@@ -57,6 +57,9 @@ def _config(args: argparse.Namespace, spec: jaxspec.DraftSpec) -> SchedulerConfi
 async def _serve(args: argparse.Namespace, spec: jaxspec.DraftSpec) -> int:
     target = jaxspec.load(args.checkpoint)
     drafter = load_drafter(args.draft, args.quantize, spec) if spec.speculative else None
+    if drafter is not None:  # one not read cheaply before (built on first use): now
+        vocab = drafter.model.config.vocab_size
+        refuse_other_vocabularies({"target": target.config.vocab_size, "draft": vocab})
     config = _config(args, spec)
     verifier = LocalVerifier(target, config)
     reserved = config.max_gamma + 1  # a slot's positions past the answer (a draft block)

@@ -682,6 +682,12 @@ def test_bursts_past_the_verifiers_limit_leak_no_slot(edge, verifier):
     statuses = [s for burst in asyncio.run(bursts()) for s in burst if s is not None]
     assert 200 in statuses
     assert _wait_sessions(verifier.address) == 0
+    # /health: "ok" to anyone (as load balancers ask), the live sessions with the key
+    health = json.loads(_exchange(edge.url, _request("GET", "/health"))[1])
+    assert health == {"status": "ok"}
+    auth = (b"Authorization: Bearer " + KEY.encode(),)
+    assert json.loads(_exchange(edge.url, _request("GET", "/health", headers=auth))[1]) == {
+        "status": "ok", "sessions": 0}  # fmt: skip
 
 
 # -- the API key at start ----------------------------------------------------------------------
