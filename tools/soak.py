@@ -19,8 +19,10 @@ time until no session is live, then SIGTERM and the time each server takes to ex
 Bounds it checks (exit 1 if one fails): no server's resident memory, files or maps growing
 through the run (the last third's mean within 10% of the middle third's); live sessions 0
 within 1 s of the last client leaving; the neighbour's p99 ITL within 2x its quiet value
-each minute (the minute of a verifier restart reported, not judged); SIGTERM within 5 s;
-no 5xx and no answer other than those expected (200, 413 for 10 MB, 429 past the limit).
+each minute after the first (the first meets the shapes the warm-up did not compile, and a
+verifier restart's minute is reported, not judged); SIGTERM within 5 s; no answer other than
+those expected (a well-behaved client: 200, or 429 while the slots are full, at most 1% of
+its requests; a burst or a leaver: 200 or 429; a 10 MB body: 413).
 `--json FILE` keeps every row and the verdicts.
 """
 
@@ -366,7 +368,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         drain_s = time.monotonic() - t_left
         exits = {name: round(await p.terminate(), 2) for name, p in reversed(soak.procs.items())}
         restart_exit = getattr(soak, "restart_exit_s", None)
-        return verdicts(args, rows, quiet_p99, live, drain_s, exits, restart_exit, started_s)
+        return {
+            "stack": args.stack, "pair": args.pair, "minutes": args.minutes,
+            "max_sessions": args.max_sessions, "started_s": round(started_s, 1),
+            "quiet_p99_itl_ms": round(quiet_p99 * 1e3, 1), "drain_s": round(drain_s, 3),
+            "live_after": live, "sigterm_exit_s": exits,
+            "restart_sigterm_exit_s": restart_exit and round(restart_exit, 2), "rows": rows,
+        }  # fmt: skip
     finally:
         for p in soak.procs.values():
             if p.proc.poll() is None:
@@ -383,41 +391,86 @@ def _growth(rows: list[dict[str, Any]], key: str) -> float:
     return statistics.fmean(last) / max(statistics.fmean(middle), 1e-9)
 
 
-EXPECTED = {"200", "413", "429", "left"}
+# What each kind of client may get: a burst past the limit and a leaver may find the slots
+# full (429); a 10 MB body gets its 413; a well-behaved client gets its answer, always.
+EXPECTED = {"burst": {"200", "429"}, "leave": {"left", "429"}, "10MB": {"413"}}
 
 
-def verdicts(args, rows, quiet_p99, live, drain_s, exits, restart_exit, started_s) -> dict:
-    """The bounds of the module docstring, each with its figure."""
+def judge(soak: dict[str, Any]) -> dict[str, Any]:
+    """`soak` (what `run` measured) with the bounds of the module docstring judged, each with
+    its figure. The first minute is reported, not judged for latency: it meets the shapes
+    the warm-up did not compile (the mix's first bursts)."""
+    rows = soak["rows"]
     growth = {
-        k: round(_growth(rows, k), 3)
-        for k in rows[0]
+        k: round(_growth(rows, k), 3) for k in (rows[0] if rows else ())
         if k.endswith(("_rss_mb", "_fds", "_maps"))
-    } if rows else {}  # fmt: skip
-    judged = [r for r in rows if not r["restart"]]
+    }  # fmt: skip
+    judged = [r for r in rows[1:] if not r["restart"]]
     worst = max((r["p99_itl_ms"] for r in judged), default=0.0)
-    odd = Counter()
+    odd, refused, asked = Counter(), 0, 0
     for r in rows:
         for kind, n in r["statuses"].items():
-            if kind.split(":")[1] not in EXPECTED:
+            who, status = kind.split(":", 1)
+            well_behaved = who not in EXPECTED
+            asked += n if well_behaved else 0
+            if well_behaved and status == "429":  # the slots were full: counted, bounded
+                refused += n
+            elif status not in EXPECTED.get(who, {"200"}):
                 odd[kind] += n
     checks = {
         "nothing grows (last third <= 1.10 x middle third)": all(
             g <= 1.10 for g in growth.values()
         ),
-        "live sessions 0 within 1 s of the last client": live == 0 and drain_s <= 1.0,
-        "neighbour p99 ITL <= 2 x quiet each minute": worst <= 2 * quiet_p99 * 1e3,
-        "SIGTERM exit <= 5 s": all(s <= 5.0 for s in exits.values()),
+        "live sessions 0 within 1 s of the last client": soak["live_after"] == 0
+        and soak["drain_s"] <= 1.0,
+        "neighbour p99 ITL <= 2 x quiet each minute after the first": worst
+        <= 2 * soak["quiet_p99_itl_ms"],
+        "SIGTERM exit <= 5 s": all(s <= 5.0 for s in soak["sigterm_exit_s"].values()),
         "no unexpected answer": not odd,
+        "well-behaved clients refused (429, slots full) <= 1%": refused <= 0.01 * max(asked, 1),
     }
-    out = {
-        "stack": args.stack, "pair": args.pair, "minutes": args.minutes,
-        "max_sessions": args.max_sessions, "started_s": round(started_s, 1),
-        "quiet_p99_itl_ms": round(quiet_p99 * 1e3, 1), "worst_p99_itl_ms": worst,
-        "growth": growth, "drain_s": round(drain_s, 3), "live_after": live,
-        "sigterm_exit_s": exits, "restart_sigterm_exit_s": restart_exit,
-        "unexpected": dict(odd), "checks": checks, "rows": rows,
+    return soak | {
+        "first_minute_p99_itl_ms": rows[0]["p99_itl_ms"] if rows else None,
+        "worst_p99_itl_ms": worst, "growth": growth, "unexpected": dict(odd),
+        "well_behaved_429": refused, "well_behaved_requests": asked, "checks": checks,
     }  # fmt: skip
-    return out
+
+
+def markdown(out: dict[str, Any], every: int = 5) -> str:
+    """A judged soak as markdown: its figures, a row every `every` minutes (and the first
+    and the last), its checks."""
+    rows = out["rows"]
+    procs = [k.removesuffix("_rss_mb") for k in rows[0] if k.endswith("_rss_mb")]
+    head = ["minute", "live"] + [f"{p} {f}" for p in procs for f in ("RSS MB", "fds", "maps")]
+    head += ["p99 ITL ms", "max ITL ms", "10 MB -> 413 s (max)", "well-behaved 429"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for r in rows:
+        if r["minute"] % every and r["minute"] not in (1, len(rows)) and not r["restart"]:
+            continue
+        cells = [str(r["minute"]) + (" (verifier restart)" if r["restart"] else ""), r["live"]]
+        cells += [r[f"{p}_{f}"] for p in procs for f in ("rss_mb", "fds", "maps")]
+        refused = sum(n for k, n in r["statuses"].items()
+                      if k.endswith(":429") and k.split(":")[0] not in EXPECTED)  # fmt: skip
+        cells += [r["p99_itl_ms"], r["max_itl_ms"], r["to_413_max_s"], refused]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    exits = ", ".join(f"{k} {v:g} s" for k, v in out["sigterm_exit_s"].items())
+    restart = out.get("restart_sigterm_exit_s")
+    restart = f" (the restart mid-run: {restart:g} s)" if restart else ""
+    lines += [
+        "",
+        f"`{out['stack']}`, {out['pair']}, {out['minutes']} minutes, --max-sessions "
+        f"{out['max_sessions']}: quiet p99 ITL {out['quiet_p99_itl_ms']:g} ms, worst minute "
+        f"after the first {out['worst_p99_itl_ms']:g} ms (first {out['first_minute_p99_itl_ms']:g}"
+        f"); growth (last third / middle third) "
+        + ", ".join(f"{k} {v:g}" for k, v in out["growth"].items())
+        + f"; no session live {out['drain_s']:g} s after the last client left; SIGTERM: {exits}"
+        + restart
+        + f"; well-behaved requests {out['well_behaved_requests']}, refused 429 "
+        f"{out['well_behaved_429']}; unexpected answers {out['unexpected'] or 'none'}.",
+        "",
+    ]
+    lines += [f"- {'met' if ok else 'NOT met'}: {name}" for name, ok in out["checks"].items()]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -430,10 +483,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-sessions", type=int, default=8)
     p.add_argument("--start-timeout-s", type=float, default=900.0)
     p.add_argument("--json", type=pathlib.Path)
+    p.add_argument("--rejudge", type=pathlib.Path, help="judge a --json file again, no run")
+    p.add_argument("--markdown", action="store_true", help="print a table, not JSON")
     args = p.parse_args(argv)
-    out = asyncio.run(run(args))
+    out = judge(json.loads(args.rejudge.read_text()) if args.rejudge else asyncio.run(run(args)))
     summary = {k: v for k, v in out.items() if k != "rows"}
-    print(json.dumps(summary, indent=2))
+    print(markdown(out) if args.markdown else json.dumps(summary, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0 if all(out["checks"].values()) else 1
