@@ -180,6 +180,35 @@ def test_warm_up_reports_each_shape_and_can_be_stopped():
     assert seen[1:] == [(1, 3, "step 1x1x64"), (2, 3, "step 1x3x64"), (3, 3, "prefill 1x64")]
 
 
+def test_a_shape_compiled_ahead_of_time_is_not_compiled_again_at_first_use():
+    """What the verifier compiles in the background while it serves (`precompile`) is what
+    its first real call of that shape runs: the lowering carried a sharding where the live
+    KV cache had none (uncommitted), so jit keyed the real call apart and compiled every
+    such shape a second time at first use (3 s a shape here, a second copy of its code in
+    memory: 27,054 memory maps for SmolLM2's 63 shapes)."""
+    import jax.monitoring
+
+    config = SchedulerConfig(max_sessions=1, max_len=64, max_gamma=2)
+    cfg = tiny_config()
+    sched = Scheduler(Model(config=cfg, params=init_params(cfg, 0)), config)
+    sched.warmup(None, [("step", 1, 1, 64)])  # a real step first: the cache is a step's output
+    compiles = []
+
+    def count(event: str, _secs: float, **_kw) -> None:
+        if event.endswith("backend_compile_duration"):
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        for shape in (("step", 1, 3, 64), ("prefill", 1, 64, 64)):
+            sched.precompile(*sched.precompile_args(shape))
+        ahead = len(compiles)
+        sched.warmup(None, [("step", 1, 3, 64), ("prefill", 1, 64, 64)])  # real calls
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert ahead >= 2 and len(compiles) == ahead, compiles  # (jnp.zeros compiles too)
+
+
 def test_bound_server_answers_warming_up_until_ready_then_closes_idempotently():
     """Before `ready()`: health NOT_SERVING, OpenSession/Verify/CloseSession UNAVAILABLE
     "warming up", Stats not serving. After: SERVING; closing a session twice is OK for its

@@ -788,8 +788,13 @@ class Scheduler:
         the scheduler's state (take them under the owner's lock); `precompile` then compiles
         them without it."""
         kind, R, W, A = shape
+        # As the live arrays are: a sharding only where committed (a mesh's), else jit keys
+        # a real call apart from this lowering and compiles the shape again at first use.
         cache = jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), self.cache
+            lambda a: jax.ShapeDtypeStruct(
+                a.shape, a.dtype, sharding=a.sharding if a.committed else None
+            ),
+            self.cache,
         )
         if kind == "step":
             return self._step, (self.params, cache, self._build_batch([], [], R, W, A))
