@@ -88,3 +88,38 @@ def trace_budget(environ: Mapping[str, str] = os.environ) -> int:
         log.warning("JAXSPEC_TRACE_CACHE_MB=%r is not a positive number: using the default", text)
         return trace_cache.DEFAULT_MAX_BYTES
     return int(mib * (1 << 20))
+
+
+MAPS_SHARE = 0.5  # `bound_compiled_programs` drops compiled programs past this share
+
+
+def memory_maps(pid: str = "self") -> tuple[int, int] | None:
+    """(memory maps this process has, the kernel's limit `vm.max_map_count`), or None where
+    it cannot say (not Linux)."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            count = sum(1 for _ in f)
+        limit = int(pathlib.Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return None
+    return count, limit
+
+
+def bound_compiled_programs(share: float = MAPS_SHARE) -> bool:
+    """Drop every compiled program JAX keeps in memory (`jax.clear_caches`) when this process
+    holds more than `share` of the kernel's memory maps; True when it did. Each compiled XLA
+    executable maps its code apart, so a long process that compiles shape after shape (the
+    bench: 63,170 maps seen) comes near the limit of 65,530, after which XLA dies with "LLVM
+    ERROR: Unable to allocate section memory". What is dropped compiles again on next use
+    (from the persistent cache where there is one). A server's shapes are bucketed, so it
+    never needs this; a caller that runs unbounded work between calls does."""
+    maps = memory_maps()
+    if maps is None or maps[0] <= share * maps[1]:
+        return False
+    jax.clear_caches()
+    after = memory_maps()
+    log.warning(
+        "compiled programs dropped: %d of the kernel's %d memory maps were in use (now %s)",
+        maps[0], maps[1], "?" if after is None else after[0],
+    )  # fmt: skip
+    return True

@@ -28,6 +28,7 @@ from jaxspec_apps.bench.common import (
     measure_roofline,
 )
 from jaxspec_apps.bench.profile import Profile
+from jaxspec_host.xla_cache import bound_compiled_programs
 from verify import Scheduler
 
 
@@ -160,3 +161,5 @@ def run_sections(
         data["wall_s"] = time.time() - t0
         out["sections"][section.name] = data
         ctx.log(f"{prefix}{section.name}: done in {data['wall_s']:.0f} s")
+        if bound_compiled_programs():  # a long run of many shapes: keep clear of the maps limit
+            ctx.log(f"{prefix}compiled programs dropped after {section.name} (memory maps)")
