@@ -188,25 +188,31 @@ def test_a_shape_compiled_ahead_of_time_is_not_compiled_again_at_first_use():
     memory: 27,054 memory maps for SmolLM2's 63 shapes)."""
     import jax.monitoring
 
-    config = SchedulerConfig(max_sessions=1, max_len=64, max_gamma=2)
+    config = SchedulerConfig(max_sessions=1, max_len=72, max_gamma=2)  # shapes of its own
     cfg = tiny_config()
     sched = Scheduler(Model(config=cfg, params=init_params(cfg, 0)), config)
-    sched.warmup(None, [("step", 1, 1, 64)])  # a real step first: the cache is a step's output
-    compiles = []
+    sched.warmup(None, [("step", 1, 1, 72)])  # a real step first: the cache is a step's output
+    got = []  # an executable obtained: compiled, or loaded from the persistent cache
 
-    def count(event: str, _secs: float, **_kw) -> None:
+    def compiled(event: str, _secs: float, **_kw) -> None:
         if event.endswith("backend_compile_duration"):
-            compiles.append(event)
+            got.append(event)
 
-    jax.monitoring.register_event_duration_secs_listener(count)
+    def loaded(event: str, **_kw) -> None:
+        if event.endswith("cache_hits"):
+            got.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(compiled)
+    jax.monitoring.register_event_listener(loaded)
     try:
-        for shape in (("step", 1, 3, 64), ("prefill", 1, 64, 64)):
+        for shape in (("step", 1, 3, 72), ("prefill", 1, 64, 72)):
             sched.precompile(*sched.precompile_args(shape))
-        ahead = len(compiles)
-        sched.warmup(None, [("step", 1, 3, 64), ("prefill", 1, 64, 64)])  # real calls
+        ahead = len(got)
+        sched.warmup(None, [("step", 1, 3, 72), ("prefill", 1, 64, 72)])  # real calls
     finally:
-        jax.monitoring.unregister_event_duration_listener(count)
-    assert ahead >= 2 and len(compiles) == ahead, compiles  # (jnp.zeros compiles too)
+        jax.monitoring.unregister_event_duration_listener(compiled)
+        jax.monitoring.unregister_event_listener(loaded)
+    assert ahead >= 2 and len(got) == ahead, got  # (jnp.zeros compiles too)
 
 
 def test_bound_server_answers_warming_up_until_ready_then_closes_idempotently():

@@ -4,7 +4,8 @@
     python tools/soak.py --stack split --minutes 30              # edge serve + verify serve
     python tools/soak.py --stack colocated --pair tiny --minutes 1 --quiet-s 10   # a quick look
 
-Starts the servers itself (the real pair by default), warms them, then measures a
+Starts the servers itself (the real pair by default), waits until the verifier has compiled
+every shape (its start-up is not what a soak measures), warms them, then measures a
 well-behaved *neighbour* (one streamed request after another) beside two steady clients (one
 streamed, one whole answers) for `--quiet-s`: its p99 inter-token latency (ITL) there is the
 quiet value. Then, for `--minutes`, the attacks run beside them: clients that disconnect
@@ -53,6 +54,7 @@ KEY = "soak-key"
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 HTTP_READY = re.compile(r"jaxspec OpenAI endpoint serving \S+ on (http://\S+/v1)")
 GRPC_READY = re.compile(r"jaxspec verifier serving .* on \S+:(\d+)")
+FULLY_WARM = re.compile(r"(fully warm|warmed up): \d+ shapes")  # nothing left to compile
 
 
 def free_port() -> int:
@@ -166,6 +168,8 @@ class Soak:
             self.procs["edge"] = Proc("edge serve", argv)
         server = self.procs["serve" if a.stack == "colocated" else "edge"]
         self.url = (await server.wait_for(HTTP_READY, a.start_timeout_s)).group(1)
+        if "verify" in self.procs:  # the soak measures the steady state, not the start-up:
+            await self.procs["verify"].wait_for(FULLY_WARM, a.start_timeout_s)  # all shapes
 
     async def restart_verifier(self) -> float:
         self.minute.restart = True
