@@ -722,14 +722,10 @@ class GuardedH11Protocol(H11Protocol):
         """Answer 431 and close when the head being received (what h11 holds of it and
         `data`) is over `max_header_bytes`: h11 bounds only a head that is still incomplete,
         so one that came whole in a single read passed at any size."""
-        held = self.conn.trailing_data[0]
+        held = bytes(self.conn.trailing_data[0])
         limit = self.limits.max_header_bytes
-        if len(held) + len(data) <= limit:
-            return False
-        end = _HEAD_END.search(bytes(held[-2:]) + data[: limit + 2])
-        head = len(held) + (end.end() - min(len(held), 2) if end else limit + 1)
-        if head <= limit:
-            return False
+        if len(held) + len(data) <= limit or _HEAD_END.search(held + data, 0, limit):
+            return False  # whole within the limit, or ends within it
         why = f"the request's head is over {limit} bytes (request line and headers)"
         err = ApiError(why, status=431, code="request_header_fields_too_large")
         self.transport.write(_raw_error(431, err))

@@ -95,11 +95,11 @@ def kv_cache_bytes(config: LlamaConfig, sessions: int, max_len: int, itemsize: i
 
 def size_words(n: float) -> str:
     """Bytes in words: '1.97 TB', '512 MB'."""
-    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
-        if n < 1000 or unit == "PB":
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000:
             return f"{n:.3g} {unit}"
         n /= 1000
-    raise AssertionError("unreachable")
+    return f"{n:.3g} PB"
 
 
 def refuse_unaffordable_cache(
@@ -143,8 +143,8 @@ def refuse_other_vocabularies(models: dict[str, str | int | None]) -> None:
 def refuse_pair_with_models(choice: str, target: str | None, draft: str | None) -> None:
     """`--pair` chooses the models when none is named: given (not `auto`, the default) with
     `--checkpoint` or `--draft`, it would be ignored without a word."""
-    named = [f"--{flag} {name}" for flag, name in (("checkpoint", target), ("draft", draft))]
-    named = [n for n, m in zip(named, (target, draft), strict=True) if m is not None]
+    given = (("checkpoint", target), ("draft", draft))
+    named = [f"--{flag} {name}" for flag, name in given if name is not None]
     if choice != "auto" and named:
         raise ValueError(
             f"--pair {choice} with {' and '.join(named)}: --pair chooses the models when none "

@@ -49,6 +49,8 @@ from typing import Any
 
 import openai
 
+from jaxspec_host.xla_cache import memory_maps
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KEY = "soak-key"
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -103,9 +105,8 @@ class Proc:
             status = pathlib.Path(f"/proc/{pid}/status").read_text()
             rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) // 1024
             fds = len(os.listdir(f"/proc/{pid}/fd"))
-            with open(f"/proc/{pid}/maps", "rb") as f:
-                maps = sum(1 for _ in f)
-        except (OSError, AttributeError):
+            maps = memory_maps(str(pid))[0]
+        except (OSError, AttributeError, TypeError):  # gone, or no /proc (None)
             return {"rss_mb": 0, "fds": 0, "maps": 0}
         return {"rss_mb": rss, "fds": fds, "maps": maps}
 
