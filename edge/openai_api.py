@@ -1,8 +1,7 @@
 """The OpenAI API's requests and answers as pure functions (no HTTP, no model, no I/O).
 
-`decode_body` turns a request's bytes into JSON within bounds (nesting depth, no NaN, numbers
-Python can hold), so no body, however built, is anything but a request or a 400.
-`parse_request` checks a `/v1/chat/completions` or `/v1/completions` body field by field and
+`parse_request` (over a body `edge.openai_body.decode_body` decoded) checks a
+`/v1/chat/completions` or `/v1/completions` body field by field and
 returns an `ApiRequest`, or raises `ApiError` (HTTP 400) naming the field: an unknown or
 unsupported field is refused, never ignored, so a client never believes a setting took effect
 when it did not (the sampling fields by making the library's `SamplingSettings` of them: a
@@ -18,7 +17,6 @@ HTTP statuses and OpenAI error types.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import reprlib
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +29,6 @@ from jaxspec_host.flags import MODEL_SAMPLING, model_sampling
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 MAX_STOP_CHARS = 256  # characters per stop string (the held-back tail is checked per chunk)
-MAX_DEPTH = 32  # JSON nesting of a body; a request needs 5 (messages[i].content[j].text)
 MAX_TOKENS = (1 << 31) - 1  # what the wire carries; a verifier's --max-len refuses far less
 ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's newer name of system
 COMMON = (
@@ -143,53 +140,6 @@ def status_of(error: VerifierError) -> ApiError:
     if code == "RESOURCE_EXHAUSTED" and any(w in str(error).lower() for w in TOO_LARGE):
         status, kind = 413, "invalid_request_error"
     return ApiError(f"verifier: {error}", status=status, type=kind, code=code.lower())
-
-
-def decode_body(raw: bytes) -> Any:
-    """A request body as JSON: `ApiError` (400) for bytes that are not UTF-8 JSON, for NaN
-    and Infinity (not JSON), for integers past Python's 4,300 digits and for nesting deeper
-    than `MAX_DEPTH` (the parser's recursion limit included)."""
-
-    def refuse(name: str) -> Any:
-        raise ValueError(f"{name} is not a JSON number")
-
-    try:
-        value = json.loads(raw, parse_constant=refuse)
-    except RecursionError:
-        raise ApiError(f"the request body is nested deeper than {MAX_DEPTH} levels") from None
-    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
-        why = str(e) if "digits" not in str(e) else "a number has over 4,300 digits"
-        raise ApiError(f"the request body is not JSON: {why[:120]}") from None
-    _check_decoded(value)
-    return value
-
-
-def _check_decoded(value: Any) -> None:
-    """Refuse (400) decoded JSON nested deeper than `MAX_DEPTH` or holding a string that is
-    not Unicode text: JSON's `\\ud800` escape decodes to a lone UTF-16 surrogate, which no
-    tokenizer or UTF-8 writer takes. Walked without recursion, keys included."""
-    todo = [(value, 1)]
-    while todo:
-        v, d = todo.pop()
-        if isinstance(v, str) and not _is_text(v):
-            raise ApiError(
-                f"the request body holds a lone UTF-16 surrogate in {show(v)} (a \\ud800-"
-                "\\udfff escape not in a high-low pair is not a character)"
-            )
-        items = [*v, *v.values()] if isinstance(v, dict) else v if isinstance(v, list) else None
-        if items is None:
-            continue
-        if d > MAX_DEPTH:
-            raise ApiError(f"the request body is nested deeper than {MAX_DEPTH} levels")
-        todo.extend((x, d + 1) for x in items)
-
-
-def _is_text(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

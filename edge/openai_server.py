@@ -55,13 +55,13 @@ from edge.openai_api import (
     TextStream,
     chunk,
     completion_body,
-    decode_body,
     finish_reason,
     parse_request,
     session_fields,
     status_of,
     usage,
 )
+from edge.openai_body import decode_body
 from edge.session import EdgeSession
 from jaxspec.ckpts.checkpoint import generation_defaults
 from jaxspec.decoding.sampling import SEED_LIMIT

@@ -35,7 +35,8 @@ from hypothesis import strategies as st
 import jaxspec
 from edge.client import GrpcEndpoint
 from edge.drafter import load_drafter
-from edge.openai_api import ApiError, TextStream, decode_body, parse_request, status_of
+from edge.openai_api import ApiError, TextStream, parse_request, status_of
+from edge.openai_body import decode_body
 from edge.openai_server import Backend, HttpLimits, create_app, http_server
 from jaxspec.nn.text import decode_text
 from jaxspec.protocol import DraftSpec, ResourceExhausted
