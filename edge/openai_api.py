@@ -34,7 +34,7 @@ ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's newe
 COMMON = (
     "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
     "logit_bias", "presence_penalty", "frequency_penalty", "n", "stream", "stream_options",
-    "top_k", "min_p", "repetition_penalty",
+    "top_k", "min_p", "repetition_penalty", "ignore_eos",
 )  # fmt: skip
 FIELDS = {"chat": ("messages", *COMMON), "completion": ("prompt", *COMMON)}
 # Fields jaxspec does not serve, accepted only with a value that asks for nothing it lacks
@@ -64,7 +64,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "spaces_between_special_tokens": (None, True),
     "add_generation_prompt": (None, True),
     "include_stop_str_in_output": (None, False),
-    "ignore_eos": (None, False),
 }
 # Fields accepted with any value of their type and not used: identifiers, tags and hints for
 # OpenAI's own bookkeeping (abuse tracking, stored completions, its prompt cache), which
@@ -157,6 +156,7 @@ class ApiRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    ignore_eos: bool = False  # vLLM's: the model's end token does not end the answer
 
 
 def _bad(field: str, message: str) -> ApiError:
@@ -408,6 +408,9 @@ def parse_request(kind: str, body: Any) -> ApiRequest:
             raise _bad(field, f"must be {what}, got {show(v)}")
     model = body.get("model")
     stream, include_usage = _stream(body)
+    ignore_eos = body.get("ignore_eos")
+    if ignore_eos is not None and not isinstance(ignore_eos, bool):
+        raise _bad("ignore_eos", f"must be true or false, got {show(ignore_eos)}")
     return ApiRequest(
         kind=kind,
         model=model,
@@ -419,6 +422,7 @@ def parse_request(kind: str, body: Any) -> ApiRequest:
         stop=_stop(body.get("stop")),
         stream=stream,
         include_usage=include_usage,
+        ignore_eos=bool(ignore_eos),
     )
 
 
@@ -428,7 +432,8 @@ def session_fields(
     """The `SessionConfig` keywords of `req` (all but prompt, mode and draft): its sampling
     fields; for chat, the model's own generation settings (`defaults`, as `edge generate
     --chat` takes them, `jaxspec_host.flags.model_sampling`) where it gave none; `max_tokens`
-    and `seed` where it gave none."""
+    and `seed` where it gave none; with `ignore_eos` no stop token (the end token is drawn
+    like any other and the answer runs to max_tokens or a stop string)."""
     values: dict[str, Any] = {}
     if req.kind == "chat":
         values.update(model_sampling(defaults, MODEL_SAMPLING))
@@ -437,6 +442,7 @@ def session_fields(
         "sampling": SamplingSettings(**values),
         "max_new_tokens": req.max_tokens if req.max_tokens is not None else max_tokens,
         "seed": req.seed if req.seed is not None else seed,
+        "stop_tokens": () if req.ignore_eos else None,
     }
 
 

@@ -216,7 +216,9 @@ class Generation:
 
     def finish(self) -> str:
         """The answer's `finish_reason`, once it ended ("stop" or "length")."""
-        return finish_reason(self.text, self.config.max_new_tokens, self.backend.stop_ids)
+        stops = self.config.stop_tokens
+        stops = self.backend.stop_ids if stops is None else frozenset(stops)
+        return finish_reason(self.text, self.config.max_new_tokens, stops)
 
     def usage(self) -> dict[str, Any]:
         """The answer's `usage`, with the acceptance figures (`usage.jaxspec`)."""

@@ -241,6 +241,29 @@ def test_stop_string_cuts_the_text(client):
         assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_ignore_eos_makes_the_end_token_ordinary(client):
+    """`ignore_eos` (what load tools send): an end token biased to come first ends the answer
+    at once without it, and with it is drawn like any token until max_tokens ("length");
+    streamed or not. The greedy tokens are the same up to where the end token stopped."""
+    eos = jaxspec.load("default").config.eos_token_ids[0]
+    bias = {"logit_bias": {str(eos): 100}, "temperature": 0}
+    ended = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, **bias)
+    assert ended.usage.completion_tokens == 1 and ended.choices[0].finish_reason == "stop"
+    for stream in (False, True):
+        got = client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=12, stream=stream,
+            stream_options={"include_usage": True} if stream else None,
+            extra_body={"ignore_eos": True}, **bias,
+        )  # fmt: skip
+        chunks = list(got) if stream else [got]
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        assert finish == "length" and chunks[-1].usage.completion_tokens == 12, stream
+    with pytest.raises(openai.BadRequestError, match="ignore_eos"):
+        client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=12, extra_body={"ignore_eos": 1}
+        )
+
+
 def test_concurrent_requests(client):
     """Four requests at once, each its own session: each gives the text it gives alone."""
 

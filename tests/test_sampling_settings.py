@@ -214,4 +214,5 @@ def test_an_http_request_is_checked_by_making_settings():
         "sampling": SamplingSettings(temperature=0.25, top_k=8, top_p=0.5),
         "max_new_tokens": 9,
         "seed": 3,
+        "stop_tokens": None,  # the model's end tokens
     }
