@@ -99,8 +99,7 @@ def init_state(model: Model, rows: int, max_len: int) -> DrafterState:
     )
 
 
-@trace_cache.jit(static_argnames=("module",))
-def prefill(
+def _prefill(
     module: Llama,
     params: Any,
     state: DrafterState,
@@ -124,6 +123,24 @@ def prefill(
     length = state.length.at[rows_R].set(lengths_R.astype(jnp.int32))
     prompt_len = state.prompt_len.at[rows_R].set(prompt_len_R.astype(jnp.int32))
     return DrafterState(tokens=tokens, length=length, cache=cache, prompt_len=prompt_len)
+
+
+prefill = trace_cache.jit(_prefill, static_argnames=("module",))
+
+
+@trace_cache.jit(static_argnames=("module",), donate_argnames=("state",))
+def prefill_in_place(
+    module: Llama,
+    params: Any,
+    state: DrafterState,
+    rows_R: jax.Array,
+    prompts_RT: jax.Array,
+    lengths_R: jax.Array,
+    prompt_len_R: jax.Array,
+) -> DrafterState:
+    """`prefill` with `state` donated: a pool's rows are reset in place (no copy of the
+    whole pool's cache)."""
+    return _prefill(module, params, state, rows_R, prompts_RT, lengths_R, prompt_len_R)
 
 
 def _rolled_back(state: DrafterState, rows_R: jax.Array, lengths_R: jax.Array) -> DrafterState:
@@ -207,39 +224,68 @@ def _drafted(
     params: Any,
     state: DrafterState,
     sampling: SamplingParams,
-    keys_N2: jax.Array,
-    live_N: jax.Array,
+    keys_R2: jax.Array,
+    live_R: jax.Array,
     spec: DraftSpec,
+    rows_R: jax.Array | None = None,
 ) -> tuple[DrafterState, DraftBatch]:
-    """`draft`'s body (traced)."""
-    N, S = state.tokens.shape
+    """`draft`'s body (traced), for every row or only `rows` (a pool's rows with a block to
+    draft: `sampling`, `keys` and `live` are theirs, the other rows are left as they are)."""
+    S = state.tokens.shape[1]
     gamma = spec.gamma
-    n_N = state.length
-    live_N = live_N & (n_N >= 1)
+    rows = jnp.arange(state.tokens.shape[0]) if rows_R is None else rows_R
+    R = rows.shape[0]
+    tokens_RS = state.tokens if rows_R is None else state.tokens[rows_R]
+    n_R = state.length[rows]
+    live_R = live_R & (n_R >= 1)
 
-    def at(pos_N):
-        return jnp.take_along_axis(state.tokens, jnp.clip(pos_N, 0, S - 1)[:, None], axis=1)[:, 0]
+    def at(pos_R):
+        return jnp.take_along_axis(tokens_RS, jnp.clip(pos_R, 0, S - 1)[:, None], axis=1)[:, 0]
 
     # Re-feed t(n-2) only where its KV is missing (see `draft_block`).
-    missing = (n_N >= 2) & (n_N - 2 >= state.cache.lengths)
+    missing = (n_R >= 2) & (n_R - 2 >= state.cache.lengths[rows])
+    vocab = module.config.vocab_size
     counts = cond(
         sampling.penalized(),
-        lambda _: TokenCounts.of(state.tokens, state.prompt_len, n_N, module.config.vocab_size),
-        lambda _: TokenCounts.zeros(N, module.config.vocab_size),
+        lambda _: TokenCounts.of(tokens_RS, state.prompt_len[rows], n_R, vocab),
+        lambda _: TokenCounts.zeros(R, vocab),
         None,
     )
-    d_NG, q, cache = draft_block(
-        module, params, state.cache, at(n_N - 2), at(n_N - 1), n_N, missing, live_N, sampling,
-        keys_N2, spec=spec, counts=counts,
+    d_RG, q, cache = draft_block(
+        module, params, state.cache, at(n_R - 2), at(n_R - 1), n_R, missing, live_R, sampling,
+        keys_R2, spec=spec, counts=counts, slots_B=rows_R,
     )  # fmt: skip
-    drafts_NG = jnp.where(live_N[:, None], d_NG, -1)
+    drafts_RG = jnp.where(live_R[:, None], d_RG, -1)
 
-    cols = n_N[:, None] + jnp.arange(gamma, dtype=jnp.int32)[None, :]
-    write = jnp.where(live_N[:, None], cols, S)
-    tokens = state.tokens.at[jnp.arange(N)[:, None], write].set(drafts_NG, mode="drop")
-    length = jnp.where(live_N, n_N + gamma, n_N)
+    cols = n_R[:, None] + jnp.arange(gamma, dtype=jnp.int32)[None, :]
+    write = jnp.where(live_R[:, None], cols, S)
+    tokens = state.tokens.at[rows[:, None], write].set(drafts_RG, mode="drop")
+    length = state.length.at[rows].set(jnp.where(live_R, n_R + gamma, n_R))
     new_state = state.replace(tokens=tokens, length=length, cache=cache)
-    return new_state, DraftBatch(start=n_N, tokens=drafts_NG, q=q)
+    return new_state, DraftBatch(start=n_R, tokens=drafts_RG, q=q)
+
+
+@trace_cache.jit(static_argnames=("module", "spec"), donate_argnames=("state",))
+def draft_rows(
+    module: Llama,
+    params: Any,
+    state: DrafterState,
+    rows_R: jax.Array,
+    keep_R: jax.Array,
+    next_RK: jax.Array,
+    count_R: jax.Array,
+    sampling: SamplingParams,
+    keys_R2: jax.Array,
+    live_R: jax.Array,
+    *,
+    spec: DraftSpec,
+) -> tuple[DrafterState, DraftBatch]:
+    """`draft_round` for the distinct `rows` of a pool (`edge.draft_pool`): each rolled back
+    to its `keep`, its first `count` of `next` appended, then a block drafted where `live`;
+    the pool's other rows are untouched and cost nothing. `state` is donated. A row that is
+    not live (a filler row of the batch's bucket) must keep: `keep` >= its length, count 0."""
+    state = _appended(_rolled_back(state, rows_R, keep_R), rows_R, next_RK, count_R)
+    return _drafted(module, params, state, sampling, keys_R2, live_R, spec, rows_R)
 
 
 class Drafter:

@@ -48,6 +48,7 @@ from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edge.adaptive import AdaptiveGamma
+from edge.draft_pool import DraftPool
 from edge.drafter import Drafter
 from edge.openai_api import (
     ApiError,
@@ -69,6 +70,7 @@ from jaxspec.nn.model import Model
 from jaxspec.nn.text import chat_prompt, decode_text, encode_prompt
 from jaxspec.protocol import DraftSpec, SessionConfig, VerifierEndpoint, VerifierError
 from jaxspec_host.flags import add_max_new_tokens, is_loopback, port_arg
+from jaxspec_host.worker import in_thread
 
 COMMITS = ("accept", "correct", "bonus")  # session events that commit tokens
 DEFAULT_COMPLETION_TOKENS = 16  # /v1/completions without max_tokens: OpenAI's default
@@ -120,6 +122,8 @@ class Backend:
     max_context: int | None = None
     reserved: int = 0  # positions past max_context each slot keeps for a draft block
     live: set[asyncio.Task] = dataclasses.field(default_factory=set)  # sessions running
+    # The sessions' drafts batched in one draft call a round (None: each drafts alone).
+    pool: DraftPool | None = None
 
     def __post_init__(self) -> None:
         tok = self.text_model.tokenizer
@@ -149,12 +153,13 @@ class Generation:
             policy = AdaptiveGamma(config.draft.gamma, config.mode, backend.depth)
         self.session = EdgeSession(
             backend.endpoint,
-            backend.drafter,
+            None if backend.pool is not None else backend.drafter,
             config,
             depth=backend.depth,
             on_event=self._on_event,
             resume_timeout_s=backend.resume_timeout_s,
             block_len=policy,
+            pool=backend.pool,
         )
         self.task: asyncio.Task | None = None
         self.seen = 0  # tokens of the trace fed to `text`
@@ -944,6 +949,18 @@ def with_chat_template(model: Model, template: str | None) -> Model:
     return dataclasses.replace(model, tokenizer=tok)
 
 
+def _pool(
+    drafter: Drafter | None, draft: DraftSpec, depth: int, max_context: int | None
+) -> DraftPool | None:
+    """The drafter's pool, its rows long enough for any request that fits `max_context` (a
+    pool without it grows with the sessions' lengths)."""
+    if drafter is None:
+        return None
+    if max_context is None:
+        return DraftPool(drafter)
+    return DraftPool(drafter, max_len=max_context + (depth + 1) * draft.gamma + 2)
+
+
 async def serve_backend(
     args: argparse.Namespace,
     endpoint: VerifierEndpoint,
@@ -974,6 +991,10 @@ async def serve_backend(
         resume_timeout_s=getattr(args, "resume_timeout_s", 0.0),
         max_context=max_context,
         reserved=reserved,
+        pool=_pool(drafter, draft, args.depth, max_context),
     )
+    if backend.pool is not None and draft.speculative:
+        # the draft call of every row bucket compiled before the endpoint says it is ready
+        await in_thread(backend.pool.warm)
     app = create_app(backend, api_key=args.api_key, limits=args.http_limits)
     await serve_app(app, args.host, args.port, backend.model_id, args.http_limits)

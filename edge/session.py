@@ -29,8 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
+from edge.draft_pool import DraftPool, block_of, wire_rows
 from edge.drafter import DraftBatch, Drafter, DrafterState
 from jaxspec.compilation.shapes import bucket
 from jaxspec.decoding.sampling import SamplingParams, session_key
@@ -92,33 +92,12 @@ class SessionTrace:
         return (t[-1] - self.start_time) / len(t) if t else 0.0
 
 
-@jax.jit
-def _row0(batch: DraftBatch) -> tuple:
-    """Row 0 of the drafter's batch in the block's layout: (start, tokens, q, ids, scale,
-    q16), q float32 as sampled; a float16 batch adds its float16 values, q / scale rounded to
-    float16 (exactly those values: `DraftBlock` checks that q is them times the scale)."""
-    q = batch.q
-    probs, ids, scale = (x if x is None else x[0] for x in (q.probs, q.ids, q.scale))
-    q16 = None if scale is None else (probs / scale[:, None]).astype(jnp.float16)
-    return batch.start[0], batch.tokens[0], probs, ids, scale, q16
-
-
 def _to_wire(batch: DraftBatch, session_id: str, epoch: int) -> DraftBlock:
     """Row 0 of the drafter's batch as the protocol's one block (q in its encoding's layout:
     `full` `[gamma, V]`, `sparse` ids + probabilities `[gamma, k]`, `onehot` none; a float16
     `q_dtype` adds the scale of each draft, `[gamma]`): one device-to-host transfer for all of
     it, q kept float32 (the values sampled from, which the wire sends as they are)."""
-    start, tokens, probs, ids, scale, q16 = jax.device_get(_row0(batch))
-    return DraftBlock(
-        session_id=session_id,
-        epoch=epoch,
-        start=int(start),
-        tokens=tokens,
-        q=probs,
-        q_ids=ids,
-        q_scale=scale,
-        q16=q16,
-    )
+    return block_of(jax.device_get(wire_rows(batch)), 0, session_id, epoch)
 
 
 def _checked_depth(
@@ -166,7 +145,15 @@ class EdgeSession:
         resume_backoff_s: float = 0.2,
         on_retry: Callable[[Unavailable, float], None] | None = None,
         block_len: Callable[[], int] | None = None,
+        pool: DraftPool | None = None,
     ) -> None:
+        if pool is not None:
+            if drafter is not None and drafter is not pool.drafter:
+                raise ValueError("a pooled session drafts with its pool's drafter")
+            if on_rollback is not None:
+                raise ValueError("on_rollback reads a session's own drafter state: no pool")
+            drafter = pool.drafter
+        self.pool, self.row = pool, -1  # the pool's row this session drafts in (open)
         self.depth = _checked_depth(drafter, config, depth, block_len)
         self.endpoint, self.drafter, self.config = endpoint, drafter, config
         self.on_event, self.on_rollback, self.on_retry = on_event, on_rollback, on_retry
@@ -216,6 +203,8 @@ class EdgeSession:
             for _, task in self.inflight:
                 task.cancel()
             await self.endpoint.close_session(self.sid)
+            if self.row >= 0:
+                self.pool.release(self.row)
             self.trace.end_time = time.perf_counter()
         return self.trace
 
@@ -225,7 +214,11 @@ class EdgeSession:
         c = self.config
         need = len(self.prompt) + c.max_new_tokens + (self.depth + 1) * self.gamma + 2
         self.max_len = bucket(need, 64)  # sessions share compilations
-        if self.speculative:
+        if self.speculative and self.pool is not None:
+            self.row = self.pool.open(self.max_len)
+            self.pool.prefill(self.row, self.prompt, len(self.prompt))
+            self.keep = len(self.prompt)
+        elif self.speculative:
             self.state = self.drafter.prefill(self.drafter.init(1, self.max_len), [self.prompt])
             self.keep = len(self.prompt)
         self.sampling = SamplingParams.of([c.sampling])
@@ -320,14 +313,24 @@ class EdgeSession:
         drafts runs on a worker thread, so the event loop (other sessions, a client's
         disconnect, answers arriving) is never held by the device."""
         if self.behind:  # tokens came while nothing drafted: rebuild the draft's KV
-            self.state = self.drafter.prefill(
-                self.state, [self.committed], prompt_len=[len(self.prompt)]
-            )
+            if self.pool is not None:
+                self.pool.prefill(self.row, self.committed, len(self.prompt))
+            else:
+                self.state = self.drafter.prefill(
+                    self.state, [self.committed], prompt_len=[len(self.prompt)]
+                )
             self.keep, self.tail, self.behind = len(self.committed), [], False
         t_draft = time.perf_counter()
-        batch = self._round(n)
-        # waits for the drafts: timed whole
-        block = await asyncio.to_thread(_to_wire, batch, self.sid, self.epoch)
+        if self.pool is not None:  # batched with the other sessions' rounds
+            block = await self.pool.round(
+                self.row, self.keep, self.tail, n, self.config.sampling, self.keys[0],
+                self.sid, self.epoch,
+            )  # fmt: skip
+            self.keep, self.tail, self.rolled = self.keep + len(self.tail) + n, [], False
+        else:
+            batch = self._round(n)
+            # waits for the drafts: timed whole
+            block = await asyncio.to_thread(_to_wire, batch, self.sid, self.epoch)
         self.sent_at[id(block)] = time.perf_counter()
         took = self.draft_took[id(block)] = self.sent_at[id(block)] - t_draft
         self.trace.draft_s += took
@@ -456,6 +459,7 @@ async def run_session(
     resume_backoff_s: float = 0.2,
     on_retry: Callable[[Unavailable, float], None] | None = None,
     block_len: Callable[[], int] | None = None,
+    pool: DraftPool | None = None,
 ) -> SessionTrace:
     """Generate with `drafter` against `endpoint` until the verifier says finished.
 
@@ -487,6 +491,10 @@ async def run_session(
     mode keeps `depth` in flight at consecutive positions (each is answered with exactly one
     token), so the verifier steps them back to back instead of waiting a round trip per
     token: a cloud user's stream.
+
+    `pool` (an `edge.draft_pool.DraftPool`, `drafter` then None or the pool's): the session
+    drafts in a row of the pool, batched with the other sessions drafting there (a server's
+    sessions on one device); the same tokens as with a drafter of its own.
     """
     session = EdgeSession(
         endpoint,
@@ -499,5 +507,6 @@ async def run_session(
         resume_backoff_s=resume_backoff_s,
         on_retry=on_retry,
         block_len=block_len,
+        pool=pool,
     )
     return await session.run()

@@ -230,3 +230,52 @@ def test_logit_bias_moves_greedy_and_options_off_is_the_mutants_q():
     plain = np.asarray(warp(x, SamplingParams.make(1)))
     np.testing.assert_allclose(np.asarray(warp(x, params, options=False)), plain)
     assert not np.allclose(np.asarray(warp(x, params)), plain)
+
+
+def _whole_sort_cuts(scaled_BV, params):
+    """top-k then top-p by sorting every row whole: the definition the tiers must equal."""
+    V = scaled_BV.shape[-1]
+    desc = -jnp.sort(-scaled_BV, axis=-1)
+    kth = jnp.take_along_axis(desc, jnp.clip(params.top_k, 1, V)[:, None] - 1, axis=-1)
+    keep_k = (params.top_k[:, None] == 0) | (scaled_BV >= kth)
+    probs = jax.nn.softmax(jnp.where(keep_k, scaled_BV, -jnp.inf), axis=-1)
+    p_desc = -jnp.sort(-probs, axis=-1)
+    mass_above = jnp.cumsum(p_desc, axis=-1) - p_desc
+    top_p = params.top_p.astype(probs.dtype)[:, None]
+    n_in = jnp.sum(mass_above < top_p, axis=-1, keepdims=True)
+    cut = jnp.take_along_axis(p_desc, jnp.maximum(n_in - 1, 0), axis=-1)
+    probs = jnp.where((top_p >= 1) | (probs >= cut), probs, 0)
+    return probs / jnp.sum(probs, axis=-1, keepdims=True)
+
+
+def _tier_cases(seed: int):
+    """Rows over 8,192 logits whose cuts fall in each tier (peaked: the top 256; flatter:
+    the top 4,096; flat, or a top_k past 4,096: the whole row), with ties."""
+    rng = np.random.default_rng(seed)
+    scale = np.asarray([12.0, 3.0, 0.3, 6.0])[:, None]
+    x = (rng.standard_normal((4, 8192)) * scale).astype(np.float32)
+    x[3] = np.round(x[3])  # ties at the cut
+    p = SamplingParams.make(
+        4, temperature=1.0, top_k=[0, 300, 0, int(rng.choice([0, 5000, 40]))],
+        top_p=[0.9, 0.95, float(rng.choice([0.5, 0.99])), 0.8],
+    )  # fmt: skip
+    return jnp.asarray(x), p
+
+
+def test_tiered_cuts_equal_the_whole_sort(monkeypatch):
+    """top-k / top-p from the largest 256, then 4,096 values give bit for bit what sorting
+    whole rows gives; the mutant that trusts the first tier without checking its mass
+    (FAST_MARGIN -1) is caught."""
+    import jaxspec.decoding.sampling as sampling
+
+    for seed in range(3):
+        x, p = _tier_cases(seed)
+        want = _whole_sort_cuts(x, p)
+        assert bool(jnp.all(sampling._top_k_top_p(x, p) == want)), seed
+        for i in range(4):  # alone, each row stops at its own tier
+            row = jax.tree.map(lambda a, i=i: a[i : i + 1], p)
+            got = sampling._top_k_top_p(x[i : i + 1], row)
+            assert bool(jnp.all(got == want[i : i + 1])), (seed, i)
+    monkeypatch.setattr(sampling, "FAST_MARGIN", -1.0)
+    x, p = _tier_cases(0)
+    assert not bool(jnp.all(sampling._top_k_top_p(x, p) == _whole_sort_cuts(x, p)))

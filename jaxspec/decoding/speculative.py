@@ -212,6 +212,7 @@ def draft_block(
     spec: DraftSpec,
     variant: Variant = EXACT,
     counts: TokenCounts | None = None,
+    slots_B: jax.Array | None = None,
 ) -> tuple[jax.Array, DraftQ, Any]:
     """Draft `spec.gamma` tokens per row at positions next_pos .. next_pos+gamma-1 (traced),
     each sampled as `spec.encoding` says (`spec.k` sparse columns).
@@ -228,6 +229,8 @@ def draft_block(
     draft the same bits.
     `counts` (the rows' `TokenCounts` before the block; needed for penalties) are updated
     by the block's own drafts position by position: draft i sees d_0 .. d_{i-1}.
+    `slots_B`: the cache rows the batch's rows are (None: row b is cache row b), so a pool
+    of many sessions' rows drafts only those with a block to draft.
     Returns drafts `[B, gamma]`, the q's they were sampled from, and the draft cache.
     """
     G = spec.gamma
@@ -246,7 +249,7 @@ def draft_block(
         return counts.add(jnp.where(live_B, d_B, -1)[:, None])
 
     logits_BV, cache = _first_forward(
-        draft, params, cache, prev_B, last_B, next_pos_B, feed_prev_B, live_B
+        draft, params, cache, prev_B, last_B, next_pos_B, feed_prev_B, live_B, slots_B
     )
     d0, q0 = propose(logits_BV, next_pos_B, counts)
 
@@ -255,7 +258,7 @@ def draft_block(
         counts = seen(counts, tok_B)  # d_{j-1}
         pos_B = next_pos_B - 1 + j  # where the fed token d_{j-1} sits
         logits, cache = draft.apply(
-            {"params": params}, tok_B[:, None], pos_B[:, None], live_B[:, None], cache
+            {"params": params}, tok_B[:, None], pos_B[:, None], live_B[:, None], cache, slots_B
         )
         d, q = propose(logits[:, 0], pos_B + 1, counts)
         d_GB = d_GB.at[j].set(d)
@@ -278,6 +281,7 @@ def _first_forward(
     next_pos_B: jax.Array,
     feed_prev_B: jax.Array,
     live_B: jax.Array,
+    slots_B: jax.Array | None = None,
 ) -> tuple[jax.Array, Any]:
     """A block's first forward (`draft_block`): [prev, last] two wide where a live row lags,
     `last` alone elsewhere; returns the logits at `last` `[B, V]` and the cache."""
@@ -285,8 +289,9 @@ def _first_forward(
     def feed_last(cache):
         """`last` alone at next_pos-1: its logits `[B, V]` and the cache."""
         logits, cache = draft.apply(
-            {"params": params}, last_B[:, None], next_pos_B[:, None] - 1, live_B[:, None], cache
-        )
+            {"params": params}, last_B[:, None], next_pos_B[:, None] - 1, live_B[:, None],
+            cache, slots_B,
+        )  # fmt: skip
         return logits[:, 0], cache
 
     def feed_prev_and_last(cache):
@@ -295,7 +300,7 @@ def _first_forward(
         fed_B2 = jnp.stack([prev_B, last_B], axis=1)
         pos_B2 = jnp.stack([jnp.maximum(next_pos_B - 2, 0), next_pos_B - 1], axis=1)
         valid_B2 = jnp.stack([live_B & feed_prev_B, live_B], axis=1)
-        logits, cache = draft.apply({"params": params}, fed_B2, pos_B2, valid_B2, cache)
+        logits, cache = draft.apply({"params": params}, fed_B2, pos_B2, valid_B2, cache, slots_B)
         return logits[:, 1], cache
 
     # Two loops of 0 or 1 trips, not `lax.cond`: XLA:CPU copies a whole cache passed through
