@@ -124,6 +124,16 @@ class Backend:
     live: set[asyncio.Task] = dataclasses.field(default_factory=set)  # sessions running
     # The sessions' drafts batched in one draft call a round (None: each drafts alone).
     pool: DraftPool | None = None
+    # vLLM's speculative_disable_by_batch_size: a request that arrives while more sessions
+    # than this run decodes plainly (gamma 0); None: every request speculates.
+    plain_past: int | None = None
+
+    def draft_for_next(self) -> DraftSpec:
+        """The draft a request arriving now runs with: the server's, or none (gamma 0) while
+        more than `plain_past` sessions run (module doc: speculation under load)."""
+        if self.plain_past is not None and len(self.live) > self.plain_past:
+            return DraftSpec(gamma=0)
+        return self.draft
 
     def __post_init__(self) -> None:
         tok = self.text_model.tokenizer
@@ -145,6 +155,8 @@ class Generation:
     task does not wait for its blocks in flight)."""
 
     def __init__(self, backend: Backend, config: SessionConfig, stop: tuple[str, ...]):
+        if config.draft.speculative:  # the load when it opens decides (Backend.plain_past)
+            config = dataclasses.replace(config, draft=backend.draft_for_next())
         self.backend, self.config = backend, config
         self.text = TextStream(lambda ids: decode_text(backend.text_model, ids), stop)
         self.changed = asyncio.Event()
@@ -866,10 +878,10 @@ def _quiet_out_of_files(every_s: float = 10.0) -> Callable[[Any, dict], None]:
 # -- the command-line side, shared by `python -m edge serve` and `jaxspec serve` ------------
 
 
-def add_serve_flags(parser: argparse.ArgumentParser) -> None:
+def add_serve_flags(parser: argparse.ArgumentParser, plain_past: int = -1) -> None:
     """`--host --port --api-key --served-model-name --chat-template --max-new-tokens
-    --allow-insecure-public` and the HTTP bounds (`HttpLimits`): the HTTP side of both serve
-    commands."""
+    --allow-insecure-public --speculative-disable-by-batch-size` (default `plain_past`) and
+    the HTTP bounds (`HttpLimits`): the HTTP side of both serve commands."""
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
     parser.add_argument(
         "--port", type=port_arg(zero_picks_free=True), default=8000, help="0 picks a free one"
@@ -898,6 +910,15 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     add_max_new_tokens(
         parser, 256, what=" for a chat request that gives no max_tokens (completions: 16)"
     )
+    parser.add_argument(
+        "--speculative-disable-by-batch-size",
+        type=int,
+        default=plain_past,
+        metavar="N",
+        help="a request that arrives while more than N requests run decodes without "
+        "speculation (vLLM's flag: on a server's own cores the drafts of many sessions cost "
+        "more than they save); -1: always speculate (default %(default)s)",
+    )
     d = HttpLimits()
     g = parser.add_argument_group("HTTP bounds")
     g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
@@ -918,6 +939,11 @@ def check_serve_args(args: argparse.Namespace) -> None:
     """The serve flags, before anything loads: `ValueError` naming the bad one. Fills
     `args.api_key` from $JAXSPEC_API_KEY (checked: a key no client can send is refused, a
     blank one included), `args.http_limits` and `args.chat_template_text` from the file."""
+    n = args.speculative_disable_by_batch_size
+    if n < -1:
+        raise ValueError(f"--speculative-disable-by-batch-size must be >= -1, got {n}")
+    if n == -1:
+        args.speculative_disable_by_batch_size = None
     if args.api_key is None:  # an empty $JAXSPEC_API_KEY is an unset one
         args.api_key = os.environ.get("JAXSPEC_API_KEY") or None
     if args.api_key is not None:
@@ -992,6 +1018,7 @@ async def serve_backend(
         max_context=max_context,
         reserved=reserved,
         pool=_pool(drafter, draft, args.depth, max_context),
+        plain_past=args.speculative_disable_by_batch_size,
     )
     if backend.pool is not None and draft.speculative:
         # the draft call of every row bucket compiled before the endpoint says it is ready

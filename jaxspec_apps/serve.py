@@ -39,11 +39,15 @@ from jaxspec_host.preflight import (
 from verify import LocalVerifier, SchedulerConfig
 from verify.serve import scheduler_config_from_args
 
+# Co-located, the drafts run on the cores the verifier steps on: measured on a 2-core machine
+# (docs/service.md), speculation paid with one request running and cost from two on.
+PLAIN_PAST = 0
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The target, the draft, the verifier's sizes and the HTTP flags (`add_serve_flags`)."""
     add_model_flags(p, "colocated")
-    add_serve_flags(p)
+    add_serve_flags(p, plain_past=PLAIN_PAST)
     add_speculation_flags(p)
     add_verifier_limits(p, SchedulerConfig, colocated=True)
     add_cache_flag(p)

@@ -361,6 +361,21 @@ def test_bad_requests_and_auth(stack, client):
     assert [m.id for m in client.models.list()] == [MODEL]
 
 
+def test_speculation_backs_off_under_load():
+    """`Backend.draft_for_next`: the server's draft while at most `plain_past` sessions run,
+    none (gamma 0) past that; without `plain_past` always the server's."""
+    spec = DraftSpec(gamma=4)
+    backend = Backend(endpoint=None, drafter=None, text_model=jaxspec.load("default"),
+                      model_id=MODEL, draft=spec, plain_past=1)  # fmt: skip
+    assert backend.draft_for_next() == spec
+    backend.live.add(object())
+    assert backend.draft_for_next() == spec
+    backend.live.add(object())
+    assert backend.draft_for_next() == DraftSpec(gamma=0)
+    backend.plain_past = None
+    assert backend.draft_for_next() == spec
+
+
 def test_status_mapping_and_parsing():
     """Pure functions: gRPC statuses -> HTTP statuses; fields checked; stop text held back."""
     assert status_of(ResourceExhausted("full")).status == 429
@@ -397,6 +412,14 @@ def test_colocated_jaxspec_serve_gives_the_same_text(stack, client):
             got = local.completions.create(model="default", prompt=PROMPT, max_tokens=12, **fields)
             assert got.choices[0].text == want.choices[0].text
             assert got.usage.model_extra["jaxspec"] == want.usage.model_extra["jaxspec"]
+        # Under load (its default --speculative-disable-by-batch-size 0): a request that
+        # arrives while another runs decodes plainly, drafting nothing.
+        long = iter(local.completions.create(model="default", prompt=PROMPT, max_tokens=100,
+                                             temperature=0, stream=True))  # fmt: skip
+        next(long)  # its session runs
+        busy = local.completions.create(model="default", prompt=PROMPT, max_tokens=12, seed=7)
+        assert busy.usage.model_extra["jaxspec"]["draft_tokens"] == 0
+        assert busy.usage.completion_tokens > 0 and list(long)
     finally:
         server.stop()
 
