@@ -541,13 +541,15 @@ def usage(
     completion_tokens: int,
     figures: AcceptanceFigures,
 ) -> dict[str, Any]:
-    """OpenAI's `usage`, plus `jaxspec`: the verifier's acceptance figures for the request
-    (alpha = accepted drafts / drafts verified, tokens per verify round, and per draft
-    position the blocks whose draft there was accepted)."""
+    """OpenAI's `usage` (`prompt_tokens_details.cached_tokens` 0: no prompt is served from a
+    cache), plus `jaxspec`: the verifier's acceptance figures for the request (alpha =
+    accepted drafts / drafts verified, tokens per verify round, and per draft position the
+    blocks whose draft there was accepted)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0},
         "jaxspec": {
             "acceptance_rate": round(figures.acceptance_rate, 6),
             "tokens_per_round": round(figures.tokens_per_round, 6),

@@ -127,11 +127,14 @@ class Backend:
     # vLLM's speculative_disable_by_batch_size: a request that arrives while more sessions
     # than this run decodes plainly (gamma 0); None: every request speculates.
     plain_past: int | None = None
+    admitted: int = 0  # requests given a session and not finished (opening ones included)
 
     def draft_for_next(self) -> DraftSpec:
         """The draft a request arriving now runs with: the server's, or none (gamma 0) while
-        more than `plain_past` sessions run (module doc: speculation under load)."""
-        if self.plain_past is not None and len(self.live) > self.plain_past:
+        more than `plain_past` requests are admitted (docs/design.md: speculation under
+        load). Counted from admission, not from a running session: a burst's requests are
+        admitted before any of their sessions runs."""
+        if self.plain_past is not None and self.admitted > self.plain_past:
             return DraftSpec(gamma=0)
         return self.draft
 
@@ -157,6 +160,8 @@ class Generation:
     def __init__(self, backend: Backend, config: SessionConfig, stop: tuple[str, ...]):
         if config.draft.speculative:  # the load when it opens decides (Backend.plain_past)
             config = dataclasses.replace(config, draft=backend.draft_for_next())
+        backend.admitted += 1
+        self.counted = True  # in `backend.admitted` until `_leave`
         self.backend, self.config = backend, config
         self.text = TextStream(lambda ids: decode_text(backend.text_model, ids), stop)
         self.changed = asyncio.Event()
@@ -190,6 +195,7 @@ class Generation:
         self.task.add_done_callback(lambda _: self.changed.set())
         # a session whose client went away may fail with nobody to hear it: seen here
         self.task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self.task.add_done_callback(lambda _: self._leave())
         while not self.task.done() and not self.session.trace.tokens:
             await self.changed.wait()
             self.changed.clear()
@@ -230,6 +236,14 @@ class Generation:
             self.task.cancel()
             _BACKGROUND.add(self.task)
             self.task.add_done_callback(_BACKGROUND.discard)
+        elif self.task is None or self.task.done():
+            self._leave()
+
+    def _leave(self) -> None:
+        """No longer counted as admitted (once)."""
+        if self.counted:
+            self.counted = False
+            self.backend.admitted -= 1
 
     def finish(self) -> str:
         """The answer's `finish_reason`, once it ended ("stop" or "length")."""

@@ -189,6 +189,7 @@ def test_same_text_as_edge_generate(stack, client, capsys):
         assert got.choices[0].text == want, flags
         assert got.choices[0].finish_reason in ("stop", "length")
         assert got.usage.prompt_tokens > 0 and got.usage.completion_tokens <= 12
+        assert got.usage.prompt_tokens_details.cached_tokens == 0
         figures = got.usage.model_extra["jaxspec"]
         assert 0 <= figures["acceptance_rate"] <= 1 and figures["tokens_per_round"] >= 1
         assert len(figures["accepted_per_position"]) == 4  # gamma 4
@@ -362,15 +363,15 @@ def test_bad_requests_and_auth(stack, client):
 
 
 def test_speculation_backs_off_under_load():
-    """`Backend.draft_for_next`: the server's draft while at most `plain_past` sessions run,
-    none (gamma 0) past that; without `plain_past` always the server's."""
+    """`Backend.draft_for_next`: the server's draft while at most `plain_past` requests are
+    admitted, none (gamma 0) past that; without `plain_past` always the server's."""
     spec = DraftSpec(gamma=4)
     backend = Backend(endpoint=None, drafter=None, text_model=jaxspec.load("default"),
                       model_id=MODEL, draft=spec, plain_past=1)  # fmt: skip
     assert backend.draft_for_next() == spec
-    backend.live.add(object())
+    backend.admitted += 1
     assert backend.draft_for_next() == spec
-    backend.live.add(object())
+    backend.admitted += 1
     assert backend.draft_for_next() == DraftSpec(gamma=0)
     backend.plain_past = None
     assert backend.draft_for_next() == spec
@@ -420,6 +421,8 @@ def test_colocated_jaxspec_serve_gives_the_same_text(stack, client):
         busy = local.completions.create(model="default", prompt=PROMPT, max_tokens=12, seed=7)
         assert busy.usage.model_extra["jaxspec"]["draft_tokens"] == 0
         assert busy.usage.completion_tokens > 0 and list(long)
+        alone = local.completions.create(model="default", prompt=PROMPT, max_tokens=12, seed=7)
+        assert alone.usage.model_extra["jaxspec"]["draft_tokens"] > 0  # counted out again
     finally:
         server.stop()
 
