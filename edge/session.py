@@ -215,9 +215,13 @@ class EdgeSession:
         need = len(self.prompt) + c.max_new_tokens + (self.depth + 1) * self.gamma + 2
         self.max_len = bucket(need, 64)  # sessions share compilations
         if self.speculative and self.pool is not None:
-            self.row = self.pool.open(self.max_len)
-            self.pool.prefill(self.row, self.prompt, len(self.prompt))
-            self.keep = len(self.prompt)
+            row = self.pool.open(self.max_len)
+            try:
+                self.pool.prefill(row, self.prompt, len(self.prompt))
+            except BaseException:
+                self.pool.release(row)
+                raise
+            self.row, self.keep = row, len(self.prompt)
         elif self.speculative:
             self.state = self.drafter.prefill(self.drafter.init(1, self.max_len), [self.prompt])
             self.keep = len(self.prompt)
