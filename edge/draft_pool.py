@@ -26,23 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from edge.drafter import (
-    DraftBatch,
-    Drafter,
-    DrafterState,
-    draft_rows,
-    init_state,
-    prefill_in_place,
-)
+from edge.drafter import DraftBatch, Drafter, DrafterState, draft_rows, init_state
 from jaxspec.compilation.shapes import bucket
 from jaxspec.decoding.sampling import SamplingParams, SamplingSettings
 from jaxspec.protocol import DraftBlock
 
-GROW_LEN = 256  # positions a pool's rows grow by (in multiples of)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
+GROW_LEN = 256  # the fewest positions a row grows to (then powers of two, as `bucket`)
 
 
 @jax.jit
@@ -107,7 +96,7 @@ class DraftPool:
 
     def __init__(self, drafter: Drafter, rows: int = 8, max_len: int = GROW_LEN) -> None:
         self.drafter = drafter
-        self.rows, self.max_len = _pow2(rows), bucket(max_len, 64)
+        self.rows, self.max_len = bucket(rows), bucket(max_len, 64)
         self.state: DrafterState | None = None  # allocated at the first open
         self.free = list(range(self.rows))
         self.pending: dict[int, _Request] = {}
@@ -141,16 +130,11 @@ class DraftPool:
 
     def prefill(self, row: int, context: Sequence[int], prompt_len: int) -> None:
         """Reset `row` to `context` (its first `prompt_len` tokens the prompt), in place."""
-        ctx = list(map(int, context))
-        if not 1 <= len(ctx) <= self.max_len:
-            raise ValueError(f"a context of {len(ctx)} tokens for rows of {self.max_len}")
-        arr = np.zeros((1, bucket(len(ctx), 8)), np.int32)
-        arr[0, : len(ctx)] = ctx
-        m = self.drafter.model
-        self.state = prefill_in_place(
-            m.module, m.params, self.state, np.asarray([row], np.int32), arr,
-            np.asarray([len(ctx)], np.int32), np.asarray([prompt_len], np.int32),
-        )  # fmt: skip
+        if not 1 <= len(context) <= self.max_len:
+            raise ValueError(f"a context of {len(context)} tokens for rows of {self.max_len}")
+        self.state = self.drafter.prefill(
+            self.state, [context], rows=[row], prompt_len=[prompt_len], in_place=True
+        )
 
     # --- rounds -------------------------------------------------------------------------
 
@@ -197,9 +181,9 @@ class DraftPool:
     async def _draft(self, reqs: dict[int, _Request]) -> tuple:
         """One `draft_rows` call for `reqs` (bucketed with idle rows); its blocks on the host."""
         R = len(reqs)
-        B = min(_pow2(R), self.rows)
+        B = min(bucket(R), self.rows)
         idle = [r for r in range(self.rows) if r not in reqs][: B - R]
-        K = _pow2(max(1, *(len(r.tail) for r in reqs.values())))
+        K = bucket(max(1, *(len(r.tail) for r in reqs.values())))
         tails = np.zeros((B, K), np.int32)
         for i, r in enumerate(reqs.values()):
             tails[i, : len(r.tail)] = r.tail
@@ -211,14 +195,29 @@ class DraftPool:
         keys[:R] = [r.key for r in reqs.values()]
         sampling = SamplingParams.of([r.settings for r in reqs.values()], rows=B)
         gamma = max(r.n for r in reqs.values())  # a shorter block: its extra drafts cut
-        m, spec = self.drafter.model, self.drafter.spec.with_gamma(gamma)
-        self.state, batch = draft_rows(
-            m.module, m.params, self.state, np.asarray([*reqs, *idle], np.int32), keep, tails,
-            count, sampling, keys, np.arange(B) < R, spec=spec,
-        )  # fmt: skip
+        batch = self._call([*reqs, *idle], keep, tails, count, sampling, keys, R, gamma)
         self.calls += 1
         self.batched += R
         return await asyncio.to_thread(jax.device_get, wire_rows(batch))
+
+    def _call(
+        self,
+        rows: Sequence[int],
+        keep: np.ndarray,
+        tails: np.ndarray,
+        count: np.ndarray,
+        sampling: SamplingParams,
+        keys: np.ndarray,
+        live: int,
+        gamma: int,
+    ) -> DraftBatch:
+        """`draft_rows` over `rows`, the first `live` of them drafting a block of `gamma`."""
+        m, spec = self.drafter.model, self.drafter.spec.with_gamma(gamma)
+        self.state, batch = draft_rows(
+            m.module, m.params, self.state, np.asarray(rows, np.int32), keep, tails, count,
+            sampling, keys, np.arange(len(rows)) < live, spec=spec,
+        )  # fmt: skip
+        return batch
 
     def warm(self, gamma: int | None = None) -> None:
         """Compile the draft call for every row bucket of the pool as it is now (idle rows
@@ -226,14 +225,12 @@ class DraftPool:
         it in a worker thread, before sessions run."""
         if self.state is None:
             self.state = init_state(self.drafter.model, self.rows, self.max_len)
-        m, spec = self.drafter.model, self.drafter.spec.with_gamma(gamma or self.drafter.spec.gamma)
         B = 1
         while B <= self.rows:
-            self.state, batch = draft_rows(
-                m.module, m.params, self.state, np.arange(B, dtype=np.int32),
-                np.full(B, self.max_len, np.int32), np.zeros((B, 1), np.int32),
+            batch = self._call(
+                range(B), np.full(B, self.max_len, np.int32), np.zeros((B, 1), np.int32),
                 np.zeros(B, np.int32), SamplingParams.of([], rows=B),
-                np.zeros((B, 2), np.uint32), np.zeros(B, bool), spec=spec,
+                np.zeros((B, 2), np.uint32), 0, gamma or self.drafter.spec.gamma,
             )  # fmt: skip
             jax.device_get(wire_rows(batch))
             B *= 2

@@ -327,10 +327,14 @@ class Drafter:
         prompts: Sequence[Sequence[int]] | np.ndarray,
         rows: Sequence[int] | np.ndarray | None = None,
         prompt_len: Sequence[int] | None = None,
+        *,
+        in_place: bool = False,
     ) -> DrafterState:
         """Reset `rows` (default 0..len(prompts)-1) to `prompts` (token id lists). A context
         that holds output tokens after its prompt says where the prompt ends (`prompt_len`,
-        default the whole context: the penalties count what follows as output)."""
+        default the whole context: the penalties count what follows as output). `in_place`
+        donates `state` (a pool's rows reset without a copy of the pool; the caller must not
+        use `state` again)."""
         prompts = [list(map(int, p)) for p in prompts]
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
@@ -346,7 +350,8 @@ class Drafter:
         plen = lengths if prompt_len is None else np.asarray(prompt_len, np.int32)
         m = self.model
         rows = jnp.asarray(rows, jnp.int32)
-        return prefill(m.module, m.params, state, rows, arr, lengths, jnp.asarray(plen))
+        call = prefill_in_place if in_place else prefill
+        return call(m.module, m.params, state, rows, arr, lengths, jnp.asarray(plen))
 
     def draft(
         self,

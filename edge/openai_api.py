@@ -180,6 +180,13 @@ def _finite(v: float) -> bool:
         return False
 
 
+def _boolean(body: Mapping[str, Any], field: str) -> bool | None:
+    v = body.get(field)
+    if v is not None and not isinstance(v, bool):
+        raise _bad(field, f"must be true or false, got {show(v)}")
+    return v
+
+
 def _integer(body: Mapping[str, Any], field: str, low: int | None = None) -> int | None:
     v = body.get(field)
     if v is None:
@@ -361,9 +368,7 @@ def _logit_bias(value: Any) -> dict[int, float]:
 
 def _stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
     """(stream, stream_options.include_usage)."""
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise _bad("stream", f"must be true or false, got {show(stream)}")
+    stream = _boolean(body, "stream")
     opts = body.get("stream_options")
     if opts is None:
         return bool(stream), False
@@ -408,9 +413,6 @@ def parse_request(kind: str, body: Any) -> ApiRequest:
             raise _bad(field, f"must be {what}, got {show(v)}")
     model = body.get("model")
     stream, include_usage = _stream(body)
-    ignore_eos = body.get("ignore_eos")
-    if ignore_eos is not None and not isinstance(ignore_eos, bool):
-        raise _bad("ignore_eos", f"must be true or false, got {show(ignore_eos)}")
     return ApiRequest(
         kind=kind,
         model=model,
@@ -422,7 +424,7 @@ def parse_request(kind: str, body: Any) -> ApiRequest:
         stop=_stop(body.get("stop")),
         stream=stream,
         include_usage=include_usage,
-        ignore_eos=bool(ignore_eos),
+        ignore_eos=bool(_boolean(body, "ignore_eos")),
     )
 
 

@@ -992,9 +992,9 @@ def with_chat_template(model: Model, template: str | None) -> Model:
 def _pool(
     drafter: Drafter | None, draft: DraftSpec, depth: int, max_context: int | None
 ) -> DraftPool | None:
-    """The drafter's pool, its rows long enough for any request that fits `max_context` (a
-    pool without it grows with the sessions' lengths)."""
-    if drafter is None:
+    """The drafter's pool (None without speculation), its rows long enough for any request
+    that fits `max_context` (a pool without it grows with the sessions' lengths)."""
+    if drafter is None or not draft.speculative:
         return None
     if max_context is None:
         return DraftPool(drafter)
@@ -1034,7 +1034,7 @@ async def serve_backend(
         pool=_pool(drafter, draft, args.depth, max_context),
         plain_past=args.speculative_disable_by_batch_size,
     )
-    if backend.pool is not None and draft.speculative:
+    if backend.pool is not None:
         # the draft call of every row bucket compiled before the endpoint says it is ready
         await in_thread(backend.pool.warm)
     app = create_app(backend, api_key=args.api_key, limits=args.http_limits)

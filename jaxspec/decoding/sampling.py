@@ -457,33 +457,39 @@ def _descending(x_BV: jax.Array, n: int) -> jax.Array:
     return jax.lax.top_k(x_BV, n)[0]
 
 
+def _from_tiers(x_BV: jax.Array, read: Callable, tiers: tuple[int, ...] = TIERS) -> jax.Array:
+    """`read(desc)` -> (value, enough) on the largest `tiers[0]` values of each row (largest
+    first); while any row's is not `enough`, the same on the next tier, and last on the whole
+    sorted row (its value taken as it is)."""
+    V = x_BV.shape[-1]
+    n = tiers[0] if tiers else V
+    value, enough = read(_descending(x_BV, n))
+    if n >= V:
+        return value
+    return cond(jnp.all(enough), lambda _: value, lambda x: _from_tiers(x, read, tiers[1:]), x_BV)
+
+
 def _top_k_top_p(scaled_BV: jax.Array, params: SamplingParams) -> jax.Array:
     """softmax of temperature-scaled logits with top-k, then top-p applied (tie rules above).
 
     Both cuts are read off the values in descending order. Sorting a whole row (49,152
     logits: ~11 ms on a CPU core, twice a position) cost more than the model's step, so the
     largest 256 come first (`lax.top_k`, ~0.2 ms), then 4,096, and the whole sort runs only
-    for a batch that needs more: a top_k past them, or a row whose top values hold less
-    than its top_p (plus `FAST_MARGIN`, past float rounding of the running sum). The cuts
-    are the same values either way (a tier is the sorted row's first values, and the running
-    sum's first terms are the same sums), so the result is bit for bit the whole sort's."""
-    V = scaled_BV.shape[-1]
+    for a batch that needs more (`_from_tiers`): a top_k past them, or a row whose top values
+    hold less than its top_p (plus `FAST_MARGIN`, past float rounding of the running sum).
+    The cuts are the same values either way (a tier is the sorted row's first values, and
+    the running sum's first terms are the same sums), so the result is bit for bit the
+    whole sort's."""
     k_B1 = params.top_k[:, None]
 
-    def kth_from(tiers):
-        def f(s):
-            n = tiers[0] if tiers else V
-            desc = _descending(s, n)
-            kth = jnp.take_along_axis(desc, jnp.clip(k_B1, 1, desc.shape[-1]) - 1, axis=-1)
-            if n >= V:
-                return kth
-            return cond(jnp.all(params.top_k <= n), lambda _: kth, kth_from(tiers[1:]), s)
-
-        return f
+    def kth(desc):
+        """The k-th largest value (k clipped to what `desc` holds); enough where k fits."""
+        n = desc.shape[-1]
+        return jnp.take_along_axis(desc, jnp.clip(k_B1, 1, n) - 1, axis=-1), k_B1 <= n
 
     kth_B1 = cond(
         jnp.any(params.top_k > 0),
-        kth_from(TIERS),
+        lambda s: _from_tiers(s, kth),
         lambda s: jnp.zeros_like(s[:, :1]),  # no row cuts: the value is not read
         scaled_BV,
     )
@@ -491,25 +497,19 @@ def _top_k_top_p(scaled_BV: jax.Array, params: SamplingParams) -> jax.Array:
     probs = jax.nn.softmax(jnp.where(keep_k, scaled_BV, -jnp.inf), axis=-1)
     top_p = params.top_p.astype(probs.dtype)[:, None]
 
-    def cut_from(tiers):
-        """The smallest probability kept: the last in descending order whose mass above
-        is below top_p."""
-
-        def f(p):
-            n = tiers[0] if tiers else V
-            p_desc = _descending(p, n)
-            running = jnp.cumsum(p_desc, axis=-1)
-            n_in = jnp.sum(running - p_desc < top_p, axis=-1, keepdims=True)  # mass above
-            cut = jnp.take_along_axis(p_desc, jnp.maximum(n_in - 1, 0), axis=-1)
-            if n >= V:
-                return cut
-            enough = (top_p >= 1) | (running[:, -1:] >= top_p + FAST_MARGIN)
-            return cond(jnp.all(enough), lambda _: cut, cut_from(tiers[1:]), p)
-
-        return f
+    def cut(p_desc):
+        """The smallest probability kept (the last in descending order whose mass above is
+        below top_p); enough where the values read hold top_p and the margin."""
+        running = jnp.cumsum(p_desc, axis=-1)
+        n_in = jnp.sum(running - p_desc < top_p, axis=-1, keepdims=True)  # mass above
+        value = jnp.take_along_axis(p_desc, jnp.maximum(n_in - 1, 0), axis=-1)
+        return value, (top_p >= 1) | (running[:, -1:] >= top_p + FAST_MARGIN)
 
     cut_B1 = cond(
-        jnp.any(params.top_p < 1), cut_from(TIERS), lambda p: jnp.zeros_like(p[:, :1]), probs
+        jnp.any(params.top_p < 1),
+        lambda p: _from_tiers(p, cut),
+        lambda p: jnp.zeros_like(p[:, :1]),
+        probs,
     )
     keep_p = (top_p >= 1) | (probs >= cut_B1)
     probs = jnp.where(keep_p, probs, 0)
