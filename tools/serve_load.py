@@ -113,6 +113,7 @@ async def cell(
         "concurrency": c,
         "requests": len(done),
         "errors": errors,
+        "output_tokens": out_tokens,
         "tokens_per_s": round(out_tokens / wall, 2),
         "requests_per_s": round(len(done) / wall, 3),
         "ttft_mean_ms": round(1000 * statistics.fmean(ttft), 1) if ttft else None,
