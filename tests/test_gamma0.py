@@ -169,8 +169,9 @@ def test_gamma0_and_speculative_sessions_share_batches():
 
 
 def test_gamma0_is_checked_everywhere():
-    """gamma 0 is a valid spec (never adaptive); its blocks carry nothing, and an empty
-    block is refused for a speculative session; gamma 0 survives the wire."""
+    """gamma 0 is a valid spec (never adaptive); its blocks carry nothing; a speculative
+    session's blocks hold 0..gamma drafts (0: it stopped drafting, `drafts_off`); gamma 0
+    survives the wire."""
     assert not DraftSpec(gamma=0).speculative and DraftSpec(gamma=1).speculative
     for bad in (dict(gamma=-1), dict(gamma=0, adaptive=True)):
         with pytest.raises(InvalidArgument):
@@ -187,8 +188,9 @@ def test_gamma0_is_checked_everywhere():
     for kw in (dict(tokens=(5,), q=np.full((1, 64), 1 / 64)), dict(q=np.zeros((0, 64)))):
         with pytest.raises(InvalidArgument):
             sched.submit(dataclasses.replace(block, **kw))
-    with pytest.raises(InvalidArgument, match=r"1\.\.2 drafts"):
-        sched.submit(dataclasses.replace(block, session_id=spec_sid))
+    three = dict(tokens=(1, 2, 3), q=np.full((3, 64), 1 / 64))  # past the session's gamma
+    with pytest.raises(InvalidArgument, match=r"0\.\.2 drafts"):
+        sched.submit(dataclasses.replace(block, session_id=spec_sid, **three))
     sched.submit(block)
     results = []
     while sched.sessions[sid].queue:

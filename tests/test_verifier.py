@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -429,6 +430,47 @@ def test_local_verifier_pipelined_blocks_in_flight():
     for (out, stale), plain in zip(outs, plains, strict=True):
         assert out == plain
         assert stale > 0
+
+
+def test_the_event_loop_never_waits_for_a_step():
+    """While a step holds the scheduler's lock (here: a thread holding it), `verify` and
+    `open_session` leave the event loop free: another task runs meanwhile. The lock is
+    released only once that task has run (or after 10 s, and the test fails); a refused
+    block is still refused at once, before the lock is free."""
+    t, _ = _models()
+
+    async def run():
+        v = LocalVerifier(t, CONFIG)
+        cfg = session_config(prompt=(1, 2, 3), max_new_tokens=4, gamma=2)
+        sid = (await v.open_session(cfg)).session_id
+        loop_ran, held, freed = threading.Event(), threading.Event(), []
+
+        def step():  # a long step: holds the lock until the loop shows it is free
+            with v._lock:
+                held.set()
+                freed.append(loop_ran.wait(10))
+
+        holder = threading.Thread(target=step)
+        holder.start()
+        held.wait(10)
+        with pytest.raises(InvalidArgument):  # 3 drafts for gamma 2: refused at once
+            await v.verify(DraftBlock(session_id=sid, epoch=0, start=3, tokens=(1, 2, 3),
+                                      q=np.full((3, 64), 1 / 64)))  # fmt: skip
+        block = DraftBlock(session_id=sid, epoch=0, start=3, tokens=())
+        answers = [
+            asyncio.ensure_future(v.verify(block)),
+            asyncio.ensure_future(v.open_session(cfg)),
+        ]
+        await asyncio.sleep(0.05)  # the tasks ran up to their waits, the loop is here again
+        loop_ran.set()
+        holder.join()
+        result, _ = await asyncio.gather(*answers)
+        await v.aclose()
+        return freed, result
+
+    freed, result = asyncio.run(run())
+    assert freed == [True], "the event loop waited for the lock"
+    assert len(result.tokens) == 1 and not result.stale
 
 
 _SHARDED = r"""

@@ -470,17 +470,27 @@ class Scheduler:
     # ---- blocks --------------------------------------------------------------------------
 
     def pending(self) -> int:
-        return sum(len(s.queue) for s in self.sessions.values())
+        # a copy of the sessions first: `LocalVerifier.verify` counts without the lock
+        return sum(len(s.queue) for s in list(self.sessions.values()))
 
-    def submit(self, block: DraftBlock, tenant: str = "default") -> int:
-        """Validate and queue a block; returns its ticket (the result comes from `tick`)."""
+    def check(
+        self, block: DraftBlock, tenant: str = "default", *, waiting: int = 0, everyone: int = 0
+    ) -> Session:
+        """What `submit` refuses, refused without queueing the block: its session, if not.
+        `waiting` / `everyone`: blocks accepted but not queued yet (`LocalVerifier`'s
+        inbox), this session's / all sessions', counted against the limits."""
         s = self.get(block.session_id, tenant)
         self._validate_block(s, block)
         c = self.config
-        if len(s.queue) >= c.max_queue_per_session:
+        if len(s.queue) + waiting >= c.max_queue_per_session:
             raise ResourceExhausted(f"more than {c.max_queue_per_session} blocks in flight")
-        if self.pending() >= c.max_pending:
+        if self.pending() + everyone >= c.max_pending:
             raise ResourceExhausted("the verifier is overloaded")
+        return s
+
+    def submit(self, block: DraftBlock, tenant: str = "default") -> int:
+        """Validate and queue a block; returns its ticket (the result comes from `tick`)."""
+        s = self.check(block, tenant)
         self._ticket += 1
         s.queue.append((self._ticket, block))  # no progress yet: `last_active` stays
         return self._ticket
@@ -489,10 +499,10 @@ class Scheduler:
         n, gamma = len(b.tokens), s.config.draft.gamma
         if gamma == 0 and n:
             raise InvalidArgument(f"a gamma-0 session's blocks hold no drafts, got {n}")
-        # An adaptive sync session may stop drafting: an empty block (edge.adaptive).
-        low = 0 if s.config.draft.adaptive and s.config.mode == "sync" else 1
-        if gamma and not low <= n <= gamma:
-            raise InvalidArgument(f"a block holds {low}..{gamma} drafts, got {n}")
+        # A block may hold no drafts: an adaptive sync session's pause (edge.adaptive), or a
+        # session that stopped drafting (a loaded server: edge.session's `drafts_off`).
+        if n > gamma:
+            raise InvalidArgument(f"a block holds 0..{gamma} drafts, got {n}")
         if b.epoch > s.epoch:
             raise FailedPrecondition(f"unknown epoch {b.epoch} (current {s.epoch})")
         if b.start < s.prompt_len:
