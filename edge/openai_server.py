@@ -129,14 +129,17 @@ class Backend:
     plain_past: int | None = None
     admitted: int = 0  # requests given a session and not finished (opening ones included)
 
+    def loaded(self, own: int = 0) -> bool:
+        """Whether more than `plain_past` requests besides the caller's `own` are admitted:
+        a request arriving now (own 0) decodes plainly (gamma 0), and a speculating one (own
+        1) stops drafting at its next block (docs/design.md: speculation under load).
+        Counted from admission, not from a running session: a burst's requests are admitted
+        before any of their sessions runs."""
+        return self.plain_past is not None and self.admitted - own > self.plain_past
+
     def draft_for_next(self) -> DraftSpec:
-        """The draft a request arriving now runs with: the server's, or none (gamma 0) while
-        more than `plain_past` requests are admitted (docs/design.md: speculation under
-        load). Counted from admission, not from a running session: a burst's requests are
-        admitted before any of their sessions runs."""
-        if self.plain_past is not None and self.admitted > self.plain_past:
-            return DraftSpec(gamma=0)
-        return self.draft
+        """The draft a request arriving now runs with: the server's, or none while `loaded`."""
+        return DraftSpec(gamma=0) if self.loaded() else self.draft
 
     def __post_init__(self) -> None:
         tok = self.text_model.tokenizer
@@ -177,6 +180,8 @@ class Generation:
             resume_timeout_s=backend.resume_timeout_s,
             block_len=policy,
             pool=backend.pool,
+            drafts_off=None if backend.plain_past is None else lambda: backend.loaded(own=1),
+            first_plain=True,  # the first token as soon as plain decoding's (no draft prefill)
         )
         self.task: asyncio.Task | None = None
         self.seen = 0  # tokens of the trace fed to `text`

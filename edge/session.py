@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 
 from edge.draft_pool import DraftPool, block_of, wire_rows
 from edge.drafter import DraftBatch, Drafter, DrafterState
@@ -146,6 +147,8 @@ class EdgeSession:
         on_retry: Callable[[Unavailable, float], None] | None = None,
         block_len: Callable[[], int] | None = None,
         pool: DraftPool | None = None,
+        drafts_off: Callable[[], bool] | None = None,
+        first_plain: bool = False,
     ) -> None:
         if pool is not None:
             if drafter is not None and drafter is not pool.drafter:
@@ -159,6 +162,8 @@ class EdgeSession:
         self.on_event, self.on_rollback, self.on_retry = on_event, on_rollback, on_retry
         self.resume_timeout_s, self.resume_backoff_s = resume_timeout_s, resume_backoff_s
         self.block_len = block_len
+        self.drafts_off = drafts_off  # asked before each block: True ends drafting for good
+        self.first_plain = first_plain and config.draft.speculative
         # A `block_len` that measures (`edge.adaptive.AdaptiveGamma`) hears each block's draft
         # time and, when it is answered, how many drafts were accepted and how long it took.
         self.observe_draft = getattr(block_len, "observe_draft", None)
@@ -178,6 +183,7 @@ class EdgeSession:
         self.rolled = False  # a rollback awaits the next round (`on_rollback` sees it then)
         self.sampling: SamplingParams | None = None
         self.keys: jax.Array | None = None
+        self.row_key: np.ndarray | None = None
         self.committed = list(self.prompt)
         self.epoch = 0
         self.before_resume = AcceptanceFigures()  # the figures of the sessions a resume closed
@@ -214,19 +220,26 @@ class EdgeSession:
         c = self.config
         need = len(self.prompt) + c.max_new_tokens + (self.depth + 1) * self.gamma + 2
         self.max_len = bucket(need, 64)  # sessions share compilations
+        # `first_plain`: the drafter's prefill waits for the verifier's first token (behind)
         if self.speculative and self.pool is not None:
             row = self.pool.open(self.max_len)
             try:
-                self.pool.prefill(row, self.prompt, len(self.prompt))
+                if not self.first_plain:
+                    self.pool.prefill(row, self.prompt, len(self.prompt))
             except BaseException:
                 self.pool.release(row)
                 raise
             self.row, self.keep = row, len(self.prompt)
         elif self.speculative:
-            self.state = self.drafter.prefill(self.drafter.init(1, self.max_len), [self.prompt])
+            self.state = self.drafter.init(1, self.max_len)
+            if not self.first_plain:
+                self.state = self.drafter.prefill(self.state, [self.prompt])
             self.keep = len(self.prompt)
+        self.behind = self.first_plain
         self.sampling = SamplingParams.of([c.sampling])
         self.keys = session_key(c.seed, 0)[None]
+        # read once, before any drafting is queued: a later read waits behind that work
+        self.row_key = np.asarray(self.keys[0])  # [2] uint32, the pool's copy
 
     async def _open(self, cfg: SessionConfig) -> str:
         """Open a session, retrying an unavailable verifier for `resume_timeout_s`."""
@@ -272,9 +285,19 @@ class EdgeSession:
 
     async def _fill(self) -> None:
         """Keep `depth` blocks in flight, drafting along the optimistic path."""
+        if self.speculative and self.drafts_off is not None and self.drafts_off():
+            self._stop_drafting()
         if not self.speculative:  # gamma 0: each block gets exactly one token, so the next
-            while len(self.inflight) < self.depth:  # ones sit at the next positions
+            if any(b.tokens for b, _ in self.inflight):  # ones sit at the next positions,
+                return  # once no drafts are in flight (how many they commit is not known)
+            while len(self.inflight) < self.depth:
                 self._send(self._empty_block(ahead=len(self.inflight)))
+            return
+        if self.first_plain and len(self.committed) == len(self.prompt):
+            if not self.inflight:  # the first token is the verifier's, drafting waits for it
+                block = self._empty_block()
+                self.sent_at[id(block)] = time.perf_counter()
+                self._send(block)
             return
         while len(self.inflight) < self.depth and self._room() and self._wanted():
             n = self._next_len()
@@ -285,6 +308,15 @@ class EdgeSession:
                 self.behind = True
             else:
                 await self._send_drafts(n)
+
+    def _stop_drafting(self) -> None:
+        """Decode plainly from here on (`drafts_off`): the drafter's state (or pool row) goes;
+        blocks of drafts still in flight are answered as usual, empty blocks follow them."""
+        self.speculative, self.state = False, None
+        if self.row >= 0:
+            self.pool.release(self.row)
+            self.row = -1
+        self._emit("plain", ())
 
     def _room(self) -> bool:
         """Whether the drafter's context has room for one more longest block."""
@@ -327,7 +359,7 @@ class EdgeSession:
         t_draft = time.perf_counter()
         if self.pool is not None:  # batched with the other sessions' rounds
             block = await self.pool.round(
-                self.row, self.keep, self.tail, n, self.config.sampling, self.keys[0],
+                self.row, self.keep, self.tail, n, self.config.sampling, self.row_key,
                 self.sid, self.epoch,
             )  # fmt: skip
             self.keep, self.tail, self.rolled = self.keep + len(self.tail) + n, [], False
@@ -464,6 +496,8 @@ async def run_session(
     on_retry: Callable[[Unavailable, float], None] | None = None,
     block_len: Callable[[], int] | None = None,
     pool: DraftPool | None = None,
+    drafts_off: Callable[[], bool] | None = None,
+    first_plain: bool = False,
 ) -> SessionTrace:
     """Generate with `drafter` against `endpoint` until the verifier says finished.
 
@@ -499,6 +533,18 @@ async def run_session(
     `pool` (an `edge.draft_pool.DraftPool`, `drafter` then None or the pool's): the session
     drafts in a row of the pool, batched with the other sessions drafting there (a server's
     sessions on one device); the same tokens as with a drafter of its own.
+
+    `drafts_off()` (a server's load: `edge.openai_server.Backend`) is asked before each
+    block of a speculative session; once it says True the session decodes plainly to its
+    end: the blocks of drafts in flight are answered, then empty ones follow, as with gamma
+    0 (a "plain" event). Every token is still exactly the target's; which tokens a seed
+    gives then depends on when drafting stopped.
+
+    `first_plain` (speculative sessions): the first block is empty, so the first token is
+    the verifier's own draw (as a server's first token comes from its prefill) and the
+    drafter prefills the prompt and that token while it is verified: a first token as soon
+    as plain decoding's, the draft's prefill no longer in front of it. Other tokens for a
+    seed than without it (the first one is drawn plainly), each still exactly the target's.
     """
     session = EdgeSession(
         endpoint,
@@ -512,5 +558,7 @@ async def run_session(
         on_retry=on_retry,
         block_len=block_len,
         pool=pool,
+        drafts_off=drafts_off,
+        first_plain=first_plain,
     )
     return await session.run()

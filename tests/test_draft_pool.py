@@ -10,6 +10,7 @@ back without touching the others'.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 
@@ -72,7 +73,7 @@ def run(cfgs: list[SessionConfig], pool: DraftPool | None, adaptive: bool = Fals
     async def go():
         v = LocalVerifier(scheduler=scheduler())
         try:
-            own = None if pool else Drafter(models()[1], spec)
+            own = None if pool or not spec.speculative else Drafter(models()[1], spec)
             lengths = [_lengths(i) if adaptive else None for i in range(len(cfgs))]
             sessions = [
                 EdgeSession(v, own, c, depth=2, pool=pool, block_len=n)
@@ -136,3 +137,45 @@ def test_pool_checks_its_arguments():
         asyncio.run(pool.round(row, 1, (), 3, SamplingSettings(), [0, 0], "s", 0))
     with pytest.raises(ValueError, match="pool's drafter"):
         EdgeSession(None, Drafter(models()[1], spec), configs(spec, "sync")[0], pool=pool)
+
+
+@pytest.mark.parametrize("first_plain", [False, True])
+def test_sessions_that_stop_or_start_drafting_late_commit_plain_decodings_tokens(first_plain):
+    """`drafts_off` (a loaded server) turning True after a few blocks: each pipelined session
+    finishes its blocks of drafts in flight, then sends empty ones; greedy, it commits plain
+    decoding's tokens, gives its pool row back at once and drafts nothing more.
+    `first_plain` (a server's sessions): the first block is empty, the verifier's token comes
+    first, drafting (the row's prefill) after it; greedy, plain decoding's tokens again."""
+    spec = DraftSpec(gamma=4)
+    cfgs = [
+        dataclasses.replace(c, sampling=dataclasses.replace(c.sampling, temperature=0.0))
+        for c in configs(spec, "pipelined")
+    ]
+    plain = run([dataclasses.replace(c, draft=DraftSpec(gamma=0)) for c in cfgs], None)
+    pool = DraftPool(Drafter(models()[1], spec), rows=4, max_len=64)
+    asked = itertools.count()
+    off = None if first_plain else lambda: next(asked) >= 6  # the load rises after 6 blocks
+
+    async def go():
+        v = LocalVerifier(scheduler=scheduler())
+        try:
+            sessions = [
+                EdgeSession(v, None, c, depth=2, pool=pool, drafts_off=off, first_plain=first_plain)
+                for c in cfgs
+            ]
+            traces = await asyncio.gather(*(s.run() for s in sessions))
+            return traces, scheduler().metrics.last_width
+        finally:
+            await v.aclose()
+
+    traces, last_width = asyncio.run(go())
+    assert [t.tokens for t in traces] == plain
+    for t in traces:
+        kinds = [k for k, _ in t.events]
+        if first_plain:  # one token from the verifier, then blocks of drafts
+            assert kinds[:3] == ["accept", "bonus", "draft"] and "plain" not in kinds
+        else:
+            assert kinds.count("plain") == 1 and "draft" not in kinds[kinds.index("plain") :]
+    if not first_plain:
+        assert last_width == 1  # the last steps verify single tokens, not padded blocks
+    assert sorted(pool.free) == [0, 1, 2, 3] and pool.batched >= 1

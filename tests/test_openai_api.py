@@ -179,12 +179,18 @@ def _edge_generate(capsys, address: str, *flags: str) -> str:
 
 
 def test_same_text_as_edge_generate(stack, client, capsys):
-    """Greedy, and sampled with a seed: the endpoint's text is `edge generate`'s."""
+    """Greedy: the endpoint's text is `edge generate`'s. Sampled with a seed: the same text
+    each time (not `edge generate`'s for that seed: a server's first token is the verifier's
+    own draw, `first_plain`, where `edge generate` drafts it)."""
     for flags, fields in (
         (["--temperature", "0"], {"temperature": 0}),
-        (["--seed", "7"], {"seed": 7}),
+        (None, {"seed": 7}),
     ):
-        want = _edge_generate(capsys, stack[0], *flags)
+        if flags is None:
+            want = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, **fields)
+            want = want.choices[0].text
+        else:
+            want = _edge_generate(capsys, stack[0], *flags)
         got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, **fields)
         assert got.choices[0].text == want, flags
         assert got.choices[0].finish_reason in ("stop", "length")
@@ -364,17 +370,20 @@ def test_bad_requests_and_auth(stack, client):
 
 def test_speculation_backs_off_under_load():
     """`Backend.draft_for_next`: the server's draft while at most `plain_past` requests are
-    admitted, none (gamma 0) past that; without `plain_past` always the server's."""
+    admitted, none (gamma 0) past that; without `plain_past` always the server's. `loaded`
+    (what a running session's `drafts_off` asks, its own request not counted) likewise."""
     spec = DraftSpec(gamma=4)
     backend = Backend(endpoint=None, drafter=None, text_model=jaxspec.load("default"),
                       model_id=MODEL, draft=spec, plain_past=1)  # fmt: skip
-    assert backend.draft_for_next() == spec
+    assert backend.draft_for_next() == spec and not backend.loaded()
     backend.admitted += 1
-    assert backend.draft_for_next() == spec
+    assert backend.draft_for_next() == spec and not backend.loaded(own=1)
     backend.admitted += 1
-    assert backend.draft_for_next() == DraftSpec(gamma=0)
+    assert backend.draft_for_next() == DraftSpec(gamma=0) and not backend.loaded(own=1)
+    backend.admitted += 1
+    assert backend.loaded(own=1)  # a running session sees two others
     backend.plain_past = None
-    assert backend.draft_for_next() == spec
+    assert backend.draft_for_next() == spec and not backend.loaded()
 
 
 def test_status_mapping_and_parsing():
