@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from edge.adaptive import AdaptiveGamma
 from edge.client import (
+    WARMING_WAIT_S,
     GrpcEndpoint,
     at_most_every,
     channel_target,
@@ -64,6 +65,7 @@ from jaxspec_host.flags import (
     check_args,
     command_parser,
     interrupted,
+    parse_command_line,
     prompt_from_args,
     refuse_draft_without_speculation,
     refuse_shadowed_package,
@@ -175,8 +177,9 @@ async def _connected(
         timeout_s=args.timeout_s,
     ) as ep:
         stats = await check_verifier(
-            ep, retry_s=args.resume_timeout_s, on_retry=say, on_wait=at_most_every(say)
-        )
+            ep, retry_s=args.resume_timeout_s, on_retry=say, on_wait=at_most_every(say),
+            warming_s=WARMING_WAIT_S,
+        )  # fmt: skip
         await in_thread(resolve_models, args, spec, args.command)
         refuse_other_vocabularies(  # read cheaply, before anything loads
             {"target": args.checkpoint, "draft": args.draft,
@@ -275,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if shadowed is not None:
         return shadowed
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     try:
         spec = _check(args)
         if args.command == "serve":

@@ -387,6 +387,9 @@ def retry_notice(target: str, error: Exception, retry_s: float) -> str:
     )
 
 
+WARMING_WAIT_S = 600.0  # how long a client waits for a verifier that says it is warming up
+
+
 def warming_words(stats: dict[str, Any]) -> str | None:
     """`warming up: 5/9 batch shapes compiled` for the Stats of a verifier that is not
     serving yet and says how far its warm-up is (`warming_done`/`warming_total`); None
@@ -422,6 +425,7 @@ async def check_verifier(
     on_retry: Callable[[str], None] | None = None,
     serving: bool = True,
     on_wait: Callable[[str], None] | None = None,
+    warming_s: float = 0.0,
 ) -> dict[str, Any]:
     """The verifier's Stats, asked before anything is loaded or compiled: one call proves it
     is reachable, accepts the endpoint's token (Stats is authenticated like every call) and
@@ -435,6 +439,10 @@ async def check_verifier(
     `Unavailable` ("verifier H:P unavailable (connection refused); gave up after 30 s"),
     `Unauthenticated` / `PermissionDenied` ("verifier H:P refused the token (...)"), or any
     other status the call ended with.
+
+    A verifier that answers it is warming up with a count (`warming_words`) is coming, only
+    slowly (a cold start compiles for minutes on a small machine): it is waited for up to
+    `warming_s` if that is longer than `retry_s`, the notice naming that bound.
     """
     t0, tries = time.monotonic(), 0
     reasons: list[str] = []  # each distinct reason, in order: the first is often the telling one
@@ -444,12 +452,14 @@ async def check_verifier(
             return stats
         if short_reason(error) not in reasons:
             reasons.append(short_reason(error))
-        if time.monotonic() + backoff_s > t0 + retry_s:
-            gave_up = f"; gave up after {retry_s:g} s" if retry_s > 0 else ""
+        warming = str(error).startswith("warming up")
+        bound = max(retry_s, warming_s) if warming else retry_s
+        if time.monotonic() + backoff_s > t0 + bound:
+            gave_up = f"; gave up after {bound:g} s" if bound > 0 else ""
             why = reasons[0] + (f"; lately: {reasons[-1]}" if len(reasons) > 1 else "")
             raise Unavailable(f"verifier {endpoint.target} unavailable ({why}){gave_up}")
         if tries == 0 and on_retry is not None:
-            on_retry(retry_notice(endpoint.target, error, retry_s))
+            on_retry(retry_notice(endpoint.target, error, bound))
         elif on_wait is not None:  # from the second retry on: the notice said the first
             waited = time.monotonic() - t0
             on_wait(f"verifier {endpoint.target} {short_reason(error)}; waited {waited:.0f} s")

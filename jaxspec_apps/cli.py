@@ -53,6 +53,7 @@ from jaxspec_host.flags import (
     add_sampling_flags,
     check_args,
     command_parser,
+    parse_command_line,
     prompt_from_args,
     refuse_draft_without_speculation,
     refuse_shadowed_package,
@@ -273,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shadowed = refuse_shadowed_package("jaxspec")  # before parsing: --help would work, then fail
     if shadowed is not None:
         return shadowed
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     try:
         code = args.func(args)
     except (ValueError, OSError) as e:  # CheckpointError is a ValueError

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import functools
 import importlib
 import ipaddress
 import os
 import sys
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from jaxspec.decoding.sampling import check_seed
@@ -100,6 +101,38 @@ def command_parser(prog: str, description: str) -> tuple[argparse.ArgumentParser
     parser = functools.partial(argparse.ArgumentParser, formatter_class=HelpFormatter)
     p = parser(prog=prog, description=description)
     return p, p.add_subparsers(dest="command", required=True, parser_class=parser)
+
+
+def parse_command_line(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
+) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, except that a flag the (sub)command does not know is
+    refused by the subcommand that was run, with its usage and the nearest flag it has
+    (`jaxspec demo --gama 4`: "did you mean --gamma?"), not by the top-level parser."""
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    sub = _subparsers(parser).get(getattr(args, "command", None), parser)
+    known = [
+        flag
+        for action in sub._actions
+        if action.help is not argparse.SUPPRESS
+        for flag in action.option_strings
+    ]
+    words = [f"unrecognized arguments: {' '.join(extra)}"]
+    for arg in extra:
+        if arg.startswith("--"):
+            near = difflib.get_close_matches(arg.split("=")[0], known, n=1, cutoff=0.6)
+            words += [f"did you mean {near[0]}?"] if near else []
+    sub.error("; ".join(words))
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parser's subcommands by name (none for a command without them)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def add_max_new_tokens(

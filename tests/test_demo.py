@@ -260,7 +260,7 @@ def test_arguments_are_checked():
     d = defaults.parse_args([])
     assert (d.tenants, d.mode, d.warmup, d.verifier) == (3, "pipelined", True, None)
     for bad, message in (
-        (["--tenants", "0"], "--tenants"),
+        (["--num-tenants", "0"], "--num-tenants must be in"),
         (["--gamma", "17"], "gamma"),
         (["--gamma", "0", "--draft", "default-draft"], "--draft default-draft with --gamma 0"),
         (["--rtt-ms", "-1"], "--rtt-ms"),
@@ -364,7 +364,9 @@ def test_demo_runs_tenants_against_a_real_verifier_on_an_80x24_screen():
     """The issue's done-when: headless run, every tenant's text, non-zero α and throughput
     on the screen, and the verifier process gone afterwards."""
     console = Console(file=io.StringIO(), width=80, height=24, force_terminal=True, record=True)
-    args = demo_args("--tenants", "2", "--tokens", TOKENS, "--rtt-ms", "20", "--jitter-ms", "2")
+    args = demo_args(
+        "--num-tenants", "2", "--max-new-tokens", TOKENS, "--rtt-ms", "20", "--jitter-ms", "2"
+    )  # fmt: skip
     t0 = time.monotonic()
     result = run(args, console)
     took = time.monotonic() - t0
@@ -416,8 +418,8 @@ def test_gamma_0_tenants_decode_through_the_verifier_without_a_draft():
     """`--gamma 0` is speculation off, as everywhere: no draft is loaded, every tenant sends
     empty blocks and the verifier decodes one token a round (no draft counted)."""
     console = Console(file=io.StringIO(), width=80, height=24)
-    args = demo_args("--gamma", "0", "--tenants", "1", "--tokens", "12", "--rtt-ms", "0",
-                     "--jitter-ms", "0")  # fmt: skip
+    args = demo_args("--gamma", "0", "--num-tenants", "1", "--max-new-tokens", "12",
+                     "--rtt-ms", "0", "--jitter-ms", "0")  # fmt: skip
     result = run(args, console, live=False)
     assert not result.interrupted and result.errors == [], result.errors
     assert args.draft is None  # nothing drafted, nothing loaded as a draft
@@ -431,7 +433,7 @@ def test_a_prompt_too_long_for_the_context_fails_at_once_naming_the_limit():
     (the CLI's exit status 2) once the draft has loaded, before any tenant starts, and the
     spawned verifier stopped; not a tenant's DEADLINE_EXCEEDED minutes later."""
     console = Console(file=io.StringIO(), width=80, height=24)
-    args = demo_args("--tenants", "1", "--tokens", "600")  # the tiny pair's context: 512
+    args = demo_args("--num-tenants", "1", "--max-new-tokens", "600")  # the tiny pair's: 512
     with pytest.raises(ValueError, match=r"= 6\d\d exceeds .*max_position_embeddings = 512"):
         run(args, console, live=False)
 
@@ -446,8 +448,8 @@ from jaxspec_apps.demo._run import make_state
 
 p = argparse.ArgumentParser()
 add_arguments(p)
-args = p.parse_args(["--no-warmup", "--pair", "tiny", "--tenants", "1", "--tokens", sys.argv[1],
-                     "--rtt-ms", "50",
+args = p.parse_args(["--no-warmup", "--pair", "tiny", "--num-tenants", "1",
+                     "--max-new-tokens", sys.argv[1], "--rtt-ms", "50",
                      "--jitter-ms", "0", "--seconds", "300"])
 state = make_state(args)
 
@@ -507,7 +509,7 @@ def test_a_terminated_or_killed_demo_takes_its_verifier_down(sig):
     if sig == signal.SIGKILL and not sys.platform.startswith("linux"):
         pytest.skip("PR_SET_PDEATHSIG is Linux-only")
     proc = subprocess.Popen(
-        [*_jaxspec_cmd(), "demo", "--pair", "tiny", "--tenants", "1", "--no-warmup"],
+        [*_jaxspec_cmd(), "demo", "--pair", "tiny", "--num-tenants", "1", "--no-warmup"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

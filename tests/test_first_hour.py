@@ -186,6 +186,27 @@ def test_check_verifier_retries_says_so_once_then_answers_or_gives_up():
     assert asyncio.run(check_verifier(_FlakyStats(warming), serving=False)) == warming
 
 
+def test_a_warming_verifier_is_waited_for_longer_than_a_missing_one():
+    """A verifier that says it is warming up (a count in its Stats) is coming: waited for
+    up to `warming_s` (the notice names that bound), not only `retry_s`; one that does not
+    answer is given up after `retry_s`; a warm-up longer than `warming_s` too, saying so."""
+    warming = {"serving": False, "warming_done": 3, "warming_total": 9}
+    heard: list[str] = []
+    ep = _FlakyStats(*[warming] * 20)  # ~0.2 s of warming up, then serving
+    stats = asyncio.run(
+        check_verifier(ep, retry_s=0.02, warming_s=30, backoff_s=0.01, on_retry=heard.append)
+    )
+    assert stats["steps"] == 7 and len(heard) == 1, heard
+    assert "(warming up: 3/9 batch shapes compiled)" in heard[0] and heard[0].endswith("(30 s)")
+    refused = Unavailable("failed to connect to all addresses; ... Connection refused")
+    with pytest.raises(Unavailable, match=r"gave up after 0.02 s"):
+        asyncio.run(check_verifier(_FlakyStats(*[refused] * 100), retry_s=0.02, warming_s=30,
+                                   backoff_s=0.01))  # fmt: skip
+    with pytest.raises(Unavailable, match=r"warming up: 3/9 .*gave up after 0.05 s"):
+        asyncio.run(check_verifier(_FlakyStats(*[warming] * 100), retry_s=0.01, warming_s=0.05,
+                                   backoff_s=0.01))  # fmt: skip
+
+
 def test_check_verifier_says_how_far_the_warm_up_is_while_it_waits():
     """A verifier that is warming up tells its count in Stats: the notice, every later
     wait's words (with the time waited) and the final error say it; an older verifier (no

@@ -193,9 +193,8 @@ def test_the_same_meaning_has_the_same_name_and_default_everywhere():
     # --tenants: a count in the demo, a file in the verifier; the demo's is --num-tenants now.
     demo = cmds["jaxspec demo"]
     assert "--num-tenants" in demo.format_help() and "--tenants " not in demo.format_help()
-    assert demo.parse_args(["--tenants", "2"]).tenants == 2  # the old names still work
-    assert demo.parse_args(["--tokens", "7"]).tokens == 7
     assert demo.parse_args(["--max-new-tokens", "9"]).tokens == 9
+    assert demo.parse_args(["--num-tenants", "2"]).tenants == 2
     assert "TOML" in cmds["python -m verify serve"].format_help()
 
 
@@ -291,3 +290,26 @@ def test_the_sampling_settings_are_made_once():
     assert sampling_for_model(args, {"temperature": 0.2})[0] is args.sampling
     model = {"temperature": 0.2, "top_k": 20.0, "top_p": 0.9, "min_p": 0.1}
     assert model_sampling(model, ("top_k", "top_p")) == {"top_k": 20, "top_p": 0.9}
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["demo", "--gama", "4"], "jaxspec demo: error: unrecognized arguments: --gama 4; "
+         "did you mean --gamma?"),
+        (["demo", "--tenants", "2"], "jaxspec demo: error: unrecognized arguments: --tenants 2; "
+         "did you mean --num-tenants?"),
+        (["serve", "--max-new-tokns", "9"], "did you mean --max-new-tokens?"),
+        (["demo", "--zzz"], "jaxspec demo: error: unrecognized arguments: --zzz"),
+    ],
+)  # fmt: skip
+def test_a_flag_no_command_knows_is_refused_in_the_words_of_the_command_run(argv, said, capsys):
+    """The subcommand that was run refuses it (its usage, not the top level's), with the
+    nearest flag it has."""
+    from jaxspec_apps.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and said in err, err
+    assert f"usage: jaxspec {argv[0]}" in err

@@ -64,7 +64,7 @@ def reference(world):
 
 def test_the_default_server_is_open_on_loopback_and_says_so(world):
     log = world["server"].log
-    assert "no --tenants file: every caller is accepted" in log
+    assert "no --tenants file: no authentication, every caller is accepted" in log
     assert re.search(r"serving .* on 127\.0\.0\.1:\d+", log)
 
 

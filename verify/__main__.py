@@ -57,6 +57,7 @@ from jaxspec_host.flags import (
     add_verifier_limits,
     command_parser,
     interrupted,
+    parse_command_line,
     port_arg,
     port_number,
     refuse_shadowed_package,
@@ -391,7 +392,11 @@ async def _serve(args: argparse.Namespace, lockstep: multihost.Lockstep | None =
         tenants = Tenants.load(args.tenants)
     else:
         tenants = Tenants(None)
-        log.warning("no --tenants file: every caller is accepted as tenant %r", ANONYMOUS)
+        log.warning(
+            "no --tenants file: no authentication, every caller is accepted as tenant %r "
+            "(anyone who can reach %s; give --tenants FILE to require tokens)",
+            ANONYMOUS, args.host,
+        )  # fmt: skip
     config = scheduler_config_from_args(args)  # bad flags fail before anything is bound
     limits = connection_limits_from_args(args)
     for flag in _BIND_FLAGS[-3:]:  # the timeouts
@@ -609,7 +614,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # before parsing: --help would work, then fail
     if shadowed is not None:
         return shadowed
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     refused = refuse_insecure_public(args)
     if refused is not None:  # before anything loads or binds
         print(f"python -m verify serve: error: {refused}", file=sys.stderr)

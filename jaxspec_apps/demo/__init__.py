@@ -1,7 +1,7 @@
 """`jaxspec demo`: watch edge tenants draft against a cloud verifier, live in the terminal.
 
     jaxspec demo                                  # 3 tenants, pipelined, 50 ms RTT
-    jaxspec demo --tenants 4 --mode sync --rtt-ms 100 --seconds 30
+    jaxspec demo --num-tenants 4 --mode sync --rtt-ms 100 --seconds 30
     jaxspec demo --verifier host:50051 --token $TOKEN  # a verifier that is already running
 
 It starts a real verifier service (`python -m verify serve` on a free loopback port, serving
@@ -84,7 +84,6 @@ def _add_tenant_flags(p: argparse.ArgumentParser) -> None:
         help="edge tenants, each its own session and channel (`--tenants` of `python -m verify "
         "serve` is its tenants file, a different thing)",
     )
-    p.add_argument("--tenants", dest="tenants", type=int, help=argparse.SUPPRESS)  # old name
     add_speculation_flags(p, q_dtype=None, encoding=False)  # --gamma ... --depth
     add_cache_flag(p)
     p.add_argument("--rtt-ms", type=float, default=50.0, help="simulated round trip in ms")
@@ -110,7 +109,6 @@ def _add_generation_flags(p: argparse.ArgumentParser) -> None:
         "with SmolLM2, Python code with the tiny pair",
     )
     add_max_new_tokens(p, 160, dest="tokens", what=" per tenant and sample")
-    p.add_argument("--tokens", dest="tokens", type=int, help=argparse.SUPPRESS)  # old name
     p.add_argument(
         "--seconds",
         type=float,
@@ -152,13 +150,13 @@ def _check(args: argparse.Namespace) -> None:
     check_args(args)  # sampling values, seed, depth, the DraftSpec: the library's validators
     refuse_draft_without_speculation(args)
     if not 1 <= args.tenants <= MAX_TENANTS:
-        raise ValueError(f"--tenants must be in [1, {MAX_TENANTS}]")
+        raise ValueError(f"--num-tenants must be in [1, {MAX_TENANTS}], got {args.tenants}")
     if args.gamma != AUTO and not 0 <= args.gamma <= 16:
         raise ValueError("--gamma must be in [0, 16] (0: speculation off) or auto")
     if args.depth < 1:
         raise ValueError("--depth must be >= 1")
     if args.tokens < 1:
-        raise ValueError("--tokens must be >= 1")
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.tokens}")
     if args.rtt_ms < 0 or args.jitter_ms < 0 or args.jitter_ms > args.rtt_ms:
         raise ValueError("--rtt-ms and --jitter-ms must be >= 0, jitter at most the RTT")
     if args.seconds < 0:
