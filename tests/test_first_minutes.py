@@ -17,6 +17,7 @@ import zipfile
 import pytest
 from rich.console import Console
 
+import jaxspec
 import jaxspec_apps.demo as demo
 from jaxspec_apps.demo._progress import StageLines, describe, warmup_progress
 from jaxspec_apps.demo._render import STYLES, answers, rejected_line, summary, tenant_text
@@ -405,6 +406,24 @@ def test_a_folder_named_jaxspec_in_the_way_is_named_at_start(monkeypatch, capsys
         err = capsys.readouterr().err
         assert "the folder /home/me/jaxspec shadows the installed jaxspec package" in err
         assert "another directory" in err and err.count("\n") == 1
+
+
+def test_a_script_beside_a_clone_imports_the_installed_package(tmp_path):
+    """A script in a folder that also holds a clone named `jaxspec` (no `__init__.py` at its
+    top): the installed package is imported, not the clone's folder. The editable install
+    puts the repository's root on sys.path (`package-dir` in pyproject.toml), where a
+    regular package wins over a namespace folder found earlier; the import hook it used
+    before lost to that folder (`module 'jaxspec' has no attribute 'load'`)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "jaxspec").mkdir()
+    script = tmp_path / "script.py"
+    script.write_text("import jaxspec\nprint(jaxspec.__file__, jaxspec.load.__name__)\n")
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == [jaxspec.__file__, "load"], run.stdout
 
 
 def test_an_http1_port_is_named_as_such_to_the_end():
