@@ -34,6 +34,7 @@ import functools
 import importlib
 import ipaddress
 import os
+import re
 import sys
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -100,7 +101,8 @@ def command_parser(prog: str, description: str) -> tuple[argparse.ArgumentParser
     `HelpFormatter`."""
     parser = functools.partial(argparse.ArgumentParser, formatter_class=HelpFormatter)
     p = parser(prog=prog, description=description)
-    return p, p.add_subparsers(dest="command", required=True, parser_class=parser)
+    p.subcommands = p.add_subparsers(dest="command", required=True, parser_class=parser)
+    return p, p.subcommands
 
 
 def parse_command_line(
@@ -108,31 +110,22 @@ def parse_command_line(
 ) -> argparse.Namespace:
     """`parser.parse_args(argv)`, except that a flag the (sub)command does not know is
     refused by the subcommand that was run, with its usage and the nearest flag it has
-    (`jaxspec demo --gama 4`: "did you mean --gamma?"), not by the top-level parser."""
+    (`jaxspec demo --gama 4`: "did you mean --gamma?"), not by the top-level parser.
+    `parser` from `command_parser` (its subcommands known), or any parser."""
     args, extra = parser.parse_known_args(argv)
     if not extra:
         return args
-    sub = _subparsers(parser).get(getattr(args, "command", None), parser)
-    known = [
-        flag
-        for action in sub._actions
-        if action.help is not argparse.SUPPRESS
-        for flag in action.option_strings
-    ]
+    subcommands = getattr(parser, "subcommands", None)
+    sub = parser
+    if subcommands is not None:
+        sub = subcommands.choices.get(getattr(args, "command", None), parser)
+    known = sorted(set(re.findall(r"--[a-z0-9][a-z0-9-]*", sub.format_usage())))
     words = [f"unrecognized arguments: {' '.join(extra)}"]
     for arg in extra:
         if arg.startswith("--"):
             near = difflib.get_close_matches(arg.split("=")[0], known, n=1, cutoff=0.6)
             words += [f"did you mean {near[0]}?"] if near else []
     sub.error("; ".join(words))
-
-
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """The parser's subcommands by name (none for a command without them)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
 
 
 def add_max_new_tokens(
