@@ -178,6 +178,7 @@ def serve_args(args: argparse.Namespace) -> list[str]:
     out = ["--checkpoint", args.checkpoint, "--max-sessions", str(args.tenants)]
     longest = args.longest_block if args.gamma == AUTO else max(args.gamma, 1)  # gamma 0: 1
     out += ["--max-gamma", str(longest), "--max-len", str(max_len), "--drain-timeout-s", "2"]
+    out += ["--drain-min-s", "0"]  # no health checker watches the demo's own verifier drain
     out += ["--kv-buckets", str(max_len)]  # one KV bucket: half the shapes to compile first
     if args.compilation_cache is not None:
         out += ["--compilation-cache", args.compilation_cache]
