@@ -53,6 +53,7 @@ from jaxspec_host.flags import (
     add_sampling_flags,
     check_args,
     command_parser,
+    interrupted,
     parse_command_line,
     prompt_from_args,
     refuse_draft_without_speculation,
@@ -280,6 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # CheckpointError is a ValueError
         print(f"jaxspec {args.command}: error: {e}", file=sys.stderr)
         code = 2
+    except KeyboardInterrupt:  # uvicorn (jaxspec serve) re-raises the Ctrl-C it served on
+        code = interrupted(f"jaxspec {args.command}")
     # Ctrl-C while the demo's draft was loading or compiling: exit now, not at its end.
     return exit_if_abandoned(code, force=code == 130)  # 130: interrupted
 

@@ -77,6 +77,8 @@ class HttpServer:
             text=True,
             env=env,
             start_new_session=True,
+            # Ctrl-C as in a terminal: a background test run's children inherit SIGINT ignored
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.lines: list[str] = []
         self.url: str | None = None
@@ -432,6 +434,22 @@ def test_colocated_jaxspec_serve_gives_the_same_text(stack, client):
         assert busy.usage.completion_tokens > 0 and list(long)
         alone = local.completions.create(model="default", prompt=PROMPT, max_tokens=12, seed=7)
         assert alone.usage.model_extra["jaxspec"]["draft_tokens"] > 0  # counted out again
+    finally:
+        server.stop()
+
+
+def test_ctrl_c_ends_jaxspec_serve_with_one_line(stack):
+    """SIGINT (a terminal's Ctrl-C) to a ready `jaxspec serve`: status 130 and one line, no
+    traceback (uvicorn re-raises the signal it stopped on, which reached asyncio.run)."""
+    flags = ["--port", "0", "--pair", "tiny", "--gamma", "0", "--max-len", "128"]
+    server = HttpServer("jaxspec_apps.cli", [*flags, "--max-sessions", "2"], stack[2])
+    try:
+        server.wait(180)
+        server.proc.send_signal(signal.SIGINT)
+        code = server.proc.wait(30)
+        log = "".join(server.lines)
+        assert code == 130 and "Traceback" not in log, log[-3000:]
+        assert "jaxspec serve: interrupted" in log, log[-3000:]
     finally:
         server.stop()
 
