@@ -60,6 +60,14 @@ _LIMIT_FILES = (
 )
 
 
+# Ctrl-C as in a terminal: a background test run's children inherit SIGINT ignored (an exec
+# keeps that); this resets it, then becomes the server (no preexec_fn: JAX's threads and fork).
+_SIGINT_DEFAULT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 class HttpServer:
     """`python -m <module> serve ARGS` in a subprocess; `url` once its ready line appeared.
     `files`: the server's limit on open files (soft and hard), as a host may set it."""
@@ -70,6 +78,7 @@ class HttpServer:
         command = [sys.executable, "-m", module, "serve", *args]
         if files is not None:
             command = [sys.executable, "-c", _LIMIT_FILES, str(files), *command]
+        command = [sys.executable, "-c", _SIGINT_DEFAULT, *command]
         self.proc = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
@@ -77,8 +86,6 @@ class HttpServer:
             text=True,
             env=env,
             start_new_session=True,
-            # Ctrl-C as in a terminal: a background test run's children inherit SIGINT ignored
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.lines: list[str] = []
         self.url: str | None = None
