@@ -452,8 +452,7 @@ async def check_verifier(
             return stats
         if short_reason(error) not in reasons:
             reasons.append(short_reason(error))
-        warming = str(error).startswith("warming up")
-        bound = max(retry_s, warming_s) if warming else retry_s
+        bound = max(retry_s, warming_s) if warming_words(stats) else retry_s
         if time.monotonic() + backoff_s > t0 + bound:
             gave_up = f"; gave up after {bound:g} s" if bound > 0 else ""
             why = reasons[0] + (f"; lately: {reasons[-1]}" if len(reasons) > 1 else "")
@@ -470,9 +469,9 @@ async def check_verifier(
 async def _stats_or_unavailable(
     endpoint: GrpcEndpoint, serving: bool
 ) -> tuple[dict[str, Any], VerifierError | None]:
-    """`check_verifier`'s one try: (the Stats, None) when it passes; ({}, why) when the
-    verifier is unavailable or (with `serving`) not serving, worth retrying; any other
-    error raised, its message naming the address."""
+    """`check_verifier`'s one try: (the Stats, None) when it passes; (the Stats so far, why)
+    when the verifier is unavailable ({}) or (with `serving`) not serving, worth retrying;
+    any other error raised, its message naming the address."""
     target = endpoint.target
     try:
         stats = await endpoint.stats()
@@ -486,4 +485,4 @@ async def _stats_or_unavailable(
         raise err from None
     if stats.get("serving", True) or not serving:
         return stats, None
-    return {}, Unavailable(warming_words(stats) or "the verifier is not serving")
+    return stats, Unavailable(warming_words(stats) or "the verifier is not serving")

@@ -295,19 +295,22 @@ class EdgeSession:
             return
         if self.first_plain and len(self.committed) == len(self.prompt):
             if not self.inflight:  # the first token is the verifier's, drafting waits for it
-                block = self._empty_block()
-                self.sent_at[id(block)] = time.perf_counter()
-                self._send(block)
+                self._send_empty()
             return
         while len(self.inflight) < self.depth and self._room() and self._wanted():
             n = self._next_len()
             if n == 0:  # no drafting: the verifier samples the token (edge.adaptive)
-                block = self._empty_block()
-                self.sent_at[id(block)] = time.perf_counter()
-                self._send(block)
-                self.behind = True
+                self._send_empty()
             else:
                 await self._send_drafts(n)
+
+    def _send_empty(self) -> None:
+        """Send an empty block at the committed length (the verifier samples its token): a
+        speculative session's pause, after which the draft's KV lags its context (`behind`)."""
+        block = self._empty_block()
+        self.sent_at[id(block)] = time.perf_counter()
+        self._send(block)
+        self.behind = True
 
     def _stop_drafting(self) -> None:
         """Decode plainly from here on (`drafts_off`): the drafter's state (or pool row) goes;

@@ -94,7 +94,9 @@ class LocalVerifier:
                     break
                 steps = self.scheduler.metrics.steps
                 try:
-                    results, refused = await loop.run_in_executor(None, self._locked, self._tick)
+                    results, refused = await loop.run_in_executor(
+                        None, self._locked, self.scheduler.tick
+                    )
                 except Exception as e:  # a bug of ours: fail every waiting caller, loudly
                     for fut in list(self._futures.values()):
                         if not fut.done():
@@ -107,9 +109,6 @@ class LocalVerifier:
                 if m.steps > steps:
                     for observe in self.step_observers:
                         observe(m.last_step_s, m.last_rows)
-
-    def _tick(self) -> list[tuple[int, VerifyResult]]:
-        return self.scheduler.tick()
 
     def _locked(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, list]:
         """`fn(*args)` under the scheduler's lock (in a worker thread), the blocks in the
