@@ -17,7 +17,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxspec.ckpts.tiny import tiny_config, to_dtype
+from jaxspec.ckpts.tiny import tiny_config, tiny_gemma3_config, to_dtype
 from jaxspec.nn.config import LlamaConfig, RopeScaling
 from jaxspec.nn.model import Model, init_params
 from jaxspec.protocol import Unavailable, VerifyResult
@@ -50,7 +50,8 @@ def write_hf_checkpoint(
 
 
 def config_variants() -> dict[str, LlamaConfig]:
-    """Architectures the parity tests cover: MHA/GQA/MQA, tied, rope scaling, Qwen2 biases."""
+    """Architectures the parity tests cover: MHA/GQA/MQA, tied, rope scaling, Qwen2 biases,
+    Gemma 3 (sliding window of 5, so the 24-token tests cross its edge)."""
     t = tiny_config
     return {
         "gqa": t(),
@@ -74,6 +75,7 @@ def config_variants() -> dict[str, LlamaConfig]:
         ),
         "qwen2": dataclasses.replace(t(), model_type="qwen2", qkv_bias=True),
         "wide_head": t(head_dim=16, num_attention_heads=2, num_key_value_heads=1),
+        "gemma3": tiny_gemma3_config(),
     }
 
 

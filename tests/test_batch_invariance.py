@@ -175,6 +175,28 @@ def test_attention_over_the_whole_cache_reads_the_slices_in_place():
 
 
 @needs_kernel
+def test_a_sliding_window_sees_the_last_window_positions_in_the_same_bits_at_any_width():
+    """With a window W (Gemma 3's local layers), a query at p attends over p-W+1..p: the
+    kernel equals the einsum form over that mask (to float32 rounding), a position's output is
+    the same bits alone or in a wider block and bucket, and it differs from no window once p
+    reaches W (so the window is applied, not ignored)."""
+    rng = np.random.default_rng(9)
+    L, N, Smax, S, W = 2, 3, 40, 32, 6
+    cache = [jnp.asarray(rng.standard_normal((L, N, Smax, 1, 16)), jnp.float32) for _ in "kv"]
+    q = jnp.asarray(rng.standard_normal((2, 4, 1, 4, 16)), jnp.float32)
+    rows, pos = jnp.asarray([2, 0], jnp.int32), jnp.asarray([[0, 3, 5, 6], [7, 19, 30, 31]])
+    got = np.asarray(attention_kernel.cache_attention(q, *cache, 1, rows, pos, S, W))
+    k, v = (c[1, rows, :S] for c in cache)
+    want = attention_kernel.einsum_attention(q, k, v, attention_kernel.visible(S, pos, W))
+    np.testing.assert_allclose(got, np.asarray(want), atol=2e-6)
+    alone = attention_kernel.cache_attention(q[:1, 2:3], *cache, 1, rows[:1], pos[:1, 2:3], 8, W)
+    np.testing.assert_array_equal(np.asarray(alone)[0, 0], got[0, 2])
+    full = np.asarray(attention_kernel.cache_attention(q, *cache, 1, rows, pos, S))
+    np.testing.assert_array_equal(full[0, :2], got[0, :2])  # p < W: the window is everything
+    assert not np.allclose(full[1], got[1])
+
+
+@needs_kernel
 def test_attention_over_a_bfloat16_cache_reads_it_in_place():
     """A bfloat16 cache is read where it lies, as float32: the same bits as the float32 kernel
     over the cache converted first, on every ISA; no copy or conversion of the cache under

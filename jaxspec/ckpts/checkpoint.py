@@ -57,6 +57,12 @@ def hf_name(flax_path: tuple[str, ...]) -> tuple[str, bool]:
     return f"model.layers.{idx}.{'.'.join(rest)}.{hf_leaf}", leaf == "kernel"
 
 
+def _norm_offset(config: LlamaConfig, name: str) -> float:
+    """What an HF tensor `name` lacks of the multiplier jaxspec holds: Gemma stores a norm
+    weight w for the multiplier 1 + w."""
+    return 1.0 if config.is_gemma and name.endswith("norm.weight") else 0.0
+
+
 def _resolve(path: PathLike) -> pathlib.Path:
     """The checkpoint directory or GGUF file `path` names (a fetchable model is pulled)."""
     p = pathlib.Path(path)
@@ -197,6 +203,8 @@ def params_from_hf(
             raise CheckpointError(
                 f"{where}: tensor {name!r} has shape {tuple(arr.shape)}, config implies {hf_shape}"
             )
+        if _norm_offset(config, name):  # in float32, as HF's Gemma norm adds it
+            return jnp.asarray(jnp.asarray(arr, jnp.float32) + _norm_offset(config, name), dtype)
         return jnp.asarray(arr.T if transpose else arr, dtype)
 
     params = jax.tree_util.tree_map_with_path(take, expected)
@@ -317,6 +325,8 @@ def save(model: Model, path: PathLike, *, dtype: Any = None) -> pathlib.Path:
     def put(path: tuple[Any, ...], leaf: jax.Array) -> None:
         name, transpose = hf_name(tuple(p.key for p in path))
         arr = jnp.asarray(leaf.T if transpose else leaf)
+        if _norm_offset(model.config, name):
+            arr = (arr.astype(jnp.float32) - _norm_offset(model.config, name)).astype(leaf.dtype)
         if dtype is not None:
             arr = arr.astype(dtype)
         tensors[name] = arr

@@ -14,8 +14,12 @@ dequantized to float32 by its `gguf.quants`; this module only maps names and met
     blk.N.{attn,ffn}_norm       ...{input,post_attention}_layernorm.weight
 
 llama.cpp's converter permutes the rows of Q and K so that its RoPE rotates adjacent pairs
-(x0, x1) where HF rotates halves (x_i, x_{i+d/2}); `_unpermute` is the inverse. The config
-comes from the `llama.*` metadata, the tokenizer (with its chat template) from the
+(x0, x1) where HF rotates halves (x_i, x_{i+d/2}); `_unpermute` is the inverse. A `gemma3`
+file is read too: its Q and K are not permuted (llama.cpp rotates Gemma's halves), it adds
+`attn_{q,k}_norm`, `post_attention_norm` and `post_ffw_norm`, its `ffn_norm` is HF's
+`pre_feedforward_layernorm`, and its norm weights hold 1 + w where HF's hold w (so 1 is
+taken off here, as transformers does). The config comes from the `llama.*` (`gemma3.*`)
+metadata, the tokenizer (with its chat template) from the
 `tokenizer.*` metadata through transformers' GGUF tokenizer builder (no torch needed).
 """
 
@@ -28,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxspec.nn.config import CheckpointError, LlamaConfig
+from jaxspec.nn.config import CheckpointError, LlamaConfig, gemma3_layer_types
 
 PathLike = str | os.PathLike[str]
 
@@ -62,6 +66,14 @@ _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+_GEMMA3_LAYER_NAMES = _LAYER_NAMES | {
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+ARCHITECTURES = ("llama", "gemma3")
 _TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output.weight": "lm_head.weight",
@@ -107,45 +119,64 @@ def gguf_field(reader: Any, key: str, default: Any = None) -> Any:
 
 
 def gguf_config(reader: Any, where: str = "") -> LlamaConfig:
-    """The `LlamaConfig` of a GGUF file's `llama.*` metadata."""
+    """The `LlamaConfig` of a GGUF file's `llama.*` (or `gemma3.*`) metadata."""
     arch = gguf_field(reader, "general.architecture")
-    if arch != "llama":
+    if arch not in ARCHITECTURES:
         raise CheckpointError(
-            f"{where}: GGUF architecture {arch!r} is not supported; jaxspec reads 'llama'"
+            f"{where}: GGUF architecture {arch!r} is not supported; jaxspec reads "
+            f"{', '.join(map(repr, ARCHITECTURES))}"
         )
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise CheckpointError(f"{where}: per-frequency RoPE factors (rope_freqs) not supported")
-    scaling = gguf_field(reader, "llama.rope.scaling.type", "none")
+    scaling = gguf_field(reader, f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", None):
         raise CheckpointError(f"{where}: RoPE scaling {scaling!r} in a GGUF is not supported")
 
     def need(key: str) -> Any:
-        v = gguf_field(reader, f"llama.{key}")
+        v = gguf_field(reader, f"{arch}.{key}")
         if v is None:
-            raise CheckpointError(f"{where}: GGUF metadata lacks llama.{key}")
+            raise CheckpointError(f"{where}: GGUF metadata lacks {arch}.{key}")
         return v
+
+    def opt(key: str, default: Any) -> Any:
+        return gguf_field(reader, f"{arch}.{key}", default)
 
     hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = gguf_field(reader, "llama.vocab_size") or (len(tokens.data) if tokens else None)
+    vocab = opt("vocab_size", None) or (len(tokens.data) if tokens else None)
     if vocab is None:
         raise CheckpointError(f"{where}: GGUF metadata gives no vocabulary size")
     eos = gguf_field(reader, "tokenizer.ggml.eos_token_id")
+    n_layers = int(need("block_count"))
+    head_dim = int(opt("attention.key_length", hidden // heads))
+    gemma: dict[str, Any] = {}
+    if arch == "gemma3":  # llama.cpp's fixed Gemma 3 choices: 5 local layers to 1 global,
+        gemma = dict(  # the local RoPE base 10000, scores over sqrt(head_dim)
+            model_type="gemma3_text",
+            hidden_act="gelu_pytorch_tanh",
+            qk_norm=True,
+            sandwich_norms=True,
+            embed_scale=True,
+            query_pre_attn_scalar=head_dim,
+            sliding_window=int(need("attention.sliding_window")),
+            layer_types=gemma3_layer_types(n_layers),
+            rope_local_theta=10000.0,
+        )
     return LlamaConfig(
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(need("feed_forward_length")),
-        num_hidden_layers=int(need("block_count")),
+        num_hidden_layers=n_layers,
         num_attention_heads=heads,
-        num_key_value_heads=int(gguf_field(reader, "llama.attention.head_count_kv", heads)),
-        head_dim=int(gguf_field(reader, "llama.attention.key_length", hidden // heads)),
-        rms_norm_eps=float(gguf_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(gguf_field(reader, "llama.rope.freq_base", 10000.0)),
-        max_position_embeddings=int(gguf_field(reader, "llama.context_length", 2048)),
+        num_key_value_heads=int(opt("attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(opt("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(opt("rope.freq_base", 10000.0)),
+        max_position_embeddings=int(opt("context_length", 2048)),
         tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
-        model_type="llama",
         bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (int(eos),),
+        **({"model_type": "llama"} | gemma),
     )
 
 
@@ -174,16 +205,21 @@ def gguf_tensors(
     """Every tensor of the file, dequantized to float32, under its HF name and layout.
     `progress("convert", done, total)` is called after each tensor when given."""
     out: dict[str, np.ndarray] = {}
+    layer_names = _GEMMA3_LAYER_NAMES if config.is_gemma else _LAYER_NAMES
     for i, t in enumerate(reader.tensors):
         m = _BLOCK.match(t.name)
         if t.name in _TOP_NAMES:
             name = _TOP_NAMES[t.name]
-        elif m and m.group(2) in _LAYER_NAMES:
-            name = f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
+        elif m and m.group(2) in layer_names:
+            name = f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.weight"
         else:
-            raise CheckpointError(f"{where}: GGUF tensor {t.name!r} has no place in a Llama")
+            raise CheckpointError(
+                f"{where}: GGUF tensor {t.name!r} has no place in a {config.model_type} model"
+            )
         w = _dequantize(t, where)
-        if m and m.group(2) == "attn_q":
+        if config.is_gemma:
+            w = w - 1.0 if name.endswith("norm.weight") else w
+        elif m and m.group(2) == "attn_q":
             w = _unpermute(w, config.num_attention_heads)
         elif m and m.group(2) == "attn_k":
             w = _unpermute(w, config.num_key_value_heads)

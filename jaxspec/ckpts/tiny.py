@@ -14,7 +14,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxspec.nn.config import LlamaConfig
+from jaxspec.nn.config import FULL, SLIDING, LlamaConfig
 from jaxspec.nn.model import Model, init_params
 
 BOS, EOS = "<s>", "</s>"
@@ -33,6 +33,35 @@ def tiny_config(**overrides: Any) -> LlamaConfig:
         rms_norm_eps=1e-6,
         max_position_embeddings=512,
         rope_theta=10000.0,
+    )
+    base.update(overrides)
+    return LlamaConfig(**base)
+
+
+def tiny_gemma3_config(**overrides: Any) -> LlamaConfig:
+    """A 3-layer Gemma 3 config (local, global, local; a window of 5 positions, one KV head,
+    scores over sqrt(12) where head_dim is 8): every Gemma switch on, compiled in seconds."""
+    base = dict(
+        model_type="gemma3_text",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=8,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=512,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=True,
+        hidden_act="gelu_pytorch_tanh",
+        qk_norm=True,
+        sandwich_norms=True,
+        embed_scale=True,
+        query_pre_attn_scalar=12,
+        sliding_window=5,
+        layer_types=(SLIDING, FULL, SLIDING),
+        rope_local_theta=10000.0,
     )
     base.update(overrides)
     return LlamaConfig(**base)

@@ -74,8 +74,16 @@ def _kernel(q, k, v, pos):
     return call(q, k, v, pos)
 
 
-def _visible(k, pos):
-    return jnp.arange(k.shape[1])[None, None, :] <= pos[:, :, None]
+def visible(S: int, pos_BT: jax.Array, window: int | None = None) -> Bool[Array, "B T S"]:
+    """Which of S cache indices each query sees: those up to its position, and with a sliding
+    `window` only the last `window` of them (HF's and llama.cpp's rule: p - window < s <= p)."""
+    s = jnp.arange(S)[None, None, :]
+    seen = s <= pos_BT[:, :, None]
+    return seen if window is None else seen & (s > pos_BT[:, :, None] - window)
+
+
+def _visible(k, pos, window=None):
+    return visible(k.shape[1], pos, window)
 
 
 @jax.custom_jvp
@@ -102,11 +110,13 @@ def cache_attention(
     rows_B: jax.Array,
     positions_BT: jax.Array,
     S: int,
+    window: int | None = None,
 ) -> Float[Array, "B T K G D"]:
     """`attention` over `k_all[layer, rows, :S]` read in place from the whole cache, float32
     or bfloat16 (a slice or gather of it, or a float32 copy of a bfloat16 one, would be copied
-    for the call). `layer`, `S` static; the same bits as `attention` on the slices converted
-    to float32. Gradients: `einsum_attention`'s on the slices."""
+    for the call). `layer`, `S`, `window` (a sliding window: see `visible`) static; the same
+    bits as `attention` on the slices converted to float32. Gradients: `einsum_attention`'s
+    on the slices."""
     if not kernels.available():
         raise RuntimeError(kernels.status())
     if k_all_LNSKD.dtype != v_all_LNSKD.dtype or k_all_LNSKD.dtype not in CACHE_DTYPES:
@@ -117,29 +127,31 @@ def cache_attention(
     return _cache_attention(
         q_BTKGD.astype(jnp.float32), k_all_LNSKD, v_all_LNSKD,
         jnp.asarray(rows_B, jnp.int32), jnp.asarray(positions_BT, jnp.int32), layer, S,
+        window or 0,
     )  # fmt: skip
 
 
-def _cache_kernel(q, k_all, v_all, rows, pos, layer, S):
+def _cache_kernel(q, k_all, v_all, rows, pos, layer, S, window):
     call = jax.ffi.ffi_call(
         CACHE_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32), vmap_method="sequential"
     )
-    return call(q, k_all, v_all, rows, pos, layer=np.int64(layer), S=np.int64(S))
+    attrs = {"layer": np.int64(layer), "S": np.int64(S), "window": np.int64(window)}
+    return call(q, k_all, v_all, rows, pos, **attrs)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6))
-def _cache_attention(q, k_all, v_all, rows, pos, layer, S):
-    return _cache_kernel(q, k_all, v_all, rows, pos, layer, S)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6, 7))
+def _cache_attention(q, k_all, v_all, rows, pos, layer, S, window):
+    return _cache_kernel(q, k_all, v_all, rows, pos, layer, S, window)
 
 
 @_cache_attention.defjvp
-def _cache_attention_jvp(layer, S, primals, tangents):
+def _cache_attention_jvp(layer, S, window, primals, tangents):
     q, k_all, v_all, rows, pos = primals
     dq, dk, dv, _, _ = tangents
 
     def sliced(q, k_all, v_all):
         k, v = k_all[layer, rows, :S], v_all[layer, rows, :S]
-        return einsum_attention(q, k, v, _visible(k, pos))
+        return einsum_attention(q, k, v, _visible(k, pos, window or None))
 
     _, tangent = jax.jvp(sliced, (q, k_all, v_all), (dq, dk, dv))
-    return _cache_kernel(q, k_all, v_all, rows, pos, layer, S), tangent
+    return _cache_kernel(q, k_all, v_all, rows, pos, layer, S, window), tangent

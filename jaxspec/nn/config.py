@@ -10,7 +10,8 @@ import dataclasses
 import math
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "gemma3_text")
+FULL, SLIDING = "full_attention", "sliding_attention"  # HF `layer_types`
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -31,7 +32,14 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LlamaConfig:
-    """A Llama-family decoder: Llama 1–3, Mistral (no sliding window), Qwen2 (q/k/v bias)."""
+    """A decoder of the Llama family: Llama 1–3, Mistral (no sliding window), Qwen2 (q/k/v
+    bias), and Gemma 3's text decoder (`model_type` "gemma3_text"), which is the same block with
+    five switches on: GeGLU, RMS norms on queries and keys, norms after attention and the MLP
+    as well as before, embeddings scaled by sqrt(hidden), and local layers that attend over a
+    sliding window with their own RoPE base.
+
+    Norm weights are held as the multiplier itself: Gemma's checkpoints store `w` for a
+    multiplier `1 + w` (`jaxspec.ckpts.checkpoint` adds and removes the 1)."""
 
     vocab_size: int
     hidden_size: int
@@ -51,6 +59,14 @@ class LlamaConfig:
     model_type: str = "llama"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    hidden_act: str = "silu"  # "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU, Gemma)
+    qk_norm: bool = False  # RMS norm over each query and key head before RoPE (Gemma 3)
+    sandwich_norms: bool = False  # norms after attention and MLP too (Gemma 2/3)
+    embed_scale: bool = False  # embeddings times sqrt(hidden_size) (Gemma)
+    query_pre_attn_scalar: int | None = None  # scores / sqrt(this); None: head_dim
+    sliding_window: int | None = None  # a local layer's query at p sees p-W+1..p
+    layer_types: tuple[str, ...] = ()  # per layer FULL or SLIDING; () means all FULL
+    rope_local_theta: float = 10000.0  # RoPE base of the SLIDING layers (no scaling)
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -58,6 +74,35 @@ class LlamaConfig:
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise CheckpointError(
+                f"unsupported hidden_act {self.hidden_act!r}; jaxspec supports {HIDDEN_ACTS}"
+            )
+        if self.layer_types and len(self.layer_types) != self.num_hidden_layers:
+            raise CheckpointError(
+                f"layer_types has {len(self.layer_types)} entries for "
+                f"{self.num_hidden_layers} layers"
+            )
+        if set(self.layer_types) - {FULL, SLIDING}:
+            raise CheckpointError(f"layer_types must be {FULL!r} or {SLIDING!r}")
+        if SLIDING in self.layer_types and not self.sliding_window:
+            raise CheckpointError("sliding_attention layers need a sliding_window")
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of layer `layer`, None for a layer that sees every position."""
+        if self.layer_types and self.layer_types[layer] == SLIDING:
+            return self.sliding_window
+        return None
+
+    @property
+    def is_gemma(self) -> bool:
+        return self.model_type == "gemma3_text"
+
+    @property
+    def prompt_starts_with_bos(self) -> bool:
+        """Whether a prompt must begin with the BOS token: Gemma's (its tokenizers add it, HF's
+        `add_bos_token` and the GGUF's; without it its text degenerates at once)."""
+        return self.is_gemma and self.bos_token_id is not None
 
     @property
     def num_params(self) -> int:
@@ -65,9 +110,9 @@ class LlamaConfig:
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         nq, nkv = self.num_attention_heads, self.num_key_value_heads
         attn = h * d * (nq + 2 * nkv) + nq * d * h
-        attn += (nq + 2 * nkv) * d * self.qkv_bias + h * self.o_bias
+        attn += (nq + 2 * nkv) * d * self.qkv_bias + h * self.o_bias + 2 * d * self.qk_norm
         mlp = 3 * h * i + (2 * i + h) * self.mlp_bias
-        per_layer = attn + mlp + 2 * h
+        per_layer = attn + mlp + (4 if self.sandwich_norms else 2) * h
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_hidden_layers * per_layer + emb + h
 
@@ -79,6 +124,8 @@ class LlamaConfig:
             raise CheckpointError(
                 f"unsupported model_type {model_type!r}; jaxspec supports {SUPPORTED_MODEL_TYPES}"
             )
+        if model_type == "gemma3_text":
+            return _gemma3_from_hf(cfg)
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
             raise CheckpointError(f"unsupported hidden_act {act!r}; only 'silu' (SwiGLU)")
@@ -95,8 +142,6 @@ class LlamaConfig:
                 qkv_bias, o_bias = True, False
             else:
                 qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
-            eos = cfg.get("eos_token_id")
-            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
             return cls(
                 vocab_size=int(cfg["vocab_size"]),
                 hidden_size=hidden,
@@ -115,13 +160,15 @@ class LlamaConfig:
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
                 model_type=model_type,
                 bos_token_id=cfg.get("bos_token_id"),
-                eos_token_ids=tuple(int(e) for e in eos_ids),
+                eos_token_ids=_eos_ids(cfg),
             )
         except KeyError as e:
             raise CheckpointError(f"config.json lacks required field {e.args[0]!r}") from None
 
     def to_hf(self) -> dict[str, Any]:
         """The HF `config.json` dict (transformers 5.x layout) for this config."""
+        if self.is_gemma:
+            return _gemma3_to_hf(self)
         rope: dict[str, Any] = {"rope_type": self.rope_scaling.rope_type}
         rope["rope_theta"] = self.rope_theta
         if self.rope_scaling.rope_type != "default":
@@ -165,6 +212,107 @@ class LlamaConfig:
         return out
 
 
+HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")
+
+
+def _eos_ids(cfg: dict[str, Any]) -> tuple[int, ...]:
+    eos = cfg.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+    return tuple(int(e) for e in eos_ids)
+
+
+def gemma3_layer_types(n_layers: int, pattern: int = 6) -> tuple[str, ...]:
+    """Gemma 3's layout: every `pattern`-th layer global, the others local."""
+    return tuple(FULL if (i + 1) % pattern == 0 else SLIDING for i in range(n_layers))
+
+
+def _gemma3_from_hf(cfg: dict[str, Any]) -> LlamaConfig:
+    """A Gemma 3 text config (transformers 4.5x and 5.x layouts)."""
+    for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(cap) is not None:
+            raise CheckpointError(f"Gemma {cap} is not supported")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    n_layers = int(cfg["num_hidden_layers"])
+    types = tuple(cfg.get("layer_types") or ())
+    if not types:
+        types = gemma3_layer_types(n_layers, int(cfg.get("sliding_window_pattern", 6)))
+    params = cfg.get("rope_parameters") or {}
+    if FULL in params:  # 5.x: one rope dict per layer type
+        full = dict(params[FULL])
+        local_theta = float(params.get(SLIDING, {}).get("rope_theta", 10000.0))
+    else:
+        full = dict(params) or {"rope_theta": cfg.get("rope_theta", 1_000_000.0)}
+        if cfg.get("rope_scaling"):
+            full |= cfg["rope_scaling"]
+        local_theta = float(cfg.get("rope_local_base_freq", 10000.0))
+    theta, scaling = _rope_from_hf({"rope_parameters": full})
+    try:
+        n_heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+        return LlamaConfig(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_hidden_layers=n_layers,
+            num_attention_heads=n_heads,
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or n_heads),
+            head_dim=int(cfg.get("head_dim") or 256),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            qkv_bias=bool(cfg.get("attention_bias", False)),
+            o_bias=bool(cfg.get("attention_bias", False)),
+            model_type="gemma3_text",
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=_eos_ids(cfg),
+            hidden_act=act,
+            qk_norm=True,
+            sandwich_norms=True,
+            embed_scale=True,
+            query_pre_attn_scalar=int(cfg.get("query_pre_attn_scalar") or 256),
+            sliding_window=int(cfg["sliding_window"]) if cfg.get("sliding_window") else None,
+            layer_types=types,
+            rope_local_theta=local_theta,
+        )
+    except KeyError as e:
+        raise CheckpointError(f"config.json lacks required field {e.args[0]!r}") from None
+
+
+def _gemma3_to_hf(c: LlamaConfig) -> dict[str, Any]:
+    full: dict[str, Any] = {"rope_type": c.rope_scaling.rope_type, "rope_theta": c.rope_theta}
+    if c.rope_scaling.rope_type != "default":
+        full["factor"] = c.rope_scaling.factor
+    eos: Any = list(c.eos_token_ids) if len(c.eos_token_ids) != 1 else c.eos_token_ids[0]
+    return {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "hidden_activation": c.hidden_act,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_parameters": {
+            FULL: full,
+            SLIDING: {"rope_type": "default", "rope_theta": c.rope_local_theta},
+        },
+        "max_position_embeddings": c.max_position_embeddings,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "attention_bias": c.qkv_bias,
+        "query_pre_attn_scalar": c.query_pre_attn_scalar or c.head_dim,
+        "sliding_window": c.sliding_window,
+        "layer_types": list(c.layer_types or [FULL] * c.num_hidden_layers),
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": eos if c.eos_token_ids else None,
+    }
+
+
 def _rope_from_hf(cfg: dict[str, Any]) -> tuple[float, RopeScaling]:
     """RoPE base and scaling from `rope_parameters` (5.x) or `rope_theta`/`rope_scaling` (4.x)."""
     params = cfg.get("rope_parameters") or {}
@@ -187,10 +335,14 @@ def _rope_from_hf(cfg: dict[str, Any]) -> tuple[float, RopeScaling]:
     )
 
 
-def rope_inv_freq(config: LlamaConfig) -> list[float]:
-    """Per-pair inverse frequencies `[head_dim // 2]`, scaled as HF does for each rope type."""
+def rope_inv_freq(config: LlamaConfig, local: bool = False) -> list[float]:
+    """Per-pair inverse frequencies `[head_dim // 2]`, scaled as HF does for each rope type
+    (`local`: a sliding-window layer's, its own base and no scaling)."""
     d = config.head_dim
-    inv = [1.0 / config.rope_theta ** (i / d) for i in range(0, d, 2)]
+    theta = config.rope_local_theta if local else config.rope_theta
+    inv = [1.0 / theta ** (i / d) for i in range(0, d, 2)]
+    if local:
+        return inv
     s = config.rope_scaling
     if s.rope_type == "linear":
         return [f / s.factor for f in inv]

@@ -20,6 +20,11 @@ layer (q/k/v/o, MLP, untied lm_head) with `nn.Dense`'s signature and `embed_cls`
 token embedding with `nn.Embed`'s (`__call__` and `attend`); both must be hashable, since
 they are part of the static module. `jaxspec.quantize` uses them so that a served model
 holds packed integer weights and no float kernel.
+
+Gemma 3's switches (`LlamaConfig.is_gemma`) change the block, not the cache: a local layer
+writes every position like a global one, and its queries only look back `sliding_window`
+positions (a lower bound on the visible indices, in the kernel and in the einsum form), so
+rollback and the verifier's slot pool work unchanged; the window costs no memory saving.
 """
 
 from __future__ import annotations
@@ -38,6 +43,11 @@ from jaxtyping import Array, Bool, Float, Int
 from jaxspec.kernels import attention as attention_kernel
 from jaxspec.kernels import dense as dense_kernel
 from jaxspec.nn.config import LlamaConfig, rope_inv_freq
+
+ACTIVATIONS = {
+    "silu": nn.silu,
+    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
+}
 
 Params = Any
 
@@ -131,6 +141,7 @@ class Attention(nn.Module):
     dot_general_cls: Any = None
     dense_cls: Any = None
     kernels: bool = True  # the CPU kernels where enabled (`jaxspec.kernels`)
+    window: int | None = None  # sliding window (local layers), None: every earlier position
 
     @nn.compact
     def __call__(
@@ -160,7 +171,13 @@ class Attention(nn.Module):
         q = dense(nq * d, use_bias=c.qkv_bias, name="q_proj")(x_BTE).reshape(B, T, nq, d)
         k = dense(nkv * d, use_bias=c.qkv_bias, name="k_proj")(x_BTE).reshape(B, T, nkv, d)
         v = dense(nkv * d, use_bias=c.qkv_bias, name="v_proj")(x_BTE).reshape(B, T, nkv, d)
+        if c.qk_norm:
+            q = RMSNorm(c.rms_norm_eps, self.dtype, name="q_norm")(q)
+            k = RMSNorm(c.rms_norm_eps, self.dtype, name="k_norm")(k)
         q, k = _rope(q, cos_BTD, sin_BTD), _rope(k, cos_BTD, sin_BTD)
+        if c.query_pre_attn_scalar and c.query_pre_attn_scalar != d:
+            # the kernels divide scores by sqrt(d); the model wants sqrt(query_pre_attn_scalar)
+            q = q * np.float32(np.sqrt(d / c.query_pre_attn_scalar)).astype(self.dtype)
 
         rows_B = jnp.arange(B) if slots_B is None else slots_B
         k_all_LNSKD = k_all_LNSKD.at[layer, rows_B[:, None], write_BT].set(
@@ -177,23 +194,23 @@ class Attention(nn.Module):
         return out, k_all_LNSKD, v_all_LNSKD
 
     def _attend(self, q_BTKGD, k_all_LNSKD, v_all_LNSKD, layer, rows_B, slots_B, pos_BT, S):
-        """Attention over the first S positions of each row's slot: on the batch-invariant
-        kernel where enabled (reading a float32 or bfloat16 cache in place), else XLA's einsum
-        form."""
+        """Attention over the first S positions of each row's slot (the last `window` up to
+        each query's position in a local layer): on the batch-invariant kernel where enabled
+        (reading a float32 or bfloat16 cache in place), else XLA's einsum form."""
         kernel = self.kernels and dense_kernel.enabled()
         if kernel and k_all_LNSKD.dtype in attention_kernel.CACHE_DTYPES:
             out = attention_kernel.cache_attention(
-                q_BTKGD, k_all_LNSKD, v_all_LNSKD, layer, rows_B, pos_BT, S
+                q_BTKGD, k_all_LNSKD, v_all_LNSKD, layer, rows_B, pos_BT, S, self.window
             )
             return out.astype(self.dtype)
         if slots_B is None:
             keys_BSKD, vals_BSKD = k_all_LNSKD[layer, :, :S], v_all_LNSKD[layer, :, :S]
         else:
             keys_BSKD, vals_BSKD = k_all_LNSKD[layer, slots_B, :S], v_all_LNSKD[layer, slots_B, :S]
-        if kernel:
+        if kernel and self.window is None:
             out = attention_kernel.attention(q_BTKGD, keys_BSKD, vals_BSKD, pos_BT)
             return out.astype(self.dtype)
-        visible_BTS = jnp.arange(S)[None, None, :] <= pos_BT[:, :, None]
+        visible_BTS = attention_kernel.visible(S, pos_BT, self.window)
         return attention_kernel.einsum_attention(
             q_BTKGD, keys_BSKD, vals_BSKD, visible_BTS, self.dtype
         )
@@ -217,7 +234,7 @@ class MLP(nn.Module):
         )
         gate = dense(c.intermediate_size, name="gate_proj")(x)
         up = dense(c.intermediate_size, name="up_proj")(x)
-        return dense(c.hidden_size, name="down_proj")(nn.silu(gate) * up)
+        return dense(c.hidden_size, name="down_proj")(ACTIVATIONS[c.hidden_act](gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -229,16 +246,23 @@ class DecoderLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x, cos, sin, positions, write, k_cache, v_cache, layer, slots, kv_len):
+        """Llama: x + attn(norm(x)), then + mlp(norm(.)); with `sandwich_norms` (Gemma) each
+        branch's output is normed too, and HF's `post_attention_layernorm` is that norm (the
+        MLP's input norm is `pre_feedforward_layernorm`)."""
         c = self.config
-        h = RMSNorm(c.rms_norm_eps, self.dtype, name="input_layernorm")(x)
+        norm = functools.partial(RMSNorm, c.rms_norm_eps, self.dtype)
+        h = norm(name="input_layernorm")(x)
         h, k_cache, v_cache = Attention(
-            c, self.dtype, self.dot_general_cls, self.dense_cls, self.kernels, name="self_attn"
-        )(h, cos, sin, positions, write, k_cache, v_cache, layer, slots, kv_len)
-        x = x + h
-        h = RMSNorm(c.rms_norm_eps, self.dtype, name="post_attention_layernorm")(x)
+            c, self.dtype, self.dot_general_cls, self.dense_cls, self.kernels, c.window(layer),
+            name="self_attn",
+        )(h, cos, sin, positions, write, k_cache, v_cache, layer, slots, kv_len)  # fmt: skip
         mlp = MLP(c, self.dtype, self.dot_general_cls, self.dense_cls, self.kernels, name="mlp")
-        x = x + mlp(h)
-        return x, k_cache, v_cache
+        if not c.sandwich_norms:
+            x = x + h
+            return x + mlp(norm(name="post_attention_layernorm")(x)), k_cache, v_cache
+        x = x + norm(name="post_attention_layernorm")(h)
+        h = mlp(norm(name="pre_feedforward_layernorm")(x))
+        return x + norm(name="post_feedforward_layernorm")(h), k_cache, v_cache
 
 
 class Llama(nn.Module):
@@ -270,12 +294,13 @@ class Llama(nn.Module):
         embed_cls = self.embed_cls or nn.Embed
         embed = embed_cls(c.vocab_size, c.hidden_size, dtype=self.dtype, name="embed_tokens")
         x = embed(tokens_BT)
+        if c.embed_scale:  # HF: sqrt(hidden) rounded to the weights' dtype
+            x = x * jnp.asarray(np.float32(np.sqrt(c.hidden_size))).astype(self.dtype)
 
         acc = _acc(self.dtype)
-        inv_freq = np.asarray(rope_inv_freq(c), np.float32).astype(acc)  # HF: float32 freqs
-        angles_BTd = positions_BT.astype(acc)[..., None] * inv_freq[None, None, :]
-        angles_BTD = jnp.concatenate([angles_BTd, angles_BTd], axis=-1)
-        cos, sin = jnp.cos(angles_BTD).astype(self.dtype), jnp.sin(angles_BTD).astype(self.dtype)
+        rope = {False: self._rope_table(positions_BT, acc, local=False)}
+        if any(c.window(i) for i in range(c.num_hidden_layers)):
+            rope[True] = self._rope_table(positions_BT, acc, local=True)
 
         S = cache.max_len
         write_BT = jnp.where(valid_BT, positions_BT, S)  # out of range -> scatter drops it
@@ -285,6 +310,7 @@ class Llama(nn.Module):
                 c, self.dtype, self.dot_general_cls, self.dense_cls, self.kernels,
                 name=f"layers_{i}",
             )  # fmt: skip
+            cos, sin = rope[c.window(i) is not None]
             x, k_all, v_all = layer(
                 x, cos, sin, positions_BT, write_BT, k_all, v_all, i, slots_B, kv_len
             )
@@ -312,6 +338,13 @@ class Llama(nn.Module):
         lengths = cache.lengths.at[rows].max(written.astype(jnp.int32))
         new_cache = KVCache(k=k_all, v=v_all, lengths=lengths)
         return logits.astype(acc), new_cache
+
+    def _rope_table(self, positions_BT: jax.Array, acc: Any, local: bool) -> tuple[Any, Any]:
+        """cos, sin `[B, T, D]` of every position (a local layer's base when `local`)."""
+        inv_freq = np.asarray(rope_inv_freq(self.config, local), np.float32).astype(acc)
+        angles_BTd = positions_BT.astype(acc)[..., None] * inv_freq[None, None, :]  # HF: f32
+        angles_BTD = jnp.concatenate([angles_BTd, angles_BTd], axis=-1)
+        return jnp.cos(angles_BTD).astype(self.dtype), jnp.sin(angles_BTD).astype(self.dtype)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -398,15 +431,20 @@ def param_shapes(config: LlamaConfig) -> Params:
         return {"kernel": arr(n_in, n_out), **({"bias": arr(n_out)} if bias else {})}
 
     def layer() -> dict[str, Any]:
+        attn = {
+            "q_proj": dense(H, q, c.qkv_bias),
+            "k_proj": dense(H, kv, c.qkv_bias),
+            "v_proj": dense(H, kv, c.qkv_bias),
+            "o_proj": dense(q, H, c.o_bias),
+        }
+        if c.qk_norm:
+            attn |= {"q_norm": {"scale": arr(c.head_dim)}, "k_norm": {"scale": arr(c.head_dim)}}
+        sandwich = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
         return {
             "input_layernorm": {"scale": arr(H)},
-            "self_attn": {
-                "q_proj": dense(H, q, c.qkv_bias),
-                "k_proj": dense(H, kv, c.qkv_bias),
-                "v_proj": dense(H, kv, c.qkv_bias),
-                "o_proj": dense(q, H, c.o_bias),
-            },
+            "self_attn": attn,
             "post_attention_layernorm": {"scale": arr(H)},
+            **({n: {"scale": arr(H)} for n in sandwich} if c.sandwich_norms else {}),
             "mlp": {
                 "gate_proj": dense(H, F, c.mlp_bias),
                 "up_proj": dense(H, F, c.mlp_bias),

@@ -9,7 +9,8 @@ from jaxspec.nn.model import Model
 
 
 def encode_prompt(model: Model, text: str) -> tuple[int, ...]:
-    """Token ids of `text` as a prompt (no special tokens added).
+    """Token ids of `text` as a prompt (no special tokens added, but BOS first for a model that
+    needs it: `LlamaConfig.prompt_starts_with_bos`, Gemma).
 
     A checkpoint without a tokenizer takes whitespace-separated ids ("1 2 3"). An empty
     encoding becomes `(bos,)` where the model has a BOS token, so there is always a context.
@@ -19,6 +20,8 @@ def encode_prompt(model: Model, text: str) -> tuple[int, ...]:
         return tuple(int(t) for t in text.split())
     ids = tok.encode(text, add_special_tokens=False)
     bos = model.config.bos_token_id
+    if model.config.prompt_starts_with_bos and ids[:1] != [bos]:
+        ids = [bos, *ids]
     return tuple(ids) if ids else ((bos,) if bos is not None else ())
 
 

@@ -130,6 +130,7 @@ struct Attn {
   float* out;              // [B, T, H, G, D]
   int64_t B, T, H, G, D, S, Sc, row0;
   float scale;
+  int64_t window = 0;  // > 0: a query at pos sees only pos - window + 1 .. pos (sliding window)
   int64_t KeyAt(int64_t b, int64_t s, int64_t h) const {  // index of (b, s, h, 0) in k and v
     const int64_t row = row0 + (rows != nullptr ? rows[b] : b);
     return ((row * Sc + s) * H + h) * D;

@@ -308,7 +308,8 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buf
 ffi::Error AttentionCacheImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
                               ffi::AnyBuffer k, ffi::AnyBuffer v,
                               ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::S32> pos,
-                              ffi::ResultBuffer<ffi::F32> out, int64_t layer, int64_t S) {
+                              ffi::ResultBuffer<ffi::F32> out, int64_t layer, int64_t S,
+                              int64_t window) {
   auto qd = q.dimensions();
   auto kd = k.dimensions();
   auto vd = v.dimensions();
@@ -323,8 +324,8 @@ ffi::Error AttentionCacheImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
     return ffi::Error::InvalidArgument("attention: shapes disagree");
   for (size_t i = 0; i < 5; ++i)
     if (vd.size() != 5 || vd[i] != kd[i]) return ffi::Error::InvalidArgument("attention: v must match k");
-  if (layer < 0 || layer >= L || S < 1 || S > Smax)
-    return ffi::Error::InvalidArgument("attention: layer or S out of range");
+  if (layer < 0 || layer >= L || S < 1 || S > Smax || window < 0)
+    return ffi::Error::InvalidArgument("attention: layer, S or window out of range");
   const ffi::DataType kt = k.element_type();
   if ((kt != ffi::DataType::F32 && kt != ffi::DataType::BF16) || v.element_type() != kt)
     return ffi::Error::InvalidArgument("attention: k and v must both be float32 or bfloat16");
@@ -333,7 +334,7 @@ ffi::Error AttentionCacheImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
     if (r[b] < 0 || r[b] >= N) return ffi::Error::InvalidArgument("attention: a slot out of range");
   const Attn a{q.typed_data(), k.untyped_data(), v.untyped_data(), kt == ffi::DataType::BF16,
                pos.typed_data(), r, out->typed_data(), B, T, H, G, D, S, Smax, layer * N,
-               1.0f / std::sqrt(static_cast<float>(D))};
+               1.0f / std::sqrt(static_cast<float>(D)), window};
   RunAttention(pool, a);
   return ffi::Error::Success();
 }
@@ -373,7 +374,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxspecAttentionCache, jaxspec::AttentionCacheImpl,
     jaxspec::Bind().Arg<jaxspec::F32>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
         .Arg<jaxspec::S32>().Arg<jaxspec::S32>().Ret<jaxspec::F32>().Attr<int64_t>("layer")
-        .Attr<int64_t>("S"));
+        .Attr<int64_t>("S").Attr<int64_t>("window"));
 
 // One instruction set and one thread cap for every kernel (jaxspec.kernels).
 // Codes: 0 scalar, 2 AVX2 (+FMA, F16C), 3 AVX-512 (F, DQ, BW, VL).
