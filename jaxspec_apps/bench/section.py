@@ -118,7 +118,7 @@ class Context:
             self._shared["sched"] = make_scheduler(
                 self.target, rows=rows, gamma=self.p.gamma, max_len=self.max_len
             )
-            who = "real pair: " if self.pair == "real" else ""
+            who = f"{self.pair} pair: " if self.pair != "tiny" else ""
             self.log(f"{who}verifier warmed up: row buckets {rows}, slot length {self.max_len}")
         return self._shared["sched"]
 

@@ -34,6 +34,7 @@ from jaxspec_apps.bench.profile import (
 from jaxspec_apps.bench.section import Context, Page, Section, run_sections
 
 Log = Callable[[str], None]
+PAIRS = ("tiny", "real", "both", *(k for k in real.REAL_PASSES if k != "real"))
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -78,14 +79,19 @@ def sizes(args: argparse.Namespace) -> tuple[str, Profile, Profile]:
     return name, p, with_settings(real_sizes(p), items)
 
 
+def _suite(pairs: str) -> tuple[Section, ...]:
+    """The sections of the first pass `--pairs` asks for."""
+    return real.REAL_PASSES[pairs][2] if pairs in real.REAL_PASSES else tiny.SECTIONS
+
+
 def selected(
     args: argparse.Namespace, pairs: str
 ) -> tuple[tuple[str, ...] | None, list[tuple[str, Section]]]:
     """(the suite sections `--sections` names for the first pass, all without it, None when
     it names only kept sections; the kept sections it names, each with its pair)."""
-    suite = tuple(s.name for s in (real.SECTIONS if pairs == "real" else tiny.SECTIONS))
-    kept = {s.name: ("tiny", s) for s in tiny.KEPT} if pairs != "real" else {}
-    if pairs != "tiny":
+    suite = tuple(s.name for s in _suite(pairs))
+    kept = {s.name: ("tiny", s) for s in tiny.KEPT} if pairs not in real.REAL_PASSES else {}
+    if pairs in ("real", "both"):
         kept |= {s.name: ("real", s) for s in real.KEPT}
     if not args.sections:
         return suite, []
@@ -101,6 +107,8 @@ def context(args: argparse.Namespace, pair: str, p: Profile, log: Log) -> Contex
     """A pass's context: the pair's checkpoint names from `args`, models loaded on use."""
     if pair == "real":
         names = getattr(args, "real_target", "smollm2"), getattr(args, "real_draft", SELF_DRAFT)
+    elif pair in real.REAL_PASSES:
+        names = real.REAL_PASSES[pair][:2]
     else:
         names = args.target, args.draft
     return Context(pair, p, log, *names, command=_command(args))
@@ -116,24 +124,26 @@ def run_suite(args: argparse.Namespace) -> int:
 
     name, p, real_p = sizes(args)
     pairs = getattr(args, "pairs", None) or p.default_pairs
-    if pairs not in ("tiny", "real", "both"):
-        raise ValueError(f"--pairs must be tiny, real or both, got {pairs!r}")
+    if pairs not in PAIRS:
+        raise ValueError(f"--pairs must be one of {', '.join(PAIRS)}, got {pairs!r}")
     names, kept = selected(args, pairs)
     out = output_dir(args.out)
     log(f"the report goes to {out.resolve()}" + ("" if args.out else " (--out to choose)"))
     previous = out / "bench" / "results.json"
-    if pairs == "real" and names is not None and not previous.is_file():
+    if pairs in real.REAL_PASSES and names is not None and not previous.is_file():
         raise ValueError(
-            f"--pairs real adds the real pair to an existing report; {previous} is missing "
+            f"--pairs {pairs} adds a real pair to an existing report; {previous} is missing "
             "(run --pairs both, or the tiny pair first)"
         )
     results = None
-    if names is not None and pairs == "real":
-        # Only the real pair: the tiny pair's figures of the report there are kept.
-        results = json.loads(previous.read_text())  # its "real": merged by a partial pass
-        results["skipped"].pop("real", None)
-        results["failures"] = {k: v for k, v in results["failures"].items() if "/" not in k}
-        run_real(args, real_p, results, log, strict=True, names=names)
+    if names is not None and pairs in real.REAL_PASSES:
+        # Only a real pair: the other pairs' figures of the report there are kept.
+        results = json.loads(previous.read_text())  # its pass: merged by a partial pass
+        results["skipped"].pop(pairs, None)
+        results["failures"] = {
+            k: v for k, v in results["failures"].items() if not k.startswith(f"{pairs}/")
+        }
+        run_real(args, real_p, results, log, strict=True, names=names, key=pairs)
     elif names is not None:
         results = run_tiny(args, name, p, names, log)
         results["wall_time_s"] = time.time() - t_start
@@ -179,12 +189,14 @@ def run_real(
     *,
     strict: bool,
     names: tuple[str, ...] = real.REAL_SECTIONS,
+    key: str = "real",
 ) -> None:
-    """The real pair's pass over `names` into `results["real"]`, its greedy mismatches into
-    `failures` as `real/<section>`. When the pair cannot be had (offline, no shipped draft)
-    it is `skipped` with the reason, or, `strict`, an error."""
+    """A real pair's pass (`key`: "real", SmolLM2's, or "gemma3") over `names` into
+    `results[key]`, its greedy mismatches into `failures` as `<key>/<section>`. When the pair
+    cannot be had (offline, no shipped draft) it is `skipped` with the reason, or, `strict`,
+    an error."""
     t0, load0 = time.time(), os.getloadavg()[0]
-    ctx = context(args, "real", p, log)
+    ctx = context(args, key, p, log)
     try:
         for name in (ctx.target_name, ctx.draft_name):
             peer.checkpoint_dir(name)  # fetches a remote target once; raises when it cannot
@@ -192,19 +204,19 @@ def run_real(
     except Exception as e:  # any reason the pair is missing is reported
         if strict:
             raise
-        results["skipped"]["real"] = f"the real pair is not available here: {e}"
-        log(f"real pair: skipped, {e}")
+        results["skipped"][key] = f"the real pair is not available here: {e}"
+        log(f"{key} pair: skipped, {e}")
         return
     real.prepare(ctx)
     t, d = ctx.target, ctx.draft
-    log(f"real pair: {t.num_params():,}-param target {ctx.target_name}, "
+    log(f"{key} pair: {t.num_params():,}-param target {ctx.target_name}, "
         f"{d.num_params():,}-param draft {ctx.draft_name} ({d.nbytes():,} bytes)")  # fmt: skip
     res: dict[str, Any] = {"models": real.models(ctx), "sections": {}, "failures": {}}
-    by_name = {s.name: s for s in real.SECTIONS}
-    run_sections([by_name[n] for n in names], ctx, res, prefix="real ")
+    by_name = {s.name: s for s in _suite(key)}
+    run_sections([by_name[n] for n in names], ctx, res, prefix=f"{key} ")
     res |= real.headline(res)
     for section, err in res.pop("failures").items():
-        results["failures"][f"real/{section}"] = err
+        results["failures"][f"{key}/{section}"] = err
     new = {
         "command": ctx.command,
         "profile": p.name,
@@ -213,9 +225,9 @@ def run_real(
         "machine": machine() | {"load_average_1min_start": load0},
         "wall_time_s": time.time() - t0,
     }
-    old = results.get("real")
-    partial = set(names) != set(real.REAL_SECTIONS)
-    results["real"] = merge_real(old, new) if partial and old and old.get("sections") else new
+    old = results.get(key)
+    partial = set(names) != {s.name for s in _suite(key)}
+    results[key] = merge_real(old, new) if partial and old and old.get("sections") else new
 
 
 def merge_real(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
