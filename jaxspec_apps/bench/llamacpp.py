@@ -299,6 +299,9 @@ def markdown(r: dict[str, Any], page: Page) -> list[str]:
     build = them["build"]
     how = "cached" if build.get("cached") else "built in this run"
     lines = [
+        "",
+        "### llama.cpp beside us on the same GGUF",
+        "",
         f"llama.cpp (llama-cpp-python {VERSION}'s vendored tree, {how}; the build took "
         f"{build['build_s']:.0f} s) beside jaxspec on the same GGUF and the same cores, in one "
         "run. Tokens/s; the ratio is ours / theirs.",
