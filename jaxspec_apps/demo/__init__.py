@@ -56,7 +56,7 @@ from jaxspec_host.flags import (
     refused_line,
     use_compilation_cache,
 )
-from jaxspec_host.pairs import fetch_notice
+from jaxspec_host.pairs import REAL_PAIRS, SMOLLM2_PAIR, fetch_notice
 from verify.process import VerifierProcess
 
 MAX_TENANTS = 64
@@ -327,7 +327,8 @@ def _resolve_pair_showing_progress(
         TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console
     ) as bars:
         # A row whose clock runs until the end: it moves between stages too.
-        overall = bars.add_task(notice.split(" (once")[0], total=None)
+        label = REAL_PAIRS.get(args.pair, SMOLLM2_PAIR).label
+        overall = bars.add_task(f"getting {label} and its W4A16 draft", total=None)
         tasks: dict[str, TaskID] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
