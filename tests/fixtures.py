@@ -176,6 +176,33 @@ def peaked_pair(seeds: tuple[int, int] = (0, 7), scale: float = 3.0) -> tuple[Mo
     return out[0], out[1]
 
 
+def blocks_resumed_at_every_point(verifier, make_drafter, config) -> int:
+    """Run `config` on `verifier` uninterrupted, then once for each of its blocks i >= 2 with
+    the verifier gone at the i-th (`Recorder(fail_at=i)`): every such run must resume once and
+    end with exactly the uninterrupted tokens. Closes `verifier`; returns the uninterrupted
+    run's block count. `make_drafter()` gives each run a fresh drafter (None: plain)."""
+    import asyncio
+
+    from edge.session import run_session
+
+    async def run(fail_at=None):
+        endpoint = verifier if fail_at is None else Recorder(verifier, fail_at)
+        trace = await run_session(endpoint, make_drafter(), config, resume_timeout_s=5.0)
+        return trace.tokens, trace.resumes, getattr(endpoint, "calls", trace.blocks_sent)
+
+    async def go():
+        try:
+            full, _, calls = await run()
+            for i in range(2, calls + 1):
+                tokens, resumes, _ = await run(fail_at=i)
+                assert resumes == 1 and tokens == full, (i, tokens, full)
+            return calls
+        finally:
+            await verifier.aclose()
+
+    return asyncio.run(go())
+
+
 class Recorder:
     """An endpoint that keeps every (block, result) it answered, in answer order, and can
     fail the `fail_at`-th verify call with UNAVAILABLE (a verifier that went away)."""

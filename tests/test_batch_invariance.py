@@ -10,7 +10,6 @@ difference there, which shows they can fail."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import os
@@ -24,14 +23,13 @@ from hypothesis import strategies as st
 
 import jaxspec
 from edge.drafter import Drafter
-from edge.session import run_session
 from jaxspec import kernels
 from jaxspec.kernels import attention as attention_kernel
 from jaxspec.kernels import dense as floatkernel
 from jaxspec.kernels.attention import einsum_attention
 from jaxspec.nn.model import forward
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
-from tests.fixtures import Recorder
+from tests.fixtures import blocks_resumed_at_every_point
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 needs_kernel = pytest.mark.skipif(
@@ -308,23 +306,8 @@ def test_sampled_resume_at_every_point_equals_the_uninterrupted_run(gamma, encod
         draft=spec,
     )  # fmt: skip
 
-    async def run(fail_at=None):
-        drafter = Drafter(draft, spec) if gamma else None
-        endpoint = verifier if fail_at is None else Recorder(verifier, fail_at)
-        trace = await run_session(endpoint, drafter, config, resume_timeout_s=5.0)
-        return trace.tokens, trace.resumes, getattr(endpoint, "calls", trace.blocks_sent)
-
-    async def go():
-        try:
-            full, _, calls = await run()
-            for i in range(2, calls + 1):
-                tokens, resumes, _ = await run(fail_at=i)
-                assert resumes == 1 and tokens == full, (i, tokens, full)
-            return calls
-        finally:
-            await verifier.aclose()
-
-    assert asyncio.run(go()) >= 4
+    drafter = (lambda: Drafter(draft, spec)) if gamma else (lambda: None)
+    assert blocks_resumed_at_every_point(verifier, drafter, config) >= 4
 
 
 @needs_kernel

@@ -5,18 +5,15 @@ variant); the real 270M checkpoint is tests/test_gemma3_real.py's."""
 
 from __future__ import annotations
 
-import asyncio
-
 import jax
 import numpy as np
 import pytest
 
 import jaxspec
 from edge.drafter import Drafter
-from edge.session import run_session
 from jaxspec.ckpts.tiny import tiny_gemma3_config
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
-from tests.fixtures import Recorder
+from tests.fixtures import blocks_resumed_at_every_point
 from tests.mutant_helpers import mutated
 from tests.test_batch_invariance import differences, needs_kernel
 from tests.test_speculative import exact_law, gof_pvalue
@@ -89,22 +86,8 @@ def test_a_resume_past_the_window_equals_the_uninterrupted_run(pair):
         seed=11, draft=spec,
     )  # fmt: skip
 
-    async def run(fail_at=None):
-        endpoint = verifier if fail_at is None else Recorder(verifier, fail_at)
-        trace = await run_session(endpoint, Drafter(draft, spec), session, resume_timeout_s=5.0)
-        return trace.tokens, trace.resumes, getattr(endpoint, "calls", trace.blocks_sent)
-
-    async def go():
-        try:
-            full, _, calls = await run()
-            for i in range(2, calls + 1):
-                tokens, resumes, _ = await run(fail_at=i)
-                assert resumes == 1 and tokens == full, (i, tokens, full)
-            return calls
-        finally:
-            await verifier.aclose()
-
-    assert asyncio.run(go()) >= 4
+    drafter = lambda: Drafter(draft, spec)  # noqa: E731
+    assert blocks_resumed_at_every_point(verifier, drafter, session) >= 4
 
 
 N_NEW, PROMPT, ROWS = 3, [1, 2], 8192
