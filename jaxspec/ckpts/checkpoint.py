@@ -203,8 +203,9 @@ def params_from_hf(
             raise CheckpointError(
                 f"{where}: tensor {name!r} has shape {tuple(arr.shape)}, config implies {hf_shape}"
             )
-        if _norm_offset(config, name):  # in float32, as HF's Gemma norm adds it
-            return jnp.asarray(jnp.asarray(arr, jnp.float32) + _norm_offset(config, name), dtype)
+        offset = _norm_offset(config, name)
+        if offset:  # in float32, as HF's Gemma norm adds it
+            return jnp.asarray(jnp.asarray(arr, jnp.float32) + offset, dtype)
         return jnp.asarray(arr.T if transpose else arr, dtype)
 
     params = jax.tree_util.tree_map_with_path(take, expected)
@@ -325,8 +326,9 @@ def save(model: Model, path: PathLike, *, dtype: Any = None) -> pathlib.Path:
     def put(path: tuple[Any, ...], leaf: jax.Array) -> None:
         name, transpose = hf_name(tuple(p.key for p in path))
         arr = jnp.asarray(leaf.T if transpose else leaf)
-        if _norm_offset(model.config, name):
-            arr = (arr.astype(jnp.float32) - _norm_offset(model.config, name)).astype(leaf.dtype)
+        offset = _norm_offset(model.config, name)
+        if offset:
+            arr = (arr.astype(jnp.float32) - offset).astype(leaf.dtype)
         if dtype is not None:
             arr = arr.astype(dtype)
         tensors[name] = arr

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxspec.nn.config import CheckpointError, LlamaConfig, gemma3_layer_types
+from jaxspec.nn.config import GEMMA3_BLOCK, CheckpointError, LlamaConfig, gemma3_layer_types
 
 PathLike = str | os.PathLike[str]
 
@@ -152,11 +152,8 @@ def gguf_config(reader: Any, where: str = "") -> LlamaConfig:
     gemma: dict[str, Any] = {}
     if arch == "gemma3":  # llama.cpp's fixed Gemma 3 choices: 5 local layers to 1 global,
         gemma = dict(  # the local RoPE base 10000, scores over sqrt(head_dim)
-            model_type="gemma3_text",
+            GEMMA3_BLOCK,
             hidden_act="gelu_pytorch_tanh",
-            qk_norm=True,
-            sandwich_norms=True,
-            embed_scale=True,
             query_pre_attn_scalar=head_dim,
             sliding_window=int(need("attention.sliding_window")),
             layer_types=gemma3_layer_types(n_layers),

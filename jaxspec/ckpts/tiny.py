@@ -14,7 +14,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxspec.nn.config import FULL, SLIDING, LlamaConfig
+from jaxspec.nn.config import FULL, GEMMA3_BLOCK, SLIDING, LlamaConfig
 from jaxspec.nn.model import Model, init_params
 
 BOS, EOS = "<s>", "</s>"
@@ -42,7 +42,7 @@ def tiny_gemma3_config(**overrides: Any) -> LlamaConfig:
     """A 3-layer Gemma 3 config (local, global, local; a window of 5 positions, one KV head,
     scores over sqrt(12) where head_dim is 8): every Gemma switch on, compiled in seconds."""
     base = dict(
-        model_type="gemma3_text",
+        GEMMA3_BLOCK,
         vocab_size=64,
         hidden_size=32,
         intermediate_size=64,
@@ -55,9 +55,6 @@ def tiny_gemma3_config(**overrides: Any) -> LlamaConfig:
         rope_theta=1_000_000.0,
         tie_word_embeddings=True,
         hidden_act="gelu_pytorch_tanh",
-        qk_norm=True,
-        sandwich_norms=True,
-        embed_scale=True,
         query_pre_attn_scalar=12,
         sliding_window=5,
         layer_types=(SLIDING, FULL, SLIDING),

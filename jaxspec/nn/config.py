@@ -96,7 +96,7 @@ class LlamaConfig:
 
     @property
     def is_gemma(self) -> bool:
-        return self.model_type == "gemma3_text"
+        return self.model_type == GEMMA3_BLOCK["model_type"]
 
     @property
     def prompt_starts_with_bos(self) -> bool:
@@ -221,6 +221,12 @@ def _eos_ids(cfg: dict[str, Any]) -> tuple[int, ...]:
     return tuple(int(e) for e in eos_ids)
 
 
+# What makes a Llama block Gemma 3's, whichever file it was read from (HF, GGUF, a test's).
+GEMMA3_BLOCK: dict[str, Any] = dict(
+    model_type="gemma3_text", qk_norm=True, sandwich_norms=True, embed_scale=True
+)
+
+
 def gemma3_layer_types(n_layers: int, pattern: int = 6) -> tuple[str, ...]:
     """Gemma 3's layout: every `pattern`-th layer global, the others local."""
     return tuple(FULL if (i + 1) % pattern == 0 else SLIDING for i in range(n_layers))
@@ -232,10 +238,6 @@ def _gemma3_from_hf(cfg: dict[str, Any]) -> LlamaConfig:
         if cfg.get(cap) is not None:
             raise CheckpointError(f"Gemma {cap} is not supported")
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
-    n_layers = int(cfg["num_hidden_layers"])
-    types = tuple(cfg.get("layer_types") or ())
-    if not types:
-        types = gemma3_layer_types(n_layers, int(cfg.get("sliding_window_pattern", 6)))
     params = cfg.get("rope_parameters") or {}
     if FULL in params:  # 5.x: one rope dict per layer type
         full = dict(params[FULL])
@@ -248,6 +250,10 @@ def _gemma3_from_hf(cfg: dict[str, Any]) -> LlamaConfig:
     theta, scaling = _rope_from_hf({"rope_parameters": full})
     try:
         n_heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+        n_layers = int(cfg["num_hidden_layers"])
+        types = tuple(cfg.get("layer_types") or ()) or gemma3_layer_types(
+            n_layers, int(cfg.get("sliding_window_pattern", 6))
+        )
         return LlamaConfig(
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
@@ -263,17 +269,14 @@ def _gemma3_from_hf(cfg: dict[str, Any]) -> LlamaConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
             qkv_bias=bool(cfg.get("attention_bias", False)),
             o_bias=bool(cfg.get("attention_bias", False)),
-            model_type="gemma3_text",
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(cfg),
             hidden_act=act,
-            qk_norm=True,
-            sandwich_norms=True,
-            embed_scale=True,
             query_pre_attn_scalar=int(cfg.get("query_pre_attn_scalar") or 256),
             sliding_window=int(cfg["sliding_window"]) if cfg.get("sliding_window") else None,
             layer_types=types,
             rope_local_theta=local_theta,
+            **GEMMA3_BLOCK,
         )
     except KeyError as e:
         raise CheckpointError(f"config.json lacks required field {e.args[0]!r}") from None

@@ -47,7 +47,7 @@ import argparse
 
 from jaxspec_apps.bench.profile import PROFILES
 from jaxspec_apps.bench.real import REAL_SECTIONS
-from jaxspec_apps.bench.suite import run_suite
+from jaxspec_apps.bench.suite import PAIRS, run_suite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--pairs",
-        choices=("tiny", "real", "both", "gemma3"),
+        choices=PAIRS,
         default=None,
         help="which pairs to measure: the tiny one, the real one (SmolLM2 and its draft; "
         "added to the report already in --out), or both (the full profile's default); "

@@ -25,7 +25,6 @@ from jaxspec_apps.bench import peer, real, report, tiny
 from jaxspec_apps.bench.common import machine
 from jaxspec_apps.bench.profile import (
     PROFILES,
-    SELF_DRAFT,
     Profile,
     real_sizes,
     suite_settings,
@@ -105,10 +104,10 @@ def selected(
 
 def context(args: argparse.Namespace, pair: str, p: Profile, log: Log) -> Context:
     """A pass's context: the pair's checkpoint names from `args`, models loaded on use."""
-    if pair == "real":
-        names = getattr(args, "real_target", "smollm2"), getattr(args, "real_draft", SELF_DRAFT)
-    elif pair in real.REAL_PASSES:
+    if pair in real.REAL_PASSES:
         names = real.REAL_PASSES[pair][:2]
+        if pair == "real":  # --real-target / --real-draft choose the first real pair's models
+            names = getattr(args, "real_target", names[0]), getattr(args, "real_draft", names[1])
     else:
         names = args.target, args.draft
     return Context(pair, p, log, *names, command=_command(args))
