@@ -64,6 +64,25 @@ def hf_checkpoints(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def x64():
+    """float64 for a whole module (exact decisions): `pytestmark = pytest.mark.usefixtures("x64")`.
+    A context, not a global flip: a LocalVerifier's worker thread takes the setting in force
+    where the verifier was made."""
+    with jax.enable_x64(True):
+        yield
+
+
+@pytest.fixture
+def isa_restored():
+    """The CPU kernels back on their best instruction set after a test that pinned one."""
+    yield
+    from jaxspec import kernels
+
+    if kernels.available():
+        kernels.set_isa("best")
+
+
 @pytest.fixture(autouse=True)
 def _no_kept_traces():
     """Every test traces its own code: a command run in-process (its `main`) turns on the

@@ -11,11 +11,13 @@ tools use stays there.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from jaxspec.ckpts.tiny import tiny_config, tiny_gemma3_config, to_dtype
 from jaxspec.nn.config import LlamaConfig, RopeScaling
@@ -176,6 +178,30 @@ def peaked_pair(seeds: tuple[int, int] = (0, 7), scale: float = 3.0) -> tuple[Mo
     return out[0], out[1]
 
 
+@functools.cache
+def peaked_models() -> tuple[Model, Model]:
+    """`peaked_pair()` built once per process (its parameters are never changed in place).
+    Call under float64: the `x64` fixture of tests/conftest.py."""
+    return peaked_pair()
+
+
+def peaked_config(max_sessions: int = 4, row_buckets: tuple[int, ...] = (1, 2, 4), **kw: Any):
+    """The edge/verifier tests' verifier settings: max_len 128, gamma <= 4."""
+    from verify import SchedulerConfig
+
+    return SchedulerConfig(
+        max_sessions=max_sessions, max_len=128, max_gamma=4, row_buckets=row_buckets, **kw
+    )
+
+
+def peaked_scheduler(max_sessions: int = 4, row_buckets: tuple[int, ...] = (1, 2, 4), **kw: Any):
+    """A verifier's `Scheduler` over `peaked_models()`'s target with `peaked_config`. Each
+    test module keeps its own (cache it there): sessions and metrics stay within a module."""
+    from verify import Scheduler
+
+    return Scheduler(peaked_models()[0], peaked_config(max_sessions, row_buckets, **kw))
+
+
 def blocks_resumed_at_every_point(verifier, make_drafter, config) -> int:
     """Run `config` on `verifier` uninterrupted, then once for each of its blocks i >= 2 with
     the verifier gone at the i-th (`Recorder(fail_at=i)`): every such run must resume once and
@@ -225,3 +251,35 @@ class Recorder:
         r = await self.inner.verify(block)
         self.seen.append((block, r))
         return r
+
+
+def continuation_logits(target: Model, prompt, n_new: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every continuation of `n_new - 1` tokens after `prompt` ([S, n_new-1] int) and the
+    target's float64 logits at the `n_new` positions that sample them ([S, n_new, V]): what an
+    exact law of `n_new` sampled tokens is built from."""
+    import itertools
+
+    import jax
+
+    V = target.config.vocab_size
+    with jax.enable_x64(True):
+        m = to_dtype(target, jnp.float64)
+        conts = np.array(list(itertools.product(range(V), repeat=n_new - 1)))
+        seqs = np.concatenate([np.tile(prompt, (len(conts), 1)), conts], axis=1)
+        T = seqs.shape[1]
+        logits, _ = m(seqs, np.broadcast_to(np.arange(T), seqs.shape), m.init_cache(len(seqs), T))
+        return conts, np.asarray(logits[:, len(prompt) - 1 :], np.float64)
+
+
+def gguf_oracle(remote: Any) -> Any:
+    """transformers' own GGUF import (float32, eval mode) of the file a fetched model (`hub`'s
+    `RemoteModel`) was converted from: the real models' parity oracle."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from jaxspec_host import hub
+
+    g = hub.gguf_path(remote)
+    return AutoModelForCausalLM.from_pretrained(
+        str(g.parent), gguf_file=g.name, dtype=torch.float32
+    ).eval()

@@ -11,6 +11,7 @@ import os
 import pathlib
 import re
 import socket
+import time
 
 import grpc
 
@@ -207,3 +208,14 @@ def channel(address: str, ca: pathlib.Path | None = None) -> grpc.Channel:
 
 def auth(tenant: str | None) -> tuple[tuple[str, str], ...]:
     return () if tenant is None else (("authorization", f"Bearer {TOKENS[tenant]}"),)
+
+
+def wait_until(condition, seconds: float = 60.0, poll_s: float = 0.02) -> bool:
+    """Poll `condition` until it holds (True) or `seconds` pass (False); generous timeouts:
+    the tests run under load."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True

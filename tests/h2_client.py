@@ -31,20 +31,28 @@ def verify_headers(port: int, token: str | None) -> list[tuple[str, str]]:
     return headers
 
 
+def closed_window_stream(
+    port: int, token: str | None
+) -> tuple[socket.socket, h2.connection.H2Connection, int]:
+    """A connection to 127.0.0.1:`port` whose receive window is 0 and one Verify stream on it
+    (HEADERS queued, not yet sent): the server can write it no answer."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+    conn = h2.connection.H2Connection(config)
+    conn.local_settings = h2.settings.Settings(
+        client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0}
+    )
+    conn.initiate_connection()
+    stream = conn.get_next_available_stream_id()
+    conn.send_headers(stream, verify_headers(port, token))
+    return sock, conn, stream
+
+
 class NonReadingClient:
     """One Verify stream to 127.0.0.1:`port` that never reads (stream window 0)."""
 
     def __init__(self, port: int, token: str | None):
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
-        self.conn = h2.connection.H2Connection(config)
-        self.conn.local_settings = h2.settings.Settings(
-            client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0}
-        )
-        self.conn.initiate_connection()
-        self.stream = self.conn.get_next_available_stream_id()
-        headers = verify_headers(port, token)
-        self.conn.send_headers(self.stream, headers)
+        self.sock, self.conn, self.stream = closed_window_stream(port, token)
         self.sock.sendall(self.conn.data_to_send())
         self.sent = 0  # bytes of DATA the server's window let through
         self.events: list[h2.events.Event] = []

@@ -8,7 +8,6 @@ import asyncio
 import functools
 import itertools
 
-import jax
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,24 +21,14 @@ from jaxspec.protocol import (
     SessionConfig,
     wire,
 )
-from tests.fixtures import Recorder, peaked_pair
-from verify import LocalVerifier, Scheduler, SchedulerConfig
+from tests.fixtures import Recorder, peaked_config, peaked_models
+from verify import LocalVerifier, Scheduler
 from verify.metrics import ServiceMetrics
 
 PROMPT, NEW = (1, 2, 3, 4), 20
-CONFIG = SchedulerConfig(max_sessions=4, max_len=128, max_gamma=4, row_buckets=(1, 2, 4))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def x64():
-    with jax.enable_x64(True):
-        yield
-
-
-@functools.cache
-def models():
-    """float64 target and draft, random but peaked: drafts are accepted and rejected."""
-    return peaked_pair()
+CONFIG = peaked_config()
+pytestmark = pytest.mark.usefixtures("x64")  # float64: exact decisions
+models = peaked_models  # the float64 target and draft, random but peaked
 
 
 @functools.cache

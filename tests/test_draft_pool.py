@@ -14,34 +14,25 @@ import dataclasses
 import functools
 import itertools
 
-import jax
 import pytest
 
 from edge.draft_pool import DraftPool
 from edge.drafter import Drafter
 from edge.session import EdgeSession
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
-from tests.fixtures import peaked_pair
-from verify import LocalVerifier, Scheduler, SchedulerConfig
+from tests.fixtures import peaked_models, peaked_scheduler
+from verify import LocalVerifier
 
 NEW = 14
 
 
-@pytest.fixture(scope="module", autouse=True)
-def x64():
-    with jax.enable_x64(True):
-        yield
-
-
-@functools.cache
-def models():
-    return peaked_pair()
+pytestmark = pytest.mark.usefixtures("x64")  # float64: exact decisions
+models = peaked_models  # the float64 target and draft, random but peaked
 
 
 @functools.cache
 def scheduler():
-    config = SchedulerConfig(max_sessions=8, max_len=128, max_gamma=4, row_buckets=(1, 2, 4, 8))
-    return Scheduler(models()[0], config)
+    return peaked_scheduler(8, (1, 2, 4, 8))
 
 
 def configs(spec: DraftSpec, mode: str) -> list[SessionConfig]:

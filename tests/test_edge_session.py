@@ -6,7 +6,6 @@ import asyncio
 import functools
 import itertools
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -18,30 +17,19 @@ from edge.drafter import Drafter
 from edge.session import EdgeSession, run_session
 from jaxspec.decoding.verification import Variant
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
-from tests.fixtures import peaked_pair
+from tests.fixtures import peaked_models, peaked_scheduler
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 PROMPT, NEW = (1, 2, 3, 4), 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def x64():
-    """This module runs in float64 (exact decisions). A context, not a global flip: the
-    LocalVerifier's worker thread takes the setting in force where the verifier was made."""
-    with jax.enable_x64(True):
-        yield
-
-
-@functools.cache
-def models():
-    """float64 target and draft, random but peaked enough to reject often."""
-    return peaked_pair()
+pytestmark = pytest.mark.usefixtures("x64")  # float64: exact decisions
+models = peaked_models  # the float64 target and draft, random but peaked
 
 
 @functools.cache
 def scheduler():
-    config = SchedulerConfig(max_sessions=4, max_len=128, max_gamma=4, row_buckets=(1, 2, 4))
-    return Scheduler(models()[0], config)
+    return peaked_scheduler()
 
 
 def session(

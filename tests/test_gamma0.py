@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 
-import jax
 import numpy as np
 import pytest
 
@@ -25,24 +23,13 @@ from jaxspec.protocol import (
     SessionConfig,
     wire,
 )
-from tests.fixtures import peaked_pair
-from verify import LocalVerifier, Scheduler, SchedulerConfig
+from tests.fixtures import peaked_config, peaked_models
+from verify import LocalVerifier, Scheduler
 
 PROMPT, NEW = (1, 2, 3, 4), 16
-CONFIG = SchedulerConfig(max_sessions=4, max_len=128, max_gamma=4, row_buckets=(1, 2, 4))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def x64():
-    """float64 throughout (exact decisions; the verifier's thread takes it from here)."""
-    with jax.enable_x64(True):
-        yield
-
-
-@functools.cache
-def models():
-    """float64 target and draft, random but peaked (the models of test_edge_session)."""
-    return peaked_pair()
+CONFIG = peaked_config()
+pytestmark = pytest.mark.usefixtures("x64")  # float64: exact decisions
+models = peaked_models  # the float64 target and draft, random but peaked
 
 
 def config(gamma=0, temperature=1.0, top_k=0, top_p=1.0, **kw) -> SessionConfig:

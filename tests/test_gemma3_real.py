@@ -13,10 +13,10 @@ import pathlib
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 import jaxspec
 from jaxspec_host import hub
+from tests.fixtures import gguf_oracle
 
 USER_HOME = pathlib.Path(os.environ["JAXSPEC_USER_HOME"])  # tests/conftest.py
 CACHED = all(
@@ -49,10 +49,7 @@ def gemma() -> jaxspec.Model:
 
 @pytest.fixture(scope="module")
 def oracle():
-    g = hub.gguf_path(hub.GEMMA3)
-    return AutoModelForCausalLM.from_pretrained(
-        str(g.parent), gguf_file=g.name, dtype=torch.float32
-    ).eval()
+    return gguf_oracle(hub.GEMMA3)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import dataclasses
 import re
 import select
 import signal
-import socket
 import struct
 import time
 
@@ -26,7 +25,7 @@ from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from jaxspec.protocol import wire
 from jaxspec_apps.bench.fleet import Fault
 from tests import grpc_helpers as h
-from tests.h2_client import grpc_frame, verify_headers
+from tests.h2_client import closed_window_stream, grpc_frame
 
 MESH = ["--mesh", "data=2,model=2", "--drain-min-s", "3"]
 CONFIGS = [
@@ -112,15 +111,7 @@ class HeldAnswers:
     `release`: the server reads and verifies what it is sent but can write no answer."""
 
     def __init__(self, port: int):
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
-        self.conn = h2.connection.H2Connection(config)
-        self.conn.local_settings = h2.settings.Settings(
-            client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0}
-        )
-        self.conn.initiate_connection()
-        self.stream = self.conn.get_next_available_stream_id()
-        self.conn.send_headers(self.stream, verify_headers(port, None))
+        self.sock, self.conn, self.stream = closed_window_stream(port, None)
         self.data = b""  # the answers' bytes (gRPC-framed messages)
         self.trailers: dict[str, str] | None = None
         self.flush()
@@ -168,15 +159,6 @@ def stats(ch: grpc.Channel) -> pb.StatsResponse:
     return pb_grpc.VerifierStub(ch).Stats(pb.StatsRequest(), timeout=10)
 
 
-def wait_until(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def test_sigterm_drains_then_exits_zero(world):
     """SIGTERM mid-stream: health NOT_SERVING, new sessions UNAVAILABLE, every block taken
     is answered, the stream ends with UNAVAILABLE (the client resumes elsewhere), exit 0.
@@ -204,9 +186,9 @@ def test_sigterm_drains_then_exits_zero(world):
         for k in range(window):
             held.send(pb.VerifyRequest(block=pb.DraftBlock(start=start + k)))
         # every block taken and verified; none answered (the window is shut)
-        assert wait_until(lambda: stats(ch).tokens_committed == committed + window, 60)
+        assert h.wait_until(lambda: stats(ch).tokens_committed == committed + window, 60)
         server.signal(signal.SIGTERM)
-        assert wait_until(lambda: not stats(ch).serving, 10)
+        assert h.wait_until(lambda: not stats(ch).serving, 10)
         assert not_serving_within(ch, 10)
         with pytest.raises(grpc.RpcError) as refused:
             pb_grpc.VerifierStub(ch).OpenSession(wire.config_to_proto(cfg), timeout=5)

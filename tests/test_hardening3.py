@@ -115,16 +115,6 @@ def served() -> Iterator[Served]:
         s.close()
 
 
-def wait_for(condition, timeout_s: float = 60.0) -> bool:
-    """Poll `condition` until true or `timeout_s` (generous: the tests run under load)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 OPEN = SessionConfig(prompt=(1, 2), max_new_tokens=4, draft=DraftSpec(gamma=0))
 
 
@@ -235,7 +225,7 @@ def test_no_session_outlives_its_stream_after_hundreds_of_cancels(served):
         f"from tests.test_hardening3 import *; half_close_then_cancel_bursts({served.port}, 20, 16)"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300)
-    assert wait_for(lambda: served.live_sessions() == 0, 30), served.live_sessions()
+    assert h.wait_until(lambda: served.live_sessions() == 0, 30), served.live_sessions()
     assert served.server.service.streams == 0 and not served.server.service.bound
 
 
@@ -255,12 +245,12 @@ def test_a_client_gone_while_its_answer_is_written_ends_quietly(served, caplog):
         c = NonReadingClient(served.port, TOKENS["alice"])
         try:
             c.push(opener, b"", cap=len(opener) + 5, stall_s=0.05)  # the open, nothing more
-            assert wait_for(lambda: served.live_sessions() == 1, 30)
+            assert h.wait_until(lambda: served.live_sessions() == 1, 30)
             time.sleep(0.05)  # the answer's write waits for a window that never opens
         finally:
             c.close()
-        assert wait_for(lambda: served.live_sessions() == 0, 30)
-    assert wait_for(lambda: served.server.service.streams == 0, 30)
+        assert h.wait_until(lambda: served.live_sessions() == 0, 30)
+    assert h.wait_until(lambda: served.server.service.streams == 0, 30)
     errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert not errors, [r.getMessage() for r in errors[:3]]
     assert asyncio.run(plain_results(served.port, "ops", PLAIN))[-1].finished  # still serving
@@ -489,7 +479,7 @@ def test_a_stream_that_sends_no_first_message_is_ended(limited):
         c.flush()
     finally:
         c.close()
-    assert wait_for(lambda: limited.live_sessions() == 0, SLACK_S)
+    assert h.wait_until(lambda: limited.live_sessions() == 0, SLACK_S)
 
 
 def test_an_old_connection_is_closed_after_its_grace_and_its_session_with_it(limited):
@@ -502,7 +492,7 @@ def test_an_old_connection_is_closed_after_its_grace_and_its_session_with_it(lim
         assert took is not None and c.answered(sid), "an old connection was not closed"
     finally:
         c.close()
-    assert wait_for(lambda: limited.live_sessions() == 0, SLACK_S)
+    assert h.wait_until(lambda: limited.live_sessions() == 0, SLACK_S)
 
 
 def test_the_connection_flags_default_to_the_documented_limits():

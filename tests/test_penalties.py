@@ -4,7 +4,6 @@ proofs, their validation, and speculative decoding with them sampled against the
 
 from __future__ import annotations
 
-import itertools
 import math
 from fractions import Fraction
 
@@ -17,9 +16,10 @@ from hypothesis import strategies as st
 from scipy import stats
 
 import jaxspec
-from jaxspec.ckpts.tiny import tiny_config, to_dtype
+from jaxspec.ckpts.tiny import tiny_config
 from jaxspec.decoding.sampling import SamplingParams, TokenCounts, warp
 from proofs.enumerate import Params
+from tests.fixtures import continuation_logits
 from tests.mutant_helpers import mutated
 
 B, V = 4, 8
@@ -165,14 +165,7 @@ def pair():
 def exact_law(pair):
     """P(x1 x2 x3 | prompt) of plain decoding with PEN, from float64 logits and the NumPy
     reference penalties (prompt and output counted as vLLM counts them)."""
-    target = pair[0]
-    with jax.enable_x64(True):
-        m = to_dtype(target, jnp.float64)
-        conts = np.array(list(itertools.product(range(V), repeat=N_NEW - 1)))
-        seqs = np.concatenate([np.tile(PROMPT, (len(conts), 1)), conts], axis=1)
-        T = seqs.shape[1]
-        logits, _ = m(seqs, np.broadcast_to(np.arange(T), seqs.shape), m.init_cache(len(seqs), T))
-        logits = np.asarray(logits[:, len(PROMPT) - 1 :], np.float64)  # [S, N_NEW, V]
+    conts, logits = continuation_logits(pair[0], PROMPT, N_NEW)  # logits [S, N_NEW, V]
     one = np.ones(1)
     prompt_mask = np.isin(np.arange(V), PROMPT)[None, :]
     law = {}

@@ -22,6 +22,7 @@ from jaxspec.quant import methods as quant_methods
 from jaxspec.quant.quantize import dequantize, quant_spec, with_kernel
 from jaxspec_apps import cli
 from jaxspec_host import hub
+from tests.fixtures import gguf_oracle
 
 NEW = 24  # greedy tokens compared per prompt
 PAD = 96  # every logits forward is padded to this length: one compile
@@ -41,10 +42,7 @@ def smol() -> jaxspec.Model:
 @pytest.fixture(scope="module")
 def oracle(smol):
     """transformers' own GGUF import of the file the cache was converted from."""
-    g = hub.gguf_path(hub.SMOLLM2)
-    return AutoModelForCausalLM.from_pretrained(
-        str(g.parent), gguf_file=g.name, dtype=torch.float32
-    ).eval()
+    return gguf_oracle(hub.SMOLLM2)
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +12,7 @@ import jaxspec
 from jaxspec.ckpts.tiny import tiny_config, to_dtype
 from jaxspec.decoding.generate import GammaChoice
 from jaxspec.decoding.sampling import SamplingParams, warp
+from tests.fixtures import continuation_logits
 from tests.mutant_helpers import mutated
 
 N_NEW, PROMPT, ROWS = 3, [1, 2], 8192
@@ -35,16 +34,11 @@ def pair():
 def exact_law(target, sampling_kw) -> dict[tuple[int, ...], float]:
     """P(x1 x2 x3 | prompt) of plain decoding, from the target's (warped) logits."""
     V = target.config.vocab_size
+    conts, logits = continuation_logits(target, PROMPT, N_NEW)
     with jax.enable_x64(True):
-        m = to_dtype(target, jnp.float64)
-        conts = np.array(list(itertools.product(range(V), repeat=N_NEW - 1)))
-        seqs = np.concatenate([np.tile(PROMPT, (len(conts), 1)), conts], axis=1)
-        T = seqs.shape[1]
-        logits, _ = m(seqs, np.broadcast_to(np.arange(T), seqs.shape), m.init_cache(len(seqs), T))
-        L = len(PROMPT)
-        flat = logits[:, L - 1 :].reshape(-1, V)
+        flat = logits.reshape(-1, V)
         params = SamplingParams.make(flat.shape[0], **sampling_kw)
-        probs = np.asarray(warp(flat, params)).reshape(len(seqs), N_NEW, V)
+        probs = np.asarray(warp(flat, params)).reshape(len(conts), N_NEW, V)
     law = {}
     for i, c in enumerate(conts):
         head = float(np.prod([probs[i, j, c[j]] for j in range(N_NEW - 1)]))

@@ -40,19 +40,14 @@ from jaxspec.protocol import (
     q_to_f16,
     wire,
 )
-from tests.fixtures import peaked_pair
-from verify import LocalVerifier, Scheduler, SchedulerConfig
+from tests.fixtures import peaked_models, peaked_scheduler
+from verify import LocalVerifier
 
 V, K = 64, 8  # tiny_config's vocabulary; sparse columns
 PROMPT, NEW = (1, 2, 3, 4), 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def x64():
-    """float64 models (exact decisions), as tests/test_edge_session.py; a context, so the
-    LocalVerifier's worker thread takes it too."""
-    with jax.enable_x64(True):
-        yield
+pytestmark = pytest.mark.usefixtures("x64")  # float64: exact decisions
 
 
 @functools.cache
@@ -243,15 +238,12 @@ class WireEndpoint:
         await self.inner.close_session(session_id)
 
 
-@functools.cache
-def models():
-    return peaked_pair()
+models = peaked_models  # the float64 target and draft, random but peaked
 
 
 @functools.cache
 def scheduler():
-    config = SchedulerConfig(max_sessions=4, max_len=128, max_gamma=4, row_buckets=(1, 2, 4))
-    return Scheduler(models()[0], config)
+    return peaked_scheduler()
 
 
 @pytest.mark.parametrize(
