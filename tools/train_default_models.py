@@ -283,6 +283,27 @@ def prepare_data(run: Run) -> Data:
     )
 
 
+def timed_phase(
+    run: Run, data: Data, spec: PhaseSpec, init: dict[str, Any], step_call: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`run_phase` on the training stream, its state in `<state dir>/<phase>.msgpack` and its
+    wall time in the report's `<phase>_s`: (arrays, meta) of the phase."""
+    t0 = time.time()
+    arrays, meta = run_phase(
+        spec,
+        run.state_dir / f"{spec.name}.msgpack",
+        init,
+        step_call,
+        data.train_stream,
+        run.args,
+        run.preset,
+        run.logger,
+        run.counter,
+    )
+    run.phase_times[f"{spec.name}_s"] = time.time() - t0
+    return arrays, meta
+
+
 def train_target(
     run: Run, data: Data, tcfg: Any, opt: Any, target_budget: float
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -302,26 +323,10 @@ def train_target(
         arrays[f"{member}/params"], arrays[f"{member}/opt"] = p, o
         return {"loss": float(loss)}
 
-    t0 = time.time()
-    t_arrays, t_meta = run_phase(
-        PhaseSpec(
-            "target",
-            1,
-            {"target": preset.lr_target},
-            target_steps,
-            None if target_steps else target_budget,
-        ),
-        run.state_dir / "target.msgpack",
-        {"target/params": t_params0, "target/opt": opt.init(t_params0)},
-        target_call,
-        data.train_stream,
-        run.args,
-        preset,
-        run.logger,
-        run.counter,
-    )
-    run.phase_times["target_s"] = time.time() - t0
-    return t_arrays, t_meta
+    budget = None if target_steps else target_budget
+    spec = PhaseSpec("target", 1, {"target": preset.lr_target}, target_steps, budget)
+    init = {"target/params": t_params0, "target/opt": opt.init(t_params0)}
+    return timed_phase(run, data, spec, init, target_call)
 
 
 def train_drafts(
@@ -349,32 +354,13 @@ def train_drafts(
         arrays[f"{member}/params"], arrays[f"{member}/opt"] = p, o
         return metrics
 
-    t0 = time.time()
     draft_budget = max(0.0, run.deadline - time.time() - preset.eval_reserve_s)
-    d_arrays, d_meta = run_phase(
-        PhaseSpec(
-            "drafts",
-            2,
-            {"draft": preset.lr_draft, "draft_data_only": preset.lr_draft},
-            draft_steps,
-            None if draft_steps else draft_budget,
-        ),
-        run.state_dir / "drafts.msgpack",
-        {
-            "draft/params": d_params0,
-            "draft/opt": opt.init(d_params0),
-            "draft_data_only/params": d_params0,
-            "draft_data_only/opt": opt.init(d_params0),
-        },
-        draft_call,
-        data.train_stream,
-        run.args,
-        preset,
-        run.logger,
-        run.counter,
-    )
-    run.phase_times["drafts_s"] = time.time() - t0
-    return d_arrays, d_meta
+    members = {"draft": preset.lr_draft, "draft_data_only": preset.lr_draft}
+    spec = PhaseSpec("drafts", 2, members, draft_steps, None if draft_steps else draft_budget)
+    init: dict[str, Any] = {}
+    for m in members:  # the same start for both
+        init |= {f"{m}/params": d_params0, f"{m}/opt": opt.init(d_params0)}
+    return timed_phase(run, data, spec, init, draft_call)
 
 
 def train_models(run: Run, data: Data) -> Trained:
