@@ -546,7 +546,7 @@ async def run_session(
     `first_plain` (speculative sessions): the first block is empty, so the first token is
     the verifier's own draw (as a server's first token comes from its prefill) and the
     drafter prefills the prompt and that token while it is verified: a first token as soon
-    as plain decoding's, the draft's prefill no longer in front of it. Other tokens for a
+    as plain decoding's, the draft's prefill not in front of it. Other tokens for a
     seed than without it (the first one is drawn plainly), each still exactly the target's.
     """
     session = EdgeSession(

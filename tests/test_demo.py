@@ -30,21 +30,12 @@ from rich.console import Console
 
 from edge.client import GrpcEndpoint, check_verifier
 from jaxspec.ckpts.tiny import write_random_checkpoint
-from jaxspec_apps.demo import _check, add_arguments, run
 from jaxspec_apps.demo import _pair as demo_pair
+from jaxspec_apps.demo import _state as span
+from jaxspec_apps.demo import add_arguments, check_options, run
 from jaxspec_apps.demo._pair import resolve_pair
 from jaxspec_apps.demo._render import STYLES, Dashboard, bar, sparkline, summary, tenant_text
-from jaxspec_apps.demo._state import (
-    ACCEPT,
-    BONUS,
-    CORRECT,
-    PROMPT,
-    REJECT,
-    SEPARATOR,
-    DemoSettings,
-    DemoState,
-    TenantView,
-)
+from jaxspec_apps.demo._state import DemoSettings, DemoState, TenantView
 from verify.process import VerifierProcess, parse_ready_line
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -117,12 +108,12 @@ def test_events_build_the_text_in_styles_and_count_alpha():
     v.on_event("accept", ids("yzuv"), now=2.0)
     v.on_event("bonus", ids("B"), now=2.0)
     assert v.pieces == [
-        (PROMPT, "ab"),
-        (ACCEPT, "cd"),
-        (REJECT, "ef"),
-        (CORRECT, "X"),
-        (ACCEPT, "yzuv"),
-        (BONUS, "B"),
+        (span.PROMPT, "ab"),
+        (span.ACCEPT, "cd"),
+        (span.REJECT, "ef"),
+        (span.CORRECT, "X"),
+        (span.ACCEPT, "yzuv"),
+        (span.BONUS, "B"),
     ]
     assert v.inflight == []
     assert chars(v.ids) == "abcdXyzuvB" and v.new_tokens == 8
@@ -139,12 +130,12 @@ def test_events_build_the_text_in_styles_and_count_alpha():
     assert text.plain == "abcdefXyzuvB"
     spans = [(text.plain[sp.start : sp.end], sp.style) for sp in text.spans]
     assert spans == [
-        ("ab", STYLES[PROMPT]),
-        ("cd", STYLES[ACCEPT]),
-        ("ef", STYLES[REJECT]),
-        ("X", STYLES[CORRECT]),
-        ("yzuv", STYLES[ACCEPT]),
-        ("B", STYLES[BONUS]),
+        ("ab", STYLES[span.PROMPT]),
+        ("cd", STYLES[span.ACCEPT]),
+        ("ef", STYLES[span.REJECT]),
+        ("X", STYLES[span.CORRECT]),
+        ("yzuv", STYLES[span.ACCEPT]),
+        ("B", STYLES[span.BONUS]),
     ]
     assert len(set(STYLES.values())) == len(STYLES)  # every kind looks different
 
@@ -157,7 +148,8 @@ def test_a_new_sample_keeps_the_previous_text_above_a_separator():
         v.on_event("accept", ids(f"{n}{n}"), now=10.0 * n + 1)
     v.finish()
     kinds = [k for k, _ in v.pieces]
-    assert kinds == [PROMPT, ACCEPT, SEPARATOR, PROMPT, ACCEPT]  # samples 2 and 3 only
+    samples_2_and_3 = [span.PROMPT, span.ACCEPT, span.SEPARATOR, span.PROMPT, span.ACCEPT]
+    assert kinds == samples_2_and_3
     assert "".join(t for _, t in v.pieces).endswith("sample 3 ──\nab22")
     assert (v.sample, v.tokens, v.status) == (3, 6, "done")
 
@@ -173,7 +165,7 @@ def test_pieces_are_decoded_in_context():
     v.start_sample([0])
     v.on_event("draft", [1])
     v.on_event("accept", [1])
-    assert v.pieces[-1] == (ACCEPT, " y")
+    assert v.pieces[-1] == (span.ACCEPT, " y")
 
 
 def fake_state(n: int, lines: int = 30) -> DemoState:
@@ -270,7 +262,7 @@ def test_arguments_are_checked():
         (["--depth", "0"], "--depth"),
     ):
         with pytest.raises(ValueError, match=message):
-            _check(demo_args(*bad))
+            check_options(demo_args(*bad))
 
 
 def test_the_screen_state_and_the_process_helper_import_only_the_stdlib():

@@ -5,24 +5,15 @@ on, its documents kept out of the plain text too), and the length buckets of the
 from __future__ import annotations
 
 import collections
-import importlib.util
-import pathlib
-import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "tools" / "distill_smollm2.py"
+from tests.tool_scripts import load_tool
 
 
 @pytest.fixture(scope="module")
 def tool():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("distill_smollm2", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("distill_smollm2")
 
 
 @pytest.fixture(scope="module")

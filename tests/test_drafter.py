@@ -5,10 +5,8 @@ q of every encoding is the distribution the drafts were sampled from; the qualit
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +19,7 @@ from jaxspec.ckpts.tiny import tiny_config
 from jaxspec.decoding.sampling import Purpose, SamplingParams, sample, session_keys, uniforms, warp
 from jaxspec.decoding.speculative import draft_block
 from jaxspec.protocol import DraftSpec
+from tests.tool_scripts import load_tool
 
 ENCODINGS = ("full", "sparse", "onehot")
 GAMMA, SPARSE_K = 4, 5
@@ -265,11 +264,7 @@ def test_bad_arguments(model):
 
 
 def test_quality_tool_tiny_writes_the_tables(tmp_path):
-    path = pathlib.Path(__file__).resolve().parent.parent / "tools" / "quality_w4a16.py"
-    spec = importlib.util.spec_from_file_location("quality_w4a16", path)
-    tool = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = tool  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(tool)
+    tool = load_tool("quality_w4a16")
     assert tool.main(["--tiny", "--out", str(tmp_path / "q")]) == 0
     report = json.loads((tmp_path / "q.json").read_text())
     rows = {(r["family"], r["scheme"]): r for r in report["rows"]}

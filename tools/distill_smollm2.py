@@ -33,9 +33,7 @@ own package, `jaxspec.load("smollm2")`):
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import hashlib
 import json
 import pathlib
 import platform
@@ -50,390 +48,32 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import train_default_models as tdm  # the stdlib corpus and its held-out rule
-
-CATEGORIES = ("coding", "explanation", "summarization", "math", "rewriting")
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """What one run does; `--tiny` is every step at a size that runs in a minute or two."""
-
-    prompts_per_category: int = 120
-    heldout_per_category: int = 12
-    answer_tokens: int = 128
-    answer_batch: int = 48
-    plain_windows: int = 150
-    seq_len: int = 320
-    top_k: int = 32
-    width: int = 256
-    layers: int = 2
-    steps: int = 300
-    batch: int = 12
-    lr: float = 2e-3
-    warmup: int = 30
-    eval_tokens: int = 96
-    table: str = "int4"
-
-
-TINY = Plan(
-    prompts_per_category=3, heldout_per_category=2, answer_tokens=16, answer_batch=8,
-    plain_windows=4, seq_len=64, top_k=8, width=64, layers=1, steps=6, batch=4, warmup=2,
-    eval_tokens=12,
-)  # fmt: skip
-
-
-# ----------------------------------------------------------------------------- prompts
-
-
-@dataclasses.dataclass(frozen=True)
-class Prompt:
-    category: str
-    source: str  # the document (or template) it was built from: the held-out rule's key
-    text: str
-
-
-def _paragraphs(text: str, lo: int, hi: int) -> list[str]:
-    out = []
-    for para in text.split("\n\n"):
-        para = " ".join(para.split())
-        if lo <= len(para) <= hi and para[0].isalpha() and ">>>" not in para:
-            out.append(para)
-    return out
-
-
-def _functions(doc: tdm.Doc) -> list[tuple[str, str]]:
-    """(name, first docstring line) of the public top-level functions of a source file."""
-    try:
-        tree = ast.parse(doc.text)
-    except (SyntaxError, ValueError):
-        return []
-    out = []
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-            first = (ast.get_docstring(node) or "").strip().split("\n")[0].strip()
-            if 20 <= len(first) <= 160 and first.endswith("."):
-                out.append((node.name, first))
-    return out
-
-
-MATH = (
-    "{name} has {a} apples. {he} buys {b} more and gives {c} to a friend. How many apples "
-    "does {name} have now?",
-    "A train travels at {a} km per hour for {b} hours. How far does it go?",
-    "A book costs {a} dollars. How much do {b} books cost, and how much change is left from "
-    "{c}00 dollars?",
-    "There are {a} students in a class and {b} of them are girls. How many boys are there?",
-    "{name} saves {a} dollars every week. How many weeks does {he_l} need to save {c}0 dollars?",
-    "A rectangle is {a} cm long and {b} cm wide. What are its area and its perimeter?",
-    "A recipe needs {b} eggs for {a} pancakes. How many eggs are needed for {c} pancakes?",
-    "{name} reads {a} pages a day. The book has {c}0 pages. How many days does {he_l} need?",
+from trainlib.distill_data import answer, bucketize, pad, plain_windows, teacher_topk
+from trainlib.distill_plan import TINY, Plan
+from trainlib.draft_model import (
+    alpha,
+    draft_config,
+    init_draft,
+    kl_and_agreement,
+    lr_at,
+    seconds_per_token,
+    train_step_fn,
 )
-NAMES = (("Tom", "He"), ("Sara", "She"), ("Ali", "He"), ("Mia", "She"), ("Ken", "He"))
+from trainlib.logger import Logger
+from trainlib.prompts import (
+    CATEGORIES,
+    Prompt,
+    build_prompts,
+    heldout_prompts,
+    is_heldout,
+    split_prompts,
+)
 
-
-def build_prompts(seed: int) -> dict[str, list[Prompt]]:
-    """Every candidate prompt of each category, in a seeded order."""
-    rng = np.random.default_rng(seed)
-    source = [d for d in tdm.stdlib_documents() if d.name.endswith(".py")]
-    topics = tdm.pydoc_documents()
-    out: dict[str, list[Prompt]] = {c: [] for c in CATEGORIES}
-    for d in source:
-        mod = d.name.removeprefix("stdlib/").removesuffix(".py").removesuffix("/__init__")
-        mod = mod.replace("/", ".")
-        out["explanation"].append(
-            Prompt("explanation", d.name, f"What is the Python module `{mod}` for? Explain "
-                   "briefly with an example.")
-        )  # fmt: skip
-        for name, line in _functions(d)[:6]:
-            out["coding"].append(
-                Prompt("coding", d.name, f"Write a Python function `{name}` that does the "
-                       f"following: {line}")
-            )  # fmt: skip
-    for d in topics:
-        topic = d.name.removeprefix("pydoc/")
-        out["explanation"].append(
-            Prompt("explanation", d.name, f"Explain '{topic}' in Python to a beginner.")
-        )
-        for para in _paragraphs(d.text, 250, 600)[:2]:
-            out["summarization"].append(
-                Prompt("summarization", d.name, f"Summarize this text in two sentences:\n\n"
-                       f"{para}")
-            )  # fmt: skip
-        for para in _paragraphs(d.text, 80, 300)[:2]:
-            out["rewriting"].append(
-                Prompt("rewriting", d.name, f"Rewrite this text in simpler words:\n\n{para}")
-            )
-    for i in range(4000):
-        name, he = NAMES[i % len(NAMES)]
-        a, b, c = (int(x) for x in rng.integers(2, 40, size=3))
-        text = MATH[i % len(MATH)].format(name=name, he=he, he_l=he.lower(), a=a, b=b, c=c)
-        out["math"].append(Prompt("math", f"math/{text}", text))
-    for c in CATEGORIES:
-        unique = {p.text: p for p in out[c]}
-        order = rng.permutation(len(unique))
-        items = list(unique.values())
-        out[c] = [items[i] for i in order]
-    return out
-
-
-def is_heldout(p: Prompt) -> bool:
-    """The evaluation split. Explanations and math: by `tdm.is_heldout` of the document (or
-    the problem's text), ~3 %. The smaller pools (coding, summarization, rewriting): 10 % of
-    the prompts by the hash of their text, and the documents they come from are left out of
-    the plain-text windows, so no held-out paragraph or docstring is trained on."""
-    if p.category in ("explanation", "math"):
-        return tdm.is_heldout(p.source)
-    return int(hashlib.sha256(p.text.encode()).hexdigest()[:8], 16) % 100 < 10
-
-
-def split_prompts(
-    prompts: dict[str, list[Prompt]], plan: Plan
-) -> tuple[list[Prompt], list[Prompt]]:
-    """(train, held-out) prompts, `plan`'s number of each per category."""
-    train, held = [], []
-    for c in CATEGORIES:
-        tr = [p for p in prompts[c] if not is_heldout(p)]
-        ho = [p for p in prompts[c] if is_heldout(p)]
-        if len(ho) < plan.heldout_per_category:
-            raise RuntimeError(f"only {len(ho)} held-out {c} prompts")
-        train += tr[: plan.prompts_per_category]
-        held += ho[: plan.heldout_per_category]
-    return train, held
-
-
-def heldout_prompts(per_category: int = 12, seed: int = 0) -> list[Prompt]:
-    """The held-out chat prompts (what the report and the benchmarks measure on)."""
-    plan = dataclasses.replace(Plan(), heldout_per_category=per_category)
-    return split_prompts(build_prompts(seed), plan)[1]
-
-
-# ----------------------------------------------------------------------------- data
-
-
-def answer(target: Any, prompts: list[tuple[int, ...]], plan: Plan, seed: int, bar: Any) -> Any:
-    """The target's own answers (new tokens, EOS kept), half greedy, half at T=0.7."""
-    import jaxspec
-
-    answers: list[list[int]] = []
-    for i in range(0, len(prompts), plan.answer_batch):
-        chunk = [list(p) for p in prompts[i : i + plan.answer_batch]]
-        temps = [0.0 if (i + j) % 2 == 0 else 0.7 for j in range(len(chunk))]
-        out = jaxspec.generate(
-            target, chunk, plan.answer_tokens, temperature=temps,
-            seeds=[seed * 100003 + i + j for j in range(len(chunk))],
-        )  # fmt: skip
-        answers += out.tokens
-        bar(len(chunk))
-    return answers
-
-
-def plain_windows(tokenizer: Any, plan: Plan, seed: int, held: list[Prompt]) -> list[list[int]]:
-    """Windows of ordinary text (pydoc topics, stdlib sources): training documents only,
-    none that a held-out prompt was built from."""
-    rng = np.random.default_rng([seed, 7])
-    exclude = {p.source for p in held}
-    docs = [d for d in tdm.pydoc_documents() + tdm.stdlib_documents()]
-    docs = [d for d in docs if not tdm.is_heldout(d.name) and d.name not in exclude]
-    out = []
-    for i in rng.permutation(len(docs)):
-        ids = tokenizer.encode(docs[i].text, add_special_tokens=False)
-        if len(ids) >= plan.seq_len:
-            s = int(rng.integers(0, len(ids) - plan.seq_len + 1))
-            out.append(ids[s : s + plan.seq_len])
-        if len(out) == plan.plain_windows:
-            break
-    return out
-
-
-def pad(seqs: Sequence[Sequence[int]], length: int) -> tuple[np.ndarray, np.ndarray]:
-    """tokens [N, length] int32 (0-padded) and valid [N, length] bool."""
-    toks = np.zeros((len(seqs), length), np.int32)
-    valid = np.zeros((len(seqs), length), bool)
-    for i, s in enumerate(seqs):
-        s = list(s)[:length]
-        toks[i, : len(s)] = s
-        valid[i, : len(s)] = True
-    return toks, valid
-
-
-def bucketize(seqs: Sequence[Sequence[int]], plan: Plan) -> dict[int, list[list[int]]]:
-    """Sequences by length bucket (multiples of 64 up to `seq_len` inputs): batches of one
-    bucket waste little on padding (chat sequences are ~half of `seq_len`)."""
-    out: dict[int, list[list[int]]] = {}
-    for s in seqs:
-        s = list(s)[: plan.seq_len + 1]
-        T = min(plan.seq_len, -(-(len(s) - 1) // 64) * 64)
-        out.setdefault(T, []).append(s)
-    return dict(sorted(out.items()))
-
-
-def teacher_topk(
-    target: Any, toks: np.ndarray, valid: np.ndarray, k: int, bar: Any, batch: int = 8
-) -> tuple[np.ndarray, np.ndarray]:
-    """The target's top-k next-token ids [N, T, k] int32 and log-probs [N, T, k] float16."""
-    import jax
-    import jax.numpy as jnp
-
-    @jax.jit
-    def top(params, t, v):
-        B, T = t.shape
-        pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        cache = target.init_cache(B, T)
-        logits, _ = jaxspec_forward(target, params, t, pos, v, cache)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        vals, ids = jax.lax.top_k(logp, k)
-        return ids, vals.astype(jnp.float16)
-
-    ids_all, lp_all = [], []
-    for i in range(0, len(toks), batch):
-        t, v = toks[i : i + batch], valid[i : i + batch]
-        n = len(t)
-        if n < batch:  # one compiled shape
-            t = np.concatenate([t, np.zeros((batch - n, t.shape[1]), np.int32)])
-            v = np.concatenate([v, np.zeros((batch - n, v.shape[1]), bool)])
-        ids, lp = top(target.params, t, v)
-        ids_all.append(np.asarray(ids)[:n])
-        lp_all.append(np.asarray(lp)[:n])
-        bar(n)
-    return np.concatenate(ids_all), np.concatenate(lp_all)
-
-
-def jaxspec_forward(model: Any, params: Any, t: Any, pos: Any, v: Any, cache: Any) -> Any:
-    return model.module.apply({"params": params}, t, pos, v, cache)
-
-
-# ----------------------------------------------------------------------------- the draft
-
-
-def draft_config(target_config: Any, plan: Plan) -> Any:
-    heads = max(1, plan.width // 64)
-    return dataclasses.replace(
-        target_config, hidden_size=plan.width, intermediate_size=plan.width * 5 // 2,
-        num_hidden_layers=plan.layers, num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 2), head_dim=plan.width // heads,
-    )  # fmt: skip
-
-
-def init_draft(target: Any, config: Any, seed: int) -> Any:
-    """Random layers; the tied table is the target's, projected on its `width` principal
-    directions (so the draft starts out knowing which tokens are alike)."""
-    import jax.numpy as jnp
-
-    from jaxspec.nn.model import init_params
-
-    params = init_params(config, seed=seed)
-    table = np.asarray(target.params["embed_tokens"]["embedding"], np.float32)  # [V, 576]
-    centered = table - table.mean(0)
-    _, _, vt = np.linalg.svd(centered[:: max(1, len(table) // 8192)], full_matrices=False)
-    proj = centered @ vt[: config.hidden_size].T  # [V, W]
-    proj *= 0.02 / proj.std()
-    return {**params, "embed_tokens": {"embedding": jnp.asarray(proj, jnp.float32)}}
-
-
-def train_step_fn(config: Any, plan: Plan) -> Any:
-    """Jitted (params, opt_state, tokens, valid, ids, logp, lr) -> (params, opt_state, loss)."""
-    import jax
-    import jax.numpy as jnp
-    import optax
-
-    import jaxspec
-
-    opt = optax.chain(
-        optax.clip_by_global_norm(1.0),
-        optax.scale_by_adam(b1=0.9, b2=0.95),
-        optax.add_decayed_weights(0.05, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)),
-    )
-
-    def loss_fn(params, toks, valid, ids, logp):
-        logq = jax.nn.log_softmax(logits_of(jaxspec, config, params, toks, valid), axis=-1)
-        p = jnp.exp(logp.astype(jnp.float32))
-        p = p / p.sum(-1, keepdims=True)
-        ce = -jnp.sum(p * jnp.take_along_axis(logq, ids, axis=-1), axis=-1)
-        w = valid.astype(jnp.float32)
-        return jnp.sum(ce * w) / jnp.maximum(w.sum(), 1.0)
-
-    @jax.jit
-    def step(params, opt_state, toks, valid, ids, logp, lr):
-        loss, grads = jax.value_and_grad(loss_fn)(params, toks, valid, ids, logp)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return jax.tree.map(lambda p, u: p - lr * u, params, updates), opt_state, loss
-
-    return step, opt
-
-
-def logits_of(jaxspec: Any, config: Any, params: Any, toks: Any, valid: Any) -> Any:
-    import jax.numpy as jnp
-
-    B, T = toks.shape
-    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    cache = jaxspec.init_cache(config, B, T)
-    logits, _ = jaxspec.Llama(config, kernels=False).apply(  # training: XLA's ops
-        {"params": params}, toks, pos, valid, cache
-    )
-    return logits
-
-
-def lr_at(step: int, plan: Plan) -> float:
-    if step < plan.warmup:
-        return plan.lr * (step + 1) / plan.warmup
-    frac = (step - plan.warmup) / max(1, plan.steps - plan.warmup)
-    return plan.lr * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * min(1.0, frac))))
-
-
-def kl_and_agreement(
-    model: Any, toks: np.ndarray, valid: np.ndarray, ids: np.ndarray, logp: np.ndarray,
-    mask: np.ndarray, batch: int = 8,
-) -> tuple[float, float]:  # fmt: skip
-    """Teacher-forced KL(teacher top-k, renormalized || draft) and greedy agreement over the
-    positions in `mask` (float32 model or a quantized one: its own forward)."""
-    import jax
-    import jax.numpy as jnp
-
-    @jax.jit
-    def stats(params, t, v, i, lp):
-        B, T = t.shape
-        pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        logits, _ = model.module.apply({"params": params}, t, pos, v, model.init_cache(B, T))
-        logq = jax.nn.log_softmax(logits, axis=-1)
-        p = jnp.exp(lp.astype(jnp.float32))
-        p = p / p.sum(-1, keepdims=True)
-        kl = jnp.sum(p * (jnp.log(p + 1e-30) - jnp.take_along_axis(logq, i, axis=-1)), -1)
-        return kl, jnp.argmax(logits, -1) == i[..., 0]
-
-    kls, agree, count = 0.0, 0.0, 0
-    for s in range(0, len(toks), batch):
-        sl = slice(s, s + batch)
-        kl, ok = stats(model.params, toks[sl], valid[sl], ids[sl], logp[sl])
-        m = mask[sl]
-        kls += float(np.sum(np.asarray(kl)[m]))
-        agree += float(np.sum(np.asarray(ok)[m]))
-        count += int(m.sum())
-    return kls / max(1, count), agree / max(1, count)
-
-
-def seconds_per_token(model: Any, prompt: list[int], new: int, repeats: int = 3) -> float:
-    import jaxspec
-
-    jaxspec.generate(model, prompt, new, temperature=0.0)  # compile
-    runs = [jaxspec.generate(model, prompt, new, temperature=0.0) for _ in range(repeats)]
-    return min(r.stats.wall_s for r in runs) / new
-
-
-def alpha(target: Any, draft: Any, prompts: list[list[int]], new: int, temperature: float) -> Any:
-    """(alpha, mean acceptance length, alpha per draft position) of co-located speculative
-    decoding, gamma 4, over `prompts` (one batch)."""
-    import jaxspec
-
-    out = jaxspec.generate(
-        target, prompts, new, draft=draft, gamma=4, temperature=temperature, seed=1,
-        encoding="full",
-    )  # fmt: skip
-    f = out.stats.figures
-    return f.acceptance_rate, f.mean_acceptance_length, list(f.per_position_acceptance)
-
-
-# ----------------------------------------------------------------------------- main
+# What tests/test_distill_tool.py uses of this script, by these names.
+__all__ = [
+    "CATEGORIES", "Plan", "bucketize", "build_prompts", "heldout_prompts", "is_heldout", "main",
+    "pad", "split_prompts",
+]  # fmt: skip
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -497,7 +137,7 @@ def start_run(argv: Sequence[str] | None) -> Run:
     changes = {"steps": args.steps, "prompts_per_category": args.prompts_per_category,
                "table": args.table}  # fmt: skip
     plan = dataclasses.replace(plan, **{k: v for k, v in changes.items() if v is not None})
-    log = tdm.Logger(progress=not args.no_progress)
+    log = Logger(progress=not args.no_progress)
     t_start = time.time()
     times: dict[str, float] = {}
 

@@ -143,6 +143,17 @@ async def stall(a: argparse.Namespace) -> None:
           f"{attacked:.3f} s under {len(huge)} such requests, {alone:.3f} s alone")  # fmt: skip
 
 
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the server closed `sock` (an EOF or a reset; no data waiting means open)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
 async def idle(a: argparse.Namespace) -> None:
     """`clients` idle connections, a request among them, then the head deadline."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -155,16 +166,7 @@ async def idle(a: argparse.Namespace) -> None:
     took = time.monotonic() - t0
 
     def closed() -> int:
-        n = 0
-        for s in socks:
-            s.setblocking(False)
-            try:
-                n += s.recv(1) == b""
-            except BlockingIOError:
-                pass
-            except OSError:
-                n += 1
-        return n
+        return sum(map(_closed_by_peer, socks))
 
     first = closed()
     await asyncio.sleep(a.wait_s)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import pathlib
 import platform
@@ -48,6 +47,12 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
+
+from trainlib.corpus import build_corpus, encode_docs  # noqa: E402
+from trainlib.evaluation import windows as split_windows  # noqa: E402
+from trainlib.presets import FULL as FULL_PRESET  # noqa: E402
+from trainlib.presets import TINY as TINY_PRESET  # noqa: E402
 
 import jaxspec  # noqa: E402
 from edge.drafter import Drafter  # noqa: E402
@@ -101,25 +106,15 @@ FULL = Settings(256, 24, 8, 16, 32, 48, 4, 32, 3, 64)
 TINY = Settings(32, 2, 2, 2, 8, 6, 2, 4, 1, 8)
 
 
-def load_trainer() -> Any:
-    """tools/train_default_models.py as a module (its corpus split is the held-out set)."""
-    spec = importlib.util.spec_from_file_location(
-        "train_default_models", REPO / "tools" / "train_default_models.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def heldout_streams(trainer: Any, tokenizer: Any, tiny: bool) -> dict[str, np.ndarray]:
-    """Token streams of the held-out documents, one per kind ("source", "docs")."""
-    _, held = trainer.build_corpus(trainer.TINY if tiny else trainer.FULL)
+def heldout_streams(tokenizer: Any, tiny: bool) -> dict[str, np.ndarray]:
+    """Token streams of the held-out documents of `tools/train_default_models.py`'s split, one
+    per kind ("source", "docs")."""
+    _, held = build_corpus(TINY_PRESET if tiny else FULL_PRESET)
     streams = {}
     for kind in ("source", "docs"):
         docs = [d for d in held if d.kind == kind]
         if docs:
-            streams[kind] = trainer.encode_docs(tokenizer, docs).astype(np.int32)
+            streams[kind] = encode_docs(tokenizer, docs).astype(np.int32)
     return streams
 
 
@@ -141,15 +136,10 @@ def weights_digest(name: str) -> str | None:
 
 def tiny_pair() -> tuple[jaxspec.Model, jaxspec.Model]:
     tok = byte_tokenizer()
-    common = dict(
-        vocab_size=len(tok),
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id,
-        eos_token_ids=(tok.eos_token_id,),
-    )
+    ends = dict(bos_token_id=tok.bos_token_id, eos_token_ids=(tok.eos_token_id,))
     # One config for both (different weights): the self rows then reuse the draft rows'
     # compilations, which is most of the tiny run's time.
-    tcfg = dcfg = tiny_config(**common)
+    tcfg = dcfg = tiny_config(vocab_size=len(tok), tie_word_embeddings=True, **ends)
 
     def make(cfg, seed):  # spread weights: distributions far from uniform
         params = jax.tree.map(lambda a: 3 * a, jaxspec.init_params(cfg, seed))
@@ -249,9 +239,8 @@ def start_run(argv: list[str] | None) -> Run:
 def load_heldout(run: Run, target: jaxspec.Model) -> Heldout:
     """The held-out streams (tokenized by the target), windows of them, and prompts."""
     s = run.s
-    trainer = load_trainer()
-    streams = heldout_streams(trainer, target.tokenizer, run.args.tiny)
-    windows = {k: trainer.windows(v, s.seq_len + 1, s.windows) for k, v in streams.items()}
+    streams = heldout_streams(target.tokenizer, run.args.tiny)
+    windows = {k: split_windows(v, s.seq_len + 1, s.windows) for k, v in streams.items()}
     rng = np.random.RandomState(0)
     prompts = []
     for i in range(s.prompts):  # alternate kinds; random windows of held-out text

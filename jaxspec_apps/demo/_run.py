@@ -128,7 +128,7 @@ def _configs(
         configs.append(
             SessionConfig(
                 prompt=(chat_prompt if args.chat else encode_prompt)(text, view.prompt_text),
-                max_new_tokens=args.tokens,
+                max_new_tokens=args.max_new_tokens,
                 sampling=sampling,
                 seed=args.seed + i,
                 mode=args.mode,
@@ -155,28 +155,25 @@ def check_context(model: Model, configs: Sequence[SessionConfig]) -> None:
             )
 
 
+# The screen's settings that are the command line's options as they are.
+SETTINGS_FROM_ARGS = (
+    "tenants", "mode", "gamma", "rtt_ms", "jitter_ms", "temperature", "max_new_tokens",
+    "seconds", "checkpoint", "draft", "quantize",
+)  # fmt: skip
+
+
 def make_state(args: argparse.Namespace, address: str = "", pid: int | None = None) -> DemoState:
     """The screen's initial contents from the command line (the pair resolved first)."""
     resolve_pair(args)
     settings = DemoSettings(
-        tenants=args.tenants,
-        mode=args.mode,
+        **{name: getattr(args, name) for name in SETTINGS_FROM_ARGS},
         depth=1 if args.mode == "sync" else args.depth,
-        gamma=args.gamma,
-        rtt_ms=args.rtt_ms,
-        jitter_ms=args.jitter_ms,
-        temperature=args.temperature,
-        max_new_tokens=args.tokens,
-        seconds=args.seconds,
         verifier=address,
         spawned=args.verifier is None,
         verifier_pid=pid,
-        checkpoint=args.checkpoint,
-        draft=args.draft,
-        quantize=args.quantize,
     )
     views = [
-        TenantView(index=i, prompt_text=p, max_new_tokens=args.tokens)
+        TenantView(index=i, prompt_text=p, max_new_tokens=args.max_new_tokens)
         for i, p in enumerate(_prompts(args))
     ]
     return DemoState(settings=settings, tenants=views)
