@@ -16,16 +16,15 @@ from hypothesis import strategies as st
 import jaxspec
 from jaxspec.ckpts.tiny import byte_tokenizer, tiny_config, to_dtype
 from jaxspec.compilation.traces import traces
-from jaxspec.quant.quantize import (
-    dequantize,
+from jaxspec.kernels.int4_layout import (
     pack_int4,
     pack_tiles,
-    quant_spec,
     take_tile_columns,
     unpack_int4,
     unpack_tiles,
-    with_kernel,
 )
+from jaxspec.quant.layers import quant_spec, with_kernel
+from jaxspec.quant.quantize import dequantize
 
 # intermediate 72 and hidden 32: group 16 divides one and not the other (zero-padded groups).
 VARIANTS = {
@@ -173,11 +172,10 @@ def test_packed_and_unpacked_int4_give_identical_matmuls(quantized):
 
 
 def test_the_tiled_layout_is_the_kernels():
-    from jaxspec.kernels import int4 as int4kernel
-
     q = np.random.RandomState(3).randint(-8, 8, (37, 150)).astype(np.int8)
-    tiles = np.asarray(pack_tiles(jnp.asarray(q)))
-    np.testing.assert_array_equal(tiles, int4kernel.prepare(np.asarray(pack_int4(q)), 37))
+    tiles = np.asarray(pack_tiles(jnp.asarray(q)))  # under jax, as a model stores it
+    rows = np.asarray(pack_int4(jnp.asarray(q)))  # the checkpoint rows, re-laid in numpy
+    np.testing.assert_array_equal(tiles, pack_tiles(unpack_int4(rows, 37)))
     np.testing.assert_array_equal(np.asarray(unpack_tiles(tiles, 150)), q)
     cols = jnp.asarray([0, 63, 64, 149, 5])
     np.testing.assert_array_equal(np.asarray(take_tile_columns(tiles, cols)), q[:, cols])
