@@ -3,6 +3,7 @@ storage, checkpoints, and quantized drafts in speculative decoding."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxspec
+from jaxspec.ckpts.checkpoint import BUILTIN_DIR
 from jaxspec.ckpts.tiny import byte_tokenizer, tiny_config, to_dtype
 from jaxspec.compilation.traces import traces
 from jaxspec.kernels.int4_layout import (
@@ -23,6 +25,7 @@ from jaxspec.kernels.int4_layout import (
     unpack_int4,
     unpack_tiles,
 )
+from jaxspec.nn.config import LlamaConfig
 from jaxspec.quant.layers import quant_spec, with_kernel
 from jaxspec.quant.quantize import dequantize
 
@@ -182,16 +185,10 @@ def test_the_tiled_layout_is_the_kernels():
 
 
 def test_resident_bytes_of_w4a16_are_under_0_3x_bf16():
-    """A model where the weights, not the norms, dominate (hidden 256, like the default)."""
-    cfg = tiny_config(
-        vocab_size=512,
-        hidden_size=256,
-        intermediate_size=688,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=32,
-        tie_word_embeddings=True,
-    )
+    """A model where the weights, not the norms, dominate: the shipped default target's shapes
+    (hidden 256, tied), with 2 layers and a 512-token vocabulary."""
+    shipped = json.loads((BUILTIN_DIR / "target" / "config.json").read_text())
+    cfg = dataclasses.replace(LlamaConfig.from_hf(shipped), vocab_size=512, num_hidden_layers=2)
     model = jaxspec.Model(config=cfg, params=jaxspec.init_params(cfg, 0))
     bf16 = to_dtype(model, jnp.bfloat16).nbytes()
     assert bf16 == 2 * cfg.num_params
