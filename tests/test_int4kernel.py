@@ -94,13 +94,6 @@ def _bound(x, qweight, scale, offset, K, group):
     return np.abs(x.astype(np.float64)) @ (np.abs(w) + 8 * np.abs(s))
 
 
-@pytest.fixture
-def isa_restored():
-    yield
-    if kernels.available():
-        kernels.set_isa("best")
-
-
 @needs_kernel
 @settings(max_examples=40)
 @given(

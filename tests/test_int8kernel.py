@@ -33,13 +33,6 @@ def _problem(bucket, seed, dtype):
     return x, q, scale
 
 
-@pytest.fixture
-def best_isa():
-    yield
-    if kernels.available():
-        kernels.set_isa("best")
-
-
 @needs_kernel
 @settings(max_examples=16, deadline=None)
 @given(
@@ -47,7 +40,7 @@ def best_isa():
     seed=st.integers(0, 2**32 - 1),
     dtype=st.sampled_from(SCALES),
 )
-def test_kernel_matches_reference_and_is_invariant(best_isa, bucket, seed, dtype):
+def test_kernel_matches_reference_and_is_invariant(isa_restored, bucket, seed, dtype):
     N, K, M, group = bucket
     x, q, scale = _problem(bucket, seed, dtype)
     got = np.asarray(int8.matmul(x, q, scale, group=group))
