@@ -49,7 +49,7 @@ from jaxspec.decoding.speculative import draft_block
 from jaxspec.decoding.verification import DraftQ
 from jaxspec.nn.model import KVCache, Llama, Model, init_cache
 from jaxspec.protocol import DraftSpec, InvalidArgument
-from jaxspec.quant.quantize import quant_spec
+from jaxspec.quant.layers import quant_spec
 from jaxspec.quant.quantize import quantize as quantize_model
 
 

@@ -1,29 +1,17 @@
 """jaxspec: multi-tenant edge-cloud speculative decoding in JAX (core, pure functions).
 
-The names below load on first use (PEP 562), so importing one light submodule (the protocol's
-figures, the wire's types) does not load JAX and the model with it.
+The names below load on first use (`jaxspec.lazy`, PEP 562), so importing one light submodule
+(the protocol's figures, the wire's types) does not load JAX and the model with it.
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from jaxspec.lazy import lazy_names
+from jaxspec.quiet import drop_no_torch_notice
 
-class _NoTorchNotice(logging.Filter):
-    """Drops the one notice `import transformers` prints without torch ("PyTorch was not
-    found. Models won't be available…"): jaxspec uses transformers for tokenizers only, which
-    need no torch, so every command printed a warning about nothing. Every other message of
-    transformers' logger passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("PyTorch was not found")
-
-
-# Installed when jaxspec is imported, before any of its modules imports transformers.
-logging.getLogger("transformers").addFilter(_NoTorchNotice())
-
+drop_no_torch_notice()  # before any of jaxspec's modules imports transformers
 
 # public name -> the submodule that defines it
 _EXPORTS = {
@@ -75,23 +63,7 @@ __all__ = [
 ]  # the keys of _EXPORTS
 
 
-def __getattr__(name: str) -> Any:
-    """Load the submodule that defines `name` on first use (a submodule's own name loads it)."""
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"jaxspec.{_EXPORTS[name]}"), name)
-        globals()[name] = value
-        return value
-    try:
-        return importlib.import_module(f"jaxspec.{name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"jaxspec.{name}":
-            raise
-        raise AttributeError(f"module 'jaxspec' has no attribute {name!r}") from None
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
-
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from jaxspec.ckpts.checkpoint import generation_defaults, load, load_gguf, save

@@ -113,7 +113,7 @@ class QuantizedCopy:
     def recipe(self) -> dict[str, object]:
         """What the copy's build depends on beyond its base, recorded in its source file: a
         cached copy of another recipe is built again."""
-        from jaxspec.quant.quantize import DEFAULT_METHOD
+        from jaxspec.quant.spec import DEFAULT_METHOD
 
         method = self.method or DEFAULT_METHOD
         return {"method": method, "head_bits": self.head_bits, "head_method": self.head_method}

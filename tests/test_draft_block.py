@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxspec
-import jaxspec.protocol as protocol
+import jaxspec.protocol.blocks as protocol  # where a block checks its q
 from edge.drafter import DraftBatch
 from edge.session import _to_wire
 from jaxspec.ckpts.tiny import tiny_config

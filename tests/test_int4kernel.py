@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from jaxspec import kernels
 from jaxspec.kernels import int4 as int4kernel
-from jaxspec.quant.quantize import pack_int4
+from jaxspec.kernels.int4_layout import pack_int4, pack_tiles, unpack_int4
 
 needs_kernel = pytest.mark.skipif(
     not kernels.available(), reason=f"kernel not built: {kernels.status()}"
@@ -86,7 +86,7 @@ def _reference(x, qweight, scale, offset, *, K, M, group):
 
 def _bound(x, qweight, scale, offset, K, group):
     """|x| @ (|W| + 8 |S|) in float64: the size of the terms the kernel rounds."""
-    q = int4kernel.unpack_checkpoint(qweight, K).astype(np.float64)
+    q = unpack_int4(qweight, K).astype(np.float64)
     s = np.repeat(np.asarray(scale.astype(jnp.float32), np.float64), group, axis=0)[:K]
     w = s * q
     if offset is not None:
@@ -110,7 +110,7 @@ def test_kernel_matches_reference(isa_restored, bucket, seed, dtype, shift, valu
     N, K, M, group = bucket
     x, qweight, scale, offset = _problem(bucket, seed, dtype, shift != "none", values)
     kernels.set_isa(path)
-    w = int4kernel.prepare(qweight, K)
+    w = pack_tiles(unpack_int4(qweight, K))
     kw = dict(K=K, M=M, group=group)
     if shift == "minimum":
         got = np.asarray(int4kernel.matmul(x, w, scale, minimum=offset, **kw))
@@ -125,11 +125,11 @@ def test_kernel_matches_reference(isa_restored, bucket, seed, dtype, shift, valu
     assert np.all(err <= TOL * bound + 1e-30), float(np.max(err / (bound + 1e-30)))
 
 
-def test_prepare_layout_is_the_documented_one():
+def test_the_tiled_layout_is_the_documented_one():
     """Nibble i of word j of (tile t, row k) is q + 8 of column 64 t + 8 i + j."""
     K, M = 3, 130
     q = np.random.default_rng(0).integers(-8, 8, size=(K, M))
-    w = int4kernel.prepare(np.asarray(pack_int4(jnp.asarray(q))), K)
+    w = pack_tiles(unpack_int4(np.asarray(pack_int4(jnp.asarray(q))), K))
     assert w.dtype == np.uint8 and w.shape == (3, K, 32)
     words = w.view("<u4")  # [T, K, 8]
     for t in range(3):
@@ -145,7 +145,7 @@ def test_reference_matches_a_numpy_dequant():
     K, M, group = 77, 9, 32
     x, qweight, scale, offset = _problem((2, K, M, group), 1, jnp.float16, True)
     got = int4kernel.reference_matmul(x, qweight, scale, offset, K=K, M=M, group=group)
-    q = int4kernel.unpack_checkpoint(qweight, K).astype(np.float64)
+    q = unpack_int4(qweight, K).astype(np.float64)
     s = np.repeat(np.asarray(scale, np.float64), group, axis=0)[:K]
     o = np.repeat(np.asarray(offset, np.float64), group, axis=0)[:K]
     np.testing.assert_allclose(got, x @ (s * q + o), rtol=1e-5, atol=1e-5)
@@ -157,7 +157,7 @@ def test_leading_dims_and_a_flax_module():
 
     K, M, group = 96, 70, 32
     x, qweight, scale, offset = _problem((6, K, M, group), 2, jnp.bfloat16, True)
-    w = jnp.asarray(int4kernel.prepare(qweight, K))
+    w = jnp.asarray(pack_tiles(unpack_int4(qweight, K)))
 
     class Int4Dense(nn.Module):
         @nn.compact
@@ -179,7 +179,7 @@ def test_leading_dims_and_a_flax_module():
 def test_wrong_shapes_are_refused():
     K, M, group = 64, 64, 32
     x, qweight, scale, _ = _problem((1, K, M, group), 3, jnp.bfloat16, False)
-    w = int4kernel.prepare(qweight, K)
+    w = pack_tiles(unpack_int4(qweight, K))
     with pytest.raises(ValueError, match="scale"):
         int4kernel.matmul(x, w, scale[:1], K=K, M=M, group=group)
     with pytest.raises(ValueError, match="w_prepared"):
@@ -216,7 +216,7 @@ def test_every_path_and_row_count_give_the_same_bits(isa_restored, bucket, seed,
     among N rows or alone, on AVX-512, AVX2 or the portable build."""
     N, K, M, group = bucket
     x, qweight, scale, offset = _problem(bucket, seed, dtype, shift != "none", "sparse")
-    w = int4kernel.prepare(qweight, K)
+    w = pack_tiles(unpack_int4(qweight, K))
     kw = dict(K=K, M=M, group=group)
     if shift == "minimum":
         kw["minimum"], offset = offset, None

@@ -3,7 +3,6 @@ data, and the packed copies of a model served through the same AQT int dot path.
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import jax
@@ -14,9 +13,9 @@ import jaxspec
 from jaxspec.ckpts.tiny import tiny_config
 from jaxspec.quant import calibration
 from jaxspec.quant import methods as quant_methods
-from jaxspec.quant.quantize import dequantize, quant_spec
+from jaxspec.quant.layers import quant_spec, with_kernel
+from jaxspec.quant.quantize import dequantize
 
-qmod = importlib.import_module("jaxspec.quant.quantize")  # the package attribute is the function
 IDS = np.random.RandomState(1).randint(0, 64, (2, 6))
 
 
@@ -378,7 +377,7 @@ def test_the_absmax_head_runs_on_the_int8_kernel_as_on_xlas_path(quantized):
     q = quantized("gptq", 8, "absmax")
     head = quant_spec(q).head()
     assert head.int8_symmetric and not quant_spec(q).int8_symmetric  # the int4 body is not
-    xla = qmod.with_kernel(q, False)
+    xla = with_kernel(q, False)
     np.testing.assert_allclose(logits(q), logits(xla), atol=1e-4, rtol=0)
     pos = np.broadcast_to(np.arange(IDS.shape[1]), IDS.shape)
 

@@ -3,6 +3,7 @@ storage, checkpoints, and quantized drafts in speculative decoding."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 
@@ -14,18 +15,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxspec
+from jaxspec.ckpts.checkpoint import BUILTIN_DIR
 from jaxspec.ckpts.tiny import byte_tokenizer, tiny_config, to_dtype
 from jaxspec.compilation.traces import traces
-from jaxspec.quant.quantize import (
-    dequantize,
+from jaxspec.kernels.int4_layout import (
     pack_int4,
     pack_tiles,
-    quant_spec,
     take_tile_columns,
     unpack_int4,
     unpack_tiles,
-    with_kernel,
 )
+from jaxspec.nn.config import LlamaConfig
+from jaxspec.quant.layers import quant_spec, with_kernel
+from jaxspec.quant.quantize import dequantize
 
 # intermediate 72 and hidden 32: group 16 divides one and not the other (zero-padded groups).
 VARIANTS = {
@@ -173,27 +175,20 @@ def test_packed_and_unpacked_int4_give_identical_matmuls(quantized):
 
 
 def test_the_tiled_layout_is_the_kernels():
-    from jaxspec.kernels import int4 as int4kernel
-
     q = np.random.RandomState(3).randint(-8, 8, (37, 150)).astype(np.int8)
-    tiles = np.asarray(pack_tiles(jnp.asarray(q)))
-    np.testing.assert_array_equal(tiles, int4kernel.prepare(np.asarray(pack_int4(q)), 37))
+    tiles = np.asarray(pack_tiles(jnp.asarray(q)))  # under jax, as a model stores it
+    rows = np.asarray(pack_int4(jnp.asarray(q)))  # the checkpoint rows, re-laid in numpy
+    np.testing.assert_array_equal(tiles, pack_tiles(unpack_int4(rows, 37)))
     np.testing.assert_array_equal(np.asarray(unpack_tiles(tiles, 150)), q)
     cols = jnp.asarray([0, 63, 64, 149, 5])
     np.testing.assert_array_equal(np.asarray(take_tile_columns(tiles, cols)), q[:, cols])
 
 
 def test_resident_bytes_of_w4a16_are_under_0_3x_bf16():
-    """A model where the weights, not the norms, dominate (hidden 256, like the default)."""
-    cfg = tiny_config(
-        vocab_size=512,
-        hidden_size=256,
-        intermediate_size=688,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=32,
-        tie_word_embeddings=True,
-    )
+    """A model where the weights, not the norms, dominate: the shipped default target's shapes
+    (hidden 256, tied), with 2 layers and a 512-token vocabulary."""
+    shipped = json.loads((BUILTIN_DIR / "target" / "config.json").read_text())
+    cfg = dataclasses.replace(LlamaConfig.from_hf(shipped), vocab_size=512, num_hidden_layers=2)
     model = jaxspec.Model(config=cfg, params=jaxspec.init_params(cfg, 0))
     bf16 = to_dtype(model, jnp.bfloat16).nbytes()
     assert bf16 == 2 * cfg.num_params

@@ -19,7 +19,8 @@ from transformers import AutoModelForCausalLM
 import jaxspec
 from jaxspec.ckpts.gguf_import import gguf_reader
 from jaxspec.quant import methods as quant_methods
-from jaxspec.quant.quantize import dequantize, quant_spec, with_kernel
+from jaxspec.quant.layers import quant_spec, with_kernel
+from jaxspec.quant.quantize import dequantize
 from jaxspec_apps import cli
 from jaxspec_host import hub
 from tests.fixtures import gguf_oracle

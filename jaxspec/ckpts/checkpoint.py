@@ -172,8 +172,8 @@ def load(path: PathLike, *, dtype: Any = jnp.float32, tokenizer: bool = True) ->
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfg_file} is not valid JSON: {e}") from None
     quant = raw_cfg.get("quantization_config") or {}
-    if quant.get("quant_method") == "jaxspec-aqt":  # written by quant.quantize.save_quantized
-        from jaxspec.quant.quantize import load_quantized
+    if quant.get("quant_method") == "jaxspec-aqt":  # written by quant.checkpoints.save_quantized
+        from jaxspec.quant.checkpoints import load_quantized
 
         tok = _load_tokenizer(d) if tokenizer else None
         return load_quantized(d, raw_cfg, dtype=dtype, tokenizer=tok, name=str(path))
@@ -311,10 +311,10 @@ def save(model: Model, path: PathLike, *, dtype: Any = None) -> pathlib.Path:
 
     `dtype` (e.g. `jnp.bfloat16`) converts the stored weights; default keeps theirs. A
     quantized model (`jaxspec.quantize`) is written in its packed form instead (see
-    `jaxspec.quant.quantize.save_quantized`; `dtype` must then be None).
+    `jaxspec.quant.checkpoints.save_quantized`; `dtype` must then be None).
     """
     if model.dense_cls is not None or model.embed_cls is not None:
-        from jaxspec.quant.quantize import save_quantized
+        from jaxspec.quant.checkpoints import save_quantized
 
         if dtype is not None:
             raise ValueError("a quantized model is saved as it is; dtype must be None")

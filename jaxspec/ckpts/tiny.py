@@ -41,27 +41,21 @@ def tiny_config(**overrides: Any) -> LlamaConfig:
 def tiny_gemma3_config(**overrides: Any) -> LlamaConfig:
     """A 3-layer Gemma 3 config (local, global, local; a window of 5 positions, one KV head,
     scores over sqrt(12) where head_dim is 8): every Gemma switch on, compiled in seconds."""
-    base = dict(
-        GEMMA3_BLOCK,
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=8,
-        rms_norm_eps=1e-6,
-        max_position_embeddings=512,
-        rope_theta=1_000_000.0,
-        tie_word_embeddings=True,
-        hidden_act="gelu_pytorch_tanh",
-        query_pre_attn_scalar=12,
-        sliding_window=5,
-        layer_types=(SLIDING, FULL, SLIDING),
-        rope_local_theta=10000.0,
+    return tiny_config(
+        **{
+            **GEMMA3_BLOCK,
+            "num_hidden_layers": 3,
+            "num_key_value_heads": 1,
+            "rope_theta": 1_000_000.0,
+            "tie_word_embeddings": True,
+            "hidden_act": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": 12,
+            "sliding_window": 5,
+            "layer_types": (SLIDING, FULL, SLIDING),
+            "rope_local_theta": 10000.0,
+            **overrides,
+        },
     )
-    base.update(overrides)
-    return LlamaConfig(**base)
 
 
 def byte_tokenizer() -> Any:

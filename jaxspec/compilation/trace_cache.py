@@ -28,14 +28,14 @@ An entry (`<function>-<key>.trace`) is data, never code (no pickle):
 
 An entry that is missing a byte, has one flipped, was stored under another key, holds another
 call's argument tree or shapes, or fails to deserialize is traced anew and rewritten, with a
-warning: never a crash (the checksum is checked first: StableHLO's parser can crash the
-process on corrupt bytecode). Trees are JSON (node types by module and name, looked up among
-modules already imported, never imported). The directory must be writable by this user only
-(`foreign_writers`): a loaded program runs with the server's rights and can call our kernels
-with any sizes, and no format can tell a planted entry from ours, so a directory (or entry)
-that another user owns or can write is not used. Entries are evicted least recently used
-(a load touches the file) once the directory holds more than `max_bytes`
-(DEFAULT_MAX_BYTES). A read-only directory is read and never written.
+warning: never a crash (the checksum is checked first: StableHLO's parser can crash the process
+on corrupt bytecode). Trees are JSON (`trace_trees`: node types by module and name, looked up
+among modules already imported, never imported). The directory must be writable by this user
+only (`foreign_writers`): a loaded program runs with the server's rights and can call our
+kernels with any sizes, and no format can tell a planted entry from ours, so a directory (or
+entry) that another user owns or can write is not used. Entries are evicted least recently used
+(a load touches the file) once the directory holds more than `max_bytes` (DEFAULT_MAX_BYTES). A
+read-only directory is read and never written.
 
 Off (plain `jax.jit`) unless a directory is configured, with more than one device (sharded
 programs are not cached), under `jax.disable_jit`, or for an argument that is not an array.
@@ -66,6 +66,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from jaxspec.compilation.trace_trees import Unusable, tree_from_json, tree_to_json
 
 # Our FFI kernels' custom-call targets (`jaxspec.kernels` registers them with
 # `allow_custom_calls`): export refuses custom calls it does not know to be stable; these are
@@ -104,17 +106,12 @@ _ENTRY = re.compile(r".+-[0-9a-f]{64}(\.trace)?")  # (no suffix: the pickles of 
 _STALE_TMP_S = 3600.0  # a writer's temporary file older than this was left by a crash
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _PACKAGES = ("jax", "jaxlib", "flax", "aqtp", "numpy")
-_BUILTIN_NODES = {"tuple": tuple, "list": list, "dict": dict, "None": type(None)}
 
 _dir: pathlib.Path | None = None
 _max_bytes = DEFAULT_MAX_BYTES
 _lock = threading.Lock()
 _warned: set[str] = set()
 log = logging.getLogger("jaxspec.compilation.trace_cache")
-
-
-class Unusable(Exception):
-    """A kept entry that must not be loaded (the message says why); it is traced anew."""
 
 
 _before_load: list[Callable[[], Any]] = []  # e.g. FFI kernels' registration
@@ -298,74 +295,6 @@ def _aval(leaf: Any) -> jax.ShapeDtypeStruct | None:
 
 def _avals_json(avals: list) -> list:
     return [[list(a.shape), str(a.dtype), bool(a.weak_type)] for a in avals]
-
-
-# --- trees as plain data -------------------------------------------------------------------
-
-
-def _type_name(kind: type) -> str:
-    for name, builtin in _BUILTIN_NODES.items():
-        if kind is builtin:
-            return name
-    if "<locals>" in kind.__qualname__:
-        raise TypeError(f"a local class ({kind.__qualname__}) cannot be named in a kept trace")
-    return f"{kind.__module__}:{kind.__qualname__}"
-
-
-def _type_named(name: str) -> type:
-    """The node type `name` names, among modules already imported (nothing is imported)."""
-    if name in _BUILTIN_NODES:
-        return _BUILTIN_NODES[name]
-    module, _, qualname = name.partition(":")
-    obj: Any = sys.modules.get(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None) if obj is not None and part else None
-    if not isinstance(obj, type):
-        raise Unusable(f"its tree names {name!r}, which is not a type this process has")
-    return obj
-
-
-def _plain(aux: Any) -> Any:
-    """A node's auxiliary data as JSON: None, bools, numbers, strings and tuples or lists of
-    them (anything else: TypeError, and the trace is not kept)."""
-    if aux is None or type(aux) in (bool, int, float, str):  # (exactly: no enum, no numpy)
-        return aux
-    if type(aux) in (tuple, list):
-        return {type(aux).__name__: [_plain(x) for x in aux]}
-    raise TypeError(f"node data of type {type(aux).__name__} cannot be kept")
-
-
-def _unplain(data: Any) -> Any:
-    if isinstance(data, dict):
-        ((kind, items),) = data.items()
-        values = [_unplain(x) for x in items]
-        return {"tuple": tuple, "list": list}[kind](values)
-    return data
-
-
-def tree_to_json(tree: Any) -> Any:
-    """A PyTreeDef as plain data: "*" for a leaf, else [type name, node data, children]."""
-    if tree.num_nodes == 1 and tree.num_leaves == 1:
-        return "*"
-    kind, aux = tree.node_data()
-    return [_type_name(kind), _plain(aux), [tree_to_json(c) for c in tree.children()]]
-
-
-def tree_from_json(data: Any) -> Any:
-    """The PyTreeDef `tree_to_json` wrote (Unusable when it names no registered node)."""
-    if data == "*":
-        return jax.tree.structure(0)
-    try:
-        name, aux, children = data
-        node = (_type_named(name), _unplain(aux))
-        kids = [tree_from_json(c) for c in children]
-        return jax.tree_util.PyTreeDef.from_node_data_and_children(
-            jax.tree_util.default_registry, node, kids
-        )
-    except Unusable:
-        raise
-    except Exception as e:
-        raise Unusable(f"its tree is not one this process can build ({e})") from e
 
 
 # --- entries on disk -----------------------------------------------------------------------

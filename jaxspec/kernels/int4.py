@@ -6,21 +6,16 @@ slower than float32. `matmul` instead calls a kernel (csrc/body_int4.inc, in the
 many rows run the same operations per output, so a row's result does not depend on the rows
 beside it (batch invariance, as the float kernel).
 
-    w = prepare(qweight, K)                      # once, at load time, outside jit
+    w = int4_layout.pack_tiles(q)                # once, at load time, outside jit
     y = matmul(x, w, scale, offset, K=K, M=M, group=group)   # under jit
 
 Semantics (float32 accumulate), with q the int4 values of the checkpoint:
     W[k, m] = f32(scale[k // group, m]) * q[k, m] + (f32(offset[k // group, m]) or 0)
     result  = x @ W
 
-Checkpoint layout (jaxspec.quant.quantize.pack_int4): uint8 [ceil(K/2), M]; row i holds q[i] in the
-low nibble and q[i + ceil(K/2)] in the high nibble (two's complement; zero pad for odd K).
-
-Kernel layout (`prepare`): uint8 [T, K, 32], T = ceil(M / 64) tiles of 64 output columns (M
-padded with q = 0). The 32 bytes of (t, k) are 8 little-endian uint32 words; nibble i (bits
-4i..4i+3) of word j holds q + 8 (0..15) for column 64 t + 8 i + j. Each tile is contiguous (K * 32
-bytes, streamed front to back), and one 256-bit load plus a shift and a mask gives 8 contiguous
-columns as int32 lanes.
+Layouts (`jaxspec.kernels.int4_layout`, written once): the kernel reads the tiled layout of
+`pack_tiles`, uint8 [ceil(M/64), K, 32]; `reference_matmul` reads the rows layout of
+`pack_int4`, uint8 [ceil(K/2), M].
 
 Threads and instruction set: `jaxspec.kernels` (one control for every kernel).
 
@@ -36,42 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import kernels
+from jaxspec.kernels.int4_layout import TILE, unpack_int4
 
-TILE = 64  # output columns per tile of the prepared layout
 TARGET = "jaxspec_int4_matmul"
 _SCALE_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
-
-
-# ----------------------------------------------------------------------------- layout
-
-
-def unpack_checkpoint(qweight: np.ndarray, K: int) -> np.ndarray:
-    """Checkpoint layout uint8 [ceil(K/2), M] -> int8 q [K, M] in [-8, 7]."""
-    p = np.asarray(qweight, np.uint8)
-    if p.ndim != 2 or p.shape[0] != -(-K // 2):
-        raise ValueError(f"qweight must be uint8 [ceil(K/2)={-(-K // 2)}, M], got {p.shape}")
-    nibbles = np.concatenate([p & 0xF, p >> 4], axis=0)[:K]
-    return ((nibbles.astype(np.int8) ^ 8) - 8).astype(np.int8)
-
-
-def prepare(qweight: np.ndarray, K: int) -> np.ndarray:
-    """Checkpoint layout uint8 [ceil(K/2), M] -> the kernel's tiled layout uint8 [T, K, 32]
-    (see the module docstring). Once, at load time, outside jit. Hand the result to jitted code
-    as an argument (a parameter), not as a closed-over constant: XLA would embed it in the
-    program."""
-    q = unpack_checkpoint(qweight, K)
-    M = q.shape[1]
-    T = -(-M // TILE)
-    u = np.full((K, T * TILE), 8, np.uint32)  # q = 0 in the padding columns
-    u[:, :M] = q.astype(np.int32) + 8
-    u = u.reshape(K, T, 8, 8).transpose(1, 0, 3, 2)  # [T, K, j (word), i (nibble)]
-    words = np.zeros((T, K, 8), np.uint32)
-    for i in range(8):
-        words |= u[..., i] << np.uint32(4 * i)
-    return np.ascontiguousarray(words.astype("<u4")).view(np.uint8).reshape(T, K, 32)
-
-
-# ----------------------------------------------------------------------------- matmul
 
 
 def _check(scale, offset, K: int, M: int, group: int) -> None:
@@ -99,9 +62,10 @@ def matmul(
 ) -> jax.Array:
     """x f32[N, K] (or [..., K]) @ the int4 weight -> f32[N, M] (or [..., M]).
 
-    `w_prepared` comes from `prepare`; scale and offset are [ceil(K/group), M] in bfloat16,
-    float16 or float32 (offset may be None). `minimum` instead of `offset`: the asymmetric
-    grid as stored, W = scale * (q + 8) + minimum (no float32 offset is built per call).
+    `w_prepared` is the tiled layout (`int4_layout.pack_tiles`); scale and offset are
+    [ceil(K/group), M] in bfloat16, float16 or float32 (offset may be None). `minimum`
+    instead of `offset`: the asymmetric grid as stored, W = scale * (q + 8) + minimum (no
+    float32 offset is built per call).
     Usable under jax.jit and in Flax modules; the custom call is registered for XLA:CPU only
     (arrays on another backend fail to compile)."""
     if not kernels.available():
@@ -117,7 +81,7 @@ def matmul(
         raise ValueError(f"x must be [..., K={K}], got {x.shape}")
     T = -(-M // TILE)
     if tuple(w_prepared.shape) != (T, K, 32):
-        raise ValueError(f"w_prepared must be [{T}, {K}, 32] (prepare), got {w_prepared.shape}")
+        raise ValueError(f"w_prepared must be [{T}, {K}, 32] (pack_tiles), got {w_prepared.shape}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
     out = _call(x2.shape[0], M)(
@@ -136,17 +100,15 @@ def matmul(
 def reference_matmul(
     x_NK, qweight, scale, offset=None, *, K: int, M: int, group: int, minimum=None
 ) -> jax.Array:
-    """Pure-JAX `matmul` on the CHECKPOINT layout (unpack, dequantize, dot); for tests and as
-    the XLA path."""
+    """Pure-JAX `matmul` on the rows layout (`int4_layout.pack_int4`): unpack, dequantize,
+    dot; for tests and as the XLA path."""
     if minimum is not None:  # scale * (q + 8) + minimum = scale * q + (minimum + 8 * scale)
         offset = jnp.asarray(minimum, jnp.float32) + 8 * jnp.asarray(scale, jnp.float32)
     x = jnp.asarray(x_NK, jnp.float32)
     scale = jnp.asarray(scale)
     offset = None if offset is None else jnp.asarray(offset)
     _check(scale, offset, K, M, group)
-    p = jnp.asarray(qweight, jnp.uint8)
-    nibbles = jnp.concatenate([p & jnp.uint8(0xF), p >> jnp.uint8(4)], axis=0)[:K]
-    q = ((nibbles.astype(jnp.int8) ^ jnp.int8(8)) - jnp.int8(8)).astype(jnp.float32)
+    q = unpack_int4(jnp.asarray(qweight, jnp.uint8), K).astype(jnp.float32)
     w = jnp.repeat(scale.astype(jnp.float32), group, axis=0)[:K] * q
     if offset is not None:
         w = w + jnp.repeat(offset.astype(jnp.float32), group, axis=0)[:K]

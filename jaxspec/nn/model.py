@@ -135,12 +135,19 @@ def _rope(x_BTHD: jax.Array, cos_BTD: jax.Array, sin_BTD: jax.Array) -> jax.Arra
     return x_BTHD * cos_BTD[:, :, None, :] + rot * sin_BTD[:, :, None, :]
 
 
-class Attention(nn.Module):
+class LayerPart(nn.Module):
+    """The fields every part of a decoder layer (attention, MLP, the layer itself) takes, in
+    this order: the config, the activations' dtype, how linear layers are built (`Llama`'s
+    doc), and whether the CPU kernels run where enabled (`jaxspec.kernels`)."""
+
     config: LlamaConfig
     dtype: Any
     dot_general_cls: Any = None
     dense_cls: Any = None
-    kernels: bool = True  # the CPU kernels where enabled (`jaxspec.kernels`)
+    kernels: bool = True
+
+
+class Attention(LayerPart):
     window: int | None = None  # sliding window (local layers), None: every earlier position
 
     @nn.compact
@@ -216,13 +223,7 @@ class Attention(nn.Module):
         )
 
 
-class MLP(nn.Module):
-    config: LlamaConfig
-    dtype: Any
-    dot_general_cls: Any = None
-    dense_cls: Any = None
-    kernels: bool = True
-
+class MLP(LayerPart):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         c = self.config
@@ -237,13 +238,7 @@ class MLP(nn.Module):
         return dense(c.hidden_size, name="down_proj")(ACTIVATIONS[c.hidden_act](gate) * up)
 
 
-class DecoderLayer(nn.Module):
-    config: LlamaConfig
-    dtype: Any
-    dot_general_cls: Any = None
-    dense_cls: Any = None
-    kernels: bool = True
-
+class DecoderLayer(LayerPart):
     @nn.compact
     def __call__(self, x, cos, sin, positions, write, k_cache, v_cache, layer, slots, kv_len):
         """Llama: x + attn(norm(x)), then + mlp(norm(.)); with `sandwich_norms` (Gemma) each

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 import jaxspec
 from jaxspec.compilation.shapes import bucket
-from jaxspec.quant.quantize import quant_spec, with_kernel
+from jaxspec.quant.layers import quant_spec, with_kernel
 from jaxspec_apps.bench.common import best_time
 from jaxspec_apps.bench.profile import SELF_DRAFT, SMALL_DRAFT
 from jaxspec_apps.bench.section import Context, Page, Section

@@ -34,6 +34,7 @@ import numpy as np
 
 from jaxspec import kernels
 from jaxspec.kernels import int4 as int4kernel
+from jaxspec.kernels.int4_layout import pack_tiles, unpack_int4
 from jaxspec_apps.bench.common import measure_roofline
 from jaxspec_apps.bench.section import Context, Page, Section
 
@@ -85,14 +86,14 @@ def build(group: int, offset: bool) -> tuple[dict[str, Any], dict[str, int]]:
         packed = rng.integers(0, 256, size=(-(-K // 2), M), dtype=np.uint8)
         scale = jnp.asarray(rng.uniform(0.5, 1.5, size=(G, M)) / (8 * np.sqrt(K)), jnp.bfloat16)
         off = jnp.asarray(rng.normal(0, 1e-3, size=(G, M)), jnp.bfloat16) if offset else None
-        dense = per_row(scale, group, K) * int4kernel.unpack_checkpoint(packed, K)
+        dense = per_row(scale, group, K) * unpack_int4(packed, K)
         if off is not None:
             dense += per_row(off, group, K)
         dense = jnp.asarray(dense)
         f32[name] = dense
         bf16[name] = dense.astype(jnp.bfloat16)
         ck[name] = (jnp.asarray(packed), scale, off)
-        prep[name] = (jnp.asarray(int4kernel.prepare(packed, K)), scale, off)
+        prep[name] = (jnp.asarray(pack_tiles(unpack_int4(packed, K))), scale, off)
         q_bytes = packed.nbytes + scale.nbytes * (2 if off is not None else 1)
         wbytes["f32 dense"] += K * M * 4
         wbytes["bf16 dense"] += K * M * 2

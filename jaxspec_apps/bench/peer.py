@@ -20,7 +20,8 @@ from typing import Any
 
 import jaxspec
 from jaxspec.ckpts.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
-from jaxspec.quant.quantize import dequantize, quant_spec
+from jaxspec.quant.layers import quant_spec
+from jaxspec.quant.quantize import dequantize
 from jaxspec_apps.bench.common import check_same_tokens
 from jaxspec_apps.bench.report_tables import ratio, save
 from jaxspec_apps.bench.section import Context, Page, Section

@@ -18,7 +18,7 @@ from typing import Any
 
 from jaxspec.compilation.shapes import bucket
 from jaxspec.decoding import analytic
-from jaxspec.quant.quantize import quant_spec
+from jaxspec.quant.layers import quant_spec
 from jaxspec_apps.bench import (
     capacity,
     colocated,

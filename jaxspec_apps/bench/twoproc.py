@@ -6,7 +6,7 @@ cloud decoding two ways, both on the verifier's core.
 On this 2-core machine it is the honest stand-in for an edge device and a cloud box: the
 in-process sweep (`latency`) shares one process and both cores between the two sides.
 The verifier: `python -m verify serve --checkpoint <target>` pinned to core 0 (affinity set
-as the process starts, before JAX makes its threads; JAXSPEC_INT4_THREADS=1 and XLA's Eigen
+as the process starts, before JAX makes its threads; JAXSPEC_KERNEL_THREADS=1 and XLA's Eigen
 pool off). The edge: `python -m jaxspec_apps.bench.twoproc_edge` pinned to core 1 (its doc
 says what it times). "Predicted" is the papers' model (`jaxspec.decoding.analytic`) at the t_d, t_v
 and acceptance measured in the same run; the ratios are measured / predicted.
@@ -39,7 +39,7 @@ from jaxspec.decoding import analytic
 from jaxspec_apps.bench.section import Context, Page, Section
 from verify.process import VerifierProcess
 
-ONE_THREAD = {"JAXSPEC_INT4_THREADS": "1"}
+ONE_THREAD = {"JAXSPEC_KERNEL_THREADS": "1"}
 EIGEN_OFF = "--xla_cpu_multi_thread_eigen=false"
 
 

@@ -1,4 +1,4 @@
-// The XLA FFI handlers of jaxspec's CPU kernels (loaded by jaxspec/kernels/__init__.py):
+// The XLA FFI handlers of jaxspec's CPU kernels (loaded by jaxspec/kernels/library.py):
 // argument checks, the split of a call's work over XLA's CPU thread pool, and the choice of
 // the instruction set's table (common.h). One setting of the instruction set and one cap on
 // threads govern every kernel.
