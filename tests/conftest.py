@@ -96,16 +96,6 @@ def _no_kept_traces():
     trace_cache.configure(None)
 
 
-@pytest.fixture
-def isa_restored():
-    """The CPU kernels back on the best instruction set after a test that forces one."""
-    yield
-    from jaxspec import kernels
-
-    if kernels.available():
-        kernels.set_isa("best")
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _free_compiled_code():
     """Drop compiled executables after each module. Every XLA CPU executable maps code pages;
