@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import pathlib
+import shutil
 import tempfile
 from fractions import Fraction
 
@@ -93,6 +94,38 @@ def _committed_report() -> dict[str, str]:
         for f in files
         if f.is_file()
     }
+
+
+def test_the_committed_report_renders_from_its_json_alone(tmp_path):
+    """`jaxspec bench --render` over a copy of the committed JSON only (bench/results.json,
+    each kept block's bench/<name>.json; quant.md is tools/quant_table.py's own) writes the
+    committed BENCHMARKS.md and bench/*.md byte for byte, measuring nothing."""
+    from jaxspec_apps.bench.render.templates import KEPT_ORDER
+
+    (tmp_path / "bench").mkdir()
+    for f in (REPO / "bench").glob("*.json"):
+        shutil.copyfile(f, tmp_path / "bench" / f.name)
+    shutil.copyfile(REPO / "bench" / "quant.md", tmp_path / "bench" / "quant.md")
+    assert _bench(["--render", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "BENCHMARKS.md").read_text() == (REPO / "BENCHMARKS.md").read_text()
+    blocks = [f"{n}.md" for n in KEPT_ORDER if (REPO / "bench" / f"{n}.md").is_file()]
+    assert len(blocks) >= len(KEPT_ORDER) - 1  # every kept block but int4 is committed
+    assert sorted(f.name for f in (tmp_path / "bench").glob("*.md")) == sorted(blocks)
+    for name in blocks:
+        assert (tmp_path / "bench" / name).read_bytes() == (REPO / "bench" / name).read_bytes()
+
+
+def test_the_templates_follow_the_passes_order():
+    """The renderer prints each pair's sections in the order its pass runs them."""
+    from jaxspec_apps.bench import real, tiny
+    from jaxspec_apps.bench.render import templates
+
+    assert tuple(templates.TINY) == tuple(s.name for s in tiny.SECTIONS)
+    for _, _, sections in real.REAL_PASSES.values():
+        names = [s.name for s in sections]
+        assert [n for n in templates.REAL if n in names] == names
+    kept = {s.name: "tiny" for s in tiny.KEPT} | {s.name: "real" for s in real.KEPT}
+    assert kept == {name: pair for name, (pair, _) in templates.KEPT.items()}
 
 
 def test_the_tiny_suite_writes_the_report_results_and_plots(checkpoints, tmp_path, monkeypatch):
@@ -374,6 +407,7 @@ def test_the_kernels_section_times_both_paths_in_one_run(monkeypatch):
     float kernel and XLA's ops each timed; its table names them all."""
     from jaxspec import kernels as cpu_kernels
     from jaxspec_apps.bench import kernels
+    from jaxspec_apps.bench.render import kernels as kernels_md
 
     # two row counts and two model shapes (each is a compilation of both paths)
     monkeypatch.setattr(kernels, "ROWS", (1, 16))
@@ -386,7 +420,7 @@ def test_the_kernels_section_times_both_paths_in_one_run(monkeypatch):
     assert [(r["rows"], r["positions"]) for r in res["model"]] == list(kernels.SHAPES)
     for r in res["matmul"] + res["model"]:
         assert r["kernel_ms"] > 0 and r["xla_ms"] > 0
-    md = "\n".join(kernels.table_md(res))
+    md = "\n".join(kernels_md.table_md(res))
     assert "| bfloat16 | NT (table) | 16 |" in md and "| 16 x 5 |" in md
 
 

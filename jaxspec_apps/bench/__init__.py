@@ -9,9 +9,11 @@
     jaxspec bench --quick         # tiny sizes, under two minutes: keeps the code from rotting
     jaxspec bench --pairs tiny --sections adaptive --out .   # one kept section, in place
     jaxspec bench --pairs tiny --sections colocated --set gammas=2,4,6   # any profile size
+    jaxspec bench --render        # no measuring: BENCHMARKS.md and bench/*.md from bench/*.json
 
-Each section is an object (`section.Section`: its run, its markdown, its plot) in the module
-that measures it; a pair lists its sections (`tiny`, `real`) and `report` is the one writer.
+Each section is an object (`section.Section`: how it measures) in the module that measures
+it, returning a dict; a pair lists its sections (`tiny`, `real`). `render` is the one writer:
+BENCHMARKS.md, bench/*.md and the plots from the JSON alone (one template per section).
 The tiny pair's suite, in order:
   colocated  speculative vs plain decoding on the shipped pair and on self-speculation
   peer       the same checkpoints in HF transformers (plain and assisted generation), greedy
@@ -67,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="directory for BENCHMARKS.md and bench/ (default: a new temporary directory, "
         "printed; `--out .` in the repository rewrites the committed report)",
+    )
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="measure nothing: rewrite BENCHMARKS.md and bench/*.md in --out (default: the "
+        "current directory) from the JSON there (bench/results.json, bench/<section>.json)",
     )
     parser.add_argument(
         "--pairs",

@@ -35,7 +35,7 @@ import numpy as np
 from jaxspec import kernels
 from jaxspec.kernels import int4 as int4kernel
 from jaxspec_apps.bench.common import measure_roofline
-from jaxspec_apps.bench.section import Context, Page, Section
+from jaxspec_apps.bench.section import Context, Section
 
 HIDDEN, KV, FFN, VOCAB, LAYERS = 576, 192, 1536, 49152, 30
 LAYER = {
@@ -168,27 +168,4 @@ def run_section(ctx: Context) -> dict[str, Any]:
     }
 
 
-def markdown(r: dict[str, Any], page: Page) -> list[str]:
-    """The "int4 kernel" section of BENCHMARKS.md."""
-    lines = [
-        "## The int4 kernel against XLA's paths (SmolLM2-shaped decode stack)",
-        "",
-        f"Produced by `{r['command']}`: {LAYERS} layers of SmolLM2-135M's matmul shapes and "
-        f"the tied head ({HIDDEN} -> {VOCAB}), random weights, group {r['group']}, "
-        f"{'with a' if r['offset'] else 'no'} per-group offset; the four variants timed "
-        f"alternating, the median of {r['repeats']} after a warm-up. Of roofline = weight "
-        f"bytes read ÷ time ÷ {r['bandwidth_Bps'] / 1e9:.1f} GB/s read bandwidth measured in "
-        f"the same run. Kernel: {r['status']}.",
-        "",
-        "| rows | variant | weight MB read per step | ms/step | of roofline |",
-        "|---:|---|---:|---:|---:|",
-    ]
-    for x in r["rows"]:
-        lines.append(
-            f"| {x['rows']} | {x['variant']} | {r['weight_bytes'][x['variant']] / 1e6:.1f} | "
-            f"{x['ms']:.2f} | {x['roofline_fraction']:.2f} |"
-        )
-    return lines
-
-
-SECTION = Section("int4", run_section, markdown)
+SECTION = Section("int4", run_section)

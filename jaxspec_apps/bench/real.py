@@ -36,7 +36,6 @@ from jaxspec_apps.bench import (
     verifier,
     wirecost,
 )
-from jaxspec_apps.bench.report_tables import headline_md
 from jaxspec_apps.bench.section import Context
 from jaxspec_apps.bench.verifier import PROFILE_STEPS
 
@@ -45,11 +44,11 @@ SECTIONS = (
     cost.SECTION,
     kernels.SECTION,
     colocated.REAL,
-    peer.REAL,
+    peer.SECTION,
     verifier.REAL,
     capacity.REAL,
-    latency.REAL,
-    wirecost.REAL,
+    latency.SECTION,
+    wirecost.SECTION,
     quality.REAL,
     llamacpp.SECTION,
 )
@@ -61,7 +60,7 @@ GEMMA3_SECTIONS = (
     specbench.SECTION,
     cost.SECTION,
     colocated.REAL,
-    latency.REAL,
+    latency.SECTION,
     llamacpp.SECTION,
 )
 # pass name -> (target, draft, its sections); the tiny pair's pass is `jaxspec_apps.bench.tiny`
@@ -180,46 +179,3 @@ def headline(res: dict[str, Any]) -> dict[str, Any]:
             r["encoding"]: r["bytes_per_token"] for r in s["wirecost"]["rows"]
         }
     return out
-
-
-HEADLINE = [
-    (
-        "colocated_speedup",
-        "co-located speculative ÷ plain tokens/s, T = 0, batch 1 (Spec-Bench; "
-        "γ auto where the run had it)",
-    ),
-    ("colocated_speedup_gamma4", "the same at the fixed γ"),
-    ("colocated_parts_speedup", "what a round of exactly its forwards allows (in-loop times)"),
-    ("colocated_vs_parts", "measured (fixed γ) ÷ that"),
-    ("colocated_analytic_speedup", "what the measured E[A] and cost ratio allow: E[A]/(γc + 1)"),
-    ("colocated_vs_analytic", "measured ÷ that analytic speedup"),
-    ("alpha_t0", "accepted ÷ drafted, T = 0"),
-    ("tokens_per_round_t0", "tokens committed per verification, T = 0 (Spec-Bench's τ)"),
-    ("alpha_t07", "accepted ÷ drafted, T = 0.7"),
-    ("draft_cost_ratio", "draft token time ÷ target token time (plain decode loops)"),
-    ("plain_roofline_fraction", "target's plain decode: roofline time ÷ measured time"),
-    ("peer_plain_ratio", "our plain greedy ÷ transformers' plain greedy tokens/s"),
-    ("peer_spec_ratio", "our speculative ÷ transformers' (faster) assisted generation tokens/s"),
-    ("capacity_factor_measured", "clients sustained, edge-cloud SD ÷ co-located SD"),
-    ("capacity_factor_predicted", "1 + γ·t_d/t_v at t_d, t_v measured where co-located saturates"),
-    ("capacity_vs_cloud_ar", "clients sustained, edge-cloud SD ÷ cloud autoregressive"),
-    ("verify_over_decode", "verify step at batch 1 (γ + 1 positions) ÷ one plain decode token"),
-    ("decode_bandwidth_fraction", "float32 decode: bytes per token ÷ time ÷ probed bandwidth"),
-    ("decode_bandwidth_fraction_bf16", "the same for the bfloat16 target"),
-    ("w4a16_over_f32", "a W4A16 decode token's time ÷ a float32 one's (2 threads)"),
-]
-
-
-def headline_table(r: dict[str, Any]) -> list[str]:
-    """The headline table of the real pair's report."""
-    middle = []
-    if "verify_roofline_fraction" in r:
-        v = ", ".join(f"B={b}: {f:.2f}" for b, f in r["verify_roofline_fraction"].items())
-        middle.append(
-            f"| `verify_roofline_fraction` | {v} | verify step: roofline (weights + live KV) ÷ "
-            "measured, by batch |"
-        )
-    if "vs_llamacpp" in r:
-        v = ", ".join(f"{k} {x:.2f}" for k, x in r["vs_llamacpp"].items())
-        middle.append(f"| `vs_llamacpp` | {v} | ours ÷ llama.cpp tokens/s, same GGUF and cores |")
-    return headline_md(HEADLINE, r, middle)

@@ -1,12 +1,12 @@
 """What a section of `jaxspec bench` is, and what the sections of one pass share.
 
-A `Section` is one measurement with its part of BENCHMARKS.md and, optionally, its plot:
-`run(ctx)` measures and returns a JSON-able dict, `markdown(data, page)` writes its lines,
-`plot(data, bench_dir)` draws its PNGs. Each pair (`jaxspec_apps.bench.tiny`,
+A `Section` is one measurement: `run(ctx)` measures and returns a JSON-able dict; its part of
+BENCHMARKS.md and its plots are written from that dict alone by `jaxspec_apps.bench.render`.
+Each pair (`jaxspec_apps.bench.tiny`,
 `jaxspec_apps.bench.real`) lists the sections of its suite, which `jaxspec bench` runs in
 order into `bench/results.json`, and the sections it keeps apart (`--sections adaptive`, ...:
 one run each, their own `bench/<name>.json` and `.md`, a block of BENCHMARKS.md between
-markers naming the command). The one report writer is `jaxspec_apps.bench.report`.
+markers naming the command).
 """
 
 from __future__ import annotations
@@ -38,39 +38,15 @@ def _no_failures(data: dict[str, Any]) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Section:
-    """One section: `run` measures, `markdown` writes its lines of the report (reading the
-    rest of the pass through a `Page`), `plot` (optional) writes PNGs into a directory and
-    returns key -> path relative to the report. `requires`: modules of the `test` extra it
+    """One section: `run` measures (`jaxspec_apps.bench.render` writes its part of the report
+    from what it returns). `requires`: modules of the `test` extra it
     needs (missing: the section is skipped, not failed). `failures`: for a section kept
     apart, what in its results fails the command (the suite's fail by `GreedyMismatch`)."""
 
     name: str
     run: Callable[[Context], dict[str, Any]]
-    markdown: Callable[[dict[str, Any], Page], list[str]]
-    plot: Callable[[dict[str, Any], Any], dict[str, str]] | None = None
     requires: tuple[str, ...] = ()
     failures: Callable[[dict[str, Any]], list[str]] = _no_failures
-
-
-@dataclasses.dataclass(frozen=True)
-class Page:
-    """What a section's markdown reads besides its own results: the whole pass (`results`:
-    settings, models, the other sections) and the plots written (key -> path)."""
-
-    results: dict[str, Any]
-    plots: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    @property
-    def sections(self) -> dict[str, Any]:
-        return self.results["sections"]
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        return self.results["profile_settings"]
-
-    def img(self, key: str, alt: str) -> list[str]:
-        """The plot `key`'s image line (after a blank line), if it was drawn."""
-        return ["", f"![{alt}]({self.plots[key]})"] if key in self.plots else []
 
 
 @dataclasses.dataclass

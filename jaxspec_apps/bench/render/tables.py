@@ -1,9 +1,31 @@
-"""What the sections' parts of BENCHMARKS.md share: ratios, the headline table, the machine
-line, and writing a plot."""
+"""What the report's templates share: the `Page` a section's part reads, ratios, the headline
+table, the machine line, and writing a plot."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """What a section's markdown reads besides its own results: the whole pass (`results`:
+    settings, models, the other sections) and the plots drawn (key -> path)."""
+
+    results: dict[str, Any]
+    plots: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def sections(self) -> dict[str, Any]:
+        return self.results["sections"]
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self.results["profile_settings"]
+
+    def img(self, key: str, alt: str) -> list[str]:
+        """The plot `key`'s image line (after a blank line), if it was drawn."""
+        return ["", f"![{alt}]({self.plots[key]})"] if key in self.plots else []
 
 
 def ratio(v: float) -> str:
@@ -26,6 +48,7 @@ def headline_md(
 
 
 def machine_line(r: dict[str, Any]) -> str:
+    """The machine a pass ran on, in one line."""
     m = r["machine"]
     extra = ", ".join(f"{k} {m[k]}" for k in ("torch", "transformers") if k in m)
     return (
