@@ -511,8 +511,8 @@ def test_sections_and_settings_are_checked_before_anything_runs(tmp_path):
         ["gammas=2,4", "rtts_ms=0,20", "fleet_seconds=20", "int4_offset=true",
          "real_prompt_tokens=none", "modes=sync"],
     )  # fmt: skip
-    assert (p.gammas, p.rtts_ms, p.fleet_seconds) == ((2, 4), (0, 20), 20.0)
-    assert (p.int4_offset, p.real_prompt_tokens, p.modes) == (True, None, ("sync",))
+    assert (p.colocated.gammas, p.latency.rtts_ms, p.fleet.seconds) == ((2, 4), (0, 20), 20.0)
+    assert (p.int4.offset, p.real_prompt_tokens, p.colocated.modes) == (True, None, ("sync",))
 
 
 def test_the_two_process_section_pins_both_sides_and_predicts(checkpoints, tmp_path):

@@ -108,8 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NAME=VALUE",
         help="set one size of the profile for this run (repeatable): e.g. gammas=2,4, "
-        "rtts_ms=0,20, fleet_seconds=20, openai_repeats=11 (the fields of "
-        "jaxspec_apps.bench.profile.Profile)",
+        "rtts_ms=0,20, fleet_seconds=20, openai_repeats=11 (a size the profile shares, or a "
+        "field of a section's Config after its PREFIX: jaxspec_apps.bench.profile)",
     )
 
 

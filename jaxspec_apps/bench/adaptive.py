@@ -19,10 +19,11 @@ over its timed sessions (their `AcceptanceFigures` summed; the untimed warm-ups 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jaxspec
 from edge.adaptive import AdaptiveGamma
@@ -34,6 +35,26 @@ from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import make_scheduler, prompts_from
 from jaxspec_apps.bench.section import Context, Section
 from verify import LocalVerifier
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """This section's sizes (gamma="auto" against every fixed gamma up to `longest`): the full
+    profile's by default, `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec
+    bench --set NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
+
+    PREFIX: ClassVar[str] = "adaptive_"
+    rtts_ms: tuple[float, ...] = (0.0, 20.0, 50.0, 100.0, 200.0)
+    longest: int = 8
+    prompts: int = 2
+    new_tokens: int = 48
+    drafts: tuple[str, ...] = ("self", "draft")  # which pairs (`DRAFTS`)
+
+
+QUICK_SIZES = Config(rtts_ms=(0.0, 50.0), longest=4, prompts=1, new_tokens=16)
+TINY_SIZES = dataclasses.replace(
+    QUICK_SIZES, rtts_ms=(0.0, 20.0), longest=2, new_tokens=8, drafts=("self",)
+)
 
 DRAFTS = {"self": "self (target at W4A16)", "draft": "shipped draft at W4A16"}
 
@@ -170,14 +191,14 @@ def run_section(ctx: Context) -> dict[str, Any]:
     drafts = {"self": lambda: target, "draft": lambda: ctx.draft}
     pairs = {
         DRAFTS[name]: jaxspec.quantize(drafts[name](), "w4a16", 128, method="asym")
-        for name in p.adaptive_drafts
+        for name in p.adaptive.drafts
     }
-    prompts = prompts_from(ctx.stream, p.adaptive_prompts, p.prompt_len, seed=3)
-    longest, new_tokens = p.adaptive_longest, p.adaptive_new_tokens
+    prompts = prompts_from(ctx.stream, p.adaptive.prompts, p.prompt_len, seed=3)
+    longest, new_tokens = p.adaptive.longest, p.adaptive.new_tokens
     max_len = max(map(len, prompts)) + new_tokens + 6 * longest + 16
     sched = make_scheduler(target, rows=(1,), gamma=longest, max_len=max_len)
     result = sweep(
-        sched, pairs, prompts, rtts_ms=p.adaptive_rtts_ms, longest=longest,
+        sched, pairs, prompts, rtts_ms=p.adaptive.rtts_ms, longest=longest,
         new_tokens=new_tokens,
     )  # fmt: skip
     return result | {

@@ -21,9 +21,10 @@ linearly between its ends. The paper predicts capacity(edge-cloud) / capacity(co
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -36,6 +37,27 @@ from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import best_time, make_scheduler, prompts_from
 from jaxspec_apps.bench.section import Context, Section
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """This section's sizes (bisection on the number of clients (`bisect_capacity`);
+    `client_rate`: tokens/s every client must get): the full profile's by default, `QUICK`,
+    `TINY` and `REAL` for the others. `jaxspec bench --set NAME=VALUE` names a field as `PREFIX`
+    + its name (or its `flag`)."""
+
+    PREFIX: ClassVar[str] = "capacity_"
+    start: int = 4  # the first N tried; N doubles (halves) from there
+    max_clients: int = 128  # at most this many (a capacity above it is censored)
+    precision: float = 0.125  # bisection stops at a bracket within 12.5% of N
+    new_tokens: int = 64
+    client_rate: float = dataclasses.field(default=100.0, metadata={"flag": "client_rate"})
+
+
+QUICK_SIZES = Config(start=8, max_clients=32, precision=0.5, new_tokens=12)
+# one probe per mode: bisect_capacity is unit-tested; the machinery runs
+TINY_SIZES = dataclasses.replace(QUICK_SIZES, new_tokens=8, start=1, max_clients=1)
+REAL_SIZES = Config(max_clients=64, precision=0.25, new_tokens=32, client_rate=10.0)
 
 MODES = ("cloud_ar", "colocated", "edge_cloud")
 
@@ -165,9 +187,9 @@ def bisect_capacity(
 def sizes(p: Any) -> dict[str, Any]:
     """`run`'s keyword arguments from a bench `Profile`."""
     return dict(
-        gamma=p.gamma, new_tokens=p.capacity_new_tokens, client_rate=p.client_rate,
-        repeats=p.repeats, start=p.capacity_start, max_clients=p.capacity_max_clients,
-        precision=p.capacity_precision,
+        gamma=p.gamma, new_tokens=p.capacity.new_tokens, client_rate=p.capacity.client_rate,
+        repeats=p.repeats, start=p.capacity.start, max_clients=p.capacity.max_clients,
+        precision=p.capacity.precision,
     )  # fmt: skip
 
 
@@ -256,7 +278,7 @@ def run(
 def run_tiny(ctx: Context) -> dict[str, Any]:
     """The tiny pair's clients send held-out windows (up to 64 different ones)."""
     p = ctx.p
-    prompts = prompts_from(ctx.stream, min(p.capacity_max_clients, 64), p.prompt_len, seed=1)
+    prompts = prompts_from(ctx.stream, min(p.capacity.max_clients, 64), p.prompt_len, seed=1)
     return run(ctx.target, ctx.draft, prompts, **sizes(p))
 
 

@@ -9,13 +9,35 @@ Spec-Bench category at T = 0.7 (Spec-Bench's T = 0 table is `specbench`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jaxspec
 from jaxspec.figures import AcceptanceFigures
 from jaxspec_apps.bench.common import best_time, check_same_tokens
 from jaxspec_apps.bench.section import Context, Section
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """This section's sizes (batch 1, one prompt at a time; `new_tokens` and `prompts` are also
+    the real pair's `cost` and `llamacpp` sizes): the full profile's by default, `QUICK`, `TINY`
+    and `REAL` for the others. `jaxspec bench --set NAME=VALUE` names a field as `PREFIX` + its
+    name (or its `flag`)."""
+
+    PREFIX: ClassVar[str] = ""
+    prompts: int = 4
+    new_tokens: int = 128
+    gammas: tuple[int, ...] = (2, 4, 6)
+    modes: tuple[str, ...] = ("sync", "pipelined")
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    self_modes: tuple[str, ...] = ("sync", "pipelined")  # self-speculation: gamma only
+
+
+QUICK_SIZES = Config(prompts=1, new_tokens=16, gammas=(4,), modes=("sync",), self_modes=("sync",))
+TINY_SIZES = dataclasses.replace(QUICK_SIZES, temperatures=(0.0,), new_tokens=8)
+REAL_SIZES = Config(prompts=5, gammas=(4,), modes=("sync",), self_modes=())
 
 
 def _timed_generate(
@@ -103,11 +125,17 @@ def run(
 def run_tiny(ctx: Context) -> dict[str, Any]:
     """The tiny pair's sweep, with its draft and with self-speculation (the target at W4A16,
     group 128, no calibration)."""
-    p, prompts = ctx.p, ctx.prompts[: ctx.p.prompts]
-    kw = dict(temperatures=p.temperatures, new_tokens=p.new_tokens, repeats=p.repeats)
-    pair = run(ctx.target, ctx.draft, prompts, gammas=p.gammas, modes=p.modes, **kw)
+    p, prompts = ctx.p, ctx.prompts[: ctx.p.colocated.prompts]
+    kw = dict(
+        temperatures=p.colocated.temperatures, new_tokens=p.colocated.new_tokens, repeats=p.repeats
+    )
+    pair = run(
+        ctx.target, ctx.draft, prompts, gammas=p.colocated.gammas, modes=p.colocated.modes, **kw
+    )
     self_draft = jaxspec.quantize(ctx.target, "w4a16", 128, method="asym")
-    self_rows = run(ctx.target, self_draft, prompts, gammas=(p.gamma,), modes=p.self_modes, **kw)
+    self_rows = run(
+        ctx.target, self_draft, prompts, gammas=(p.gamma,), modes=p.colocated.self_modes, **kw
+    )
     return {"default_pair": pair, "self_w4a16": self_rows, "self_draft_bytes": self_draft.nbytes()}
 
 
@@ -116,7 +144,7 @@ def run_real(ctx: Context) -> dict[str, Any]:
     p = ctx.p
     rows = run(
         ctx.target, ctx.draft, ctx.prompts, gammas=(p.gamma, "auto"), temperatures=(0.7,),
-        new_tokens=p.new_tokens, repeats=p.repeats, modes=p.modes,
+        new_tokens=p.colocated.new_tokens, repeats=p.repeats, modes=p.colocated.modes,
     )  # fmt: skip
     return {"rows": rows, "prompts": len(ctx.prompts)}
 

@@ -15,8 +15,7 @@ import jax.numpy as jnp
 import jaxspec
 from jaxspec.compilation.shapes import bucket
 from jaxspec.quant.quantize import quant_spec, with_kernel
-from jaxspec_apps.bench.common import best_time
-from jaxspec_apps.bench.profile import SELF_DRAFT, SMALL_DRAFT
+from jaxspec_apps.bench.common import SELF_DRAFT, SMALL_DRAFT, best_time
 from jaxspec_apps.bench.section import Context, Section
 from jaxspec_apps.bench.verifier import kv_bytes
 
@@ -90,7 +89,7 @@ def run_section(ctx: Context) -> dict[str, Any]:
     # the comparison rows (bf16 target, XLA's int4 path, the small draft): the real pair's
     extras = cost_variants(target, draft, jaxspec.load(SMALL_DRAFT)) if (
         ctx.draft_name == SELF_DRAFT) else {}  # fmt: skip
-    n, reps = max(p.new_tokens, 40), max(p.repeats, 3)
+    n, reps = max(p.colocated.new_tokens, 40), max(p.repeats, 3)
     return cost(target, draft, ctx.prompts[0], n, reps, ctx.roof(), extras)
 
 

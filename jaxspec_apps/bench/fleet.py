@@ -19,6 +19,7 @@ the failover fails the command.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import statistics
 import sys
@@ -26,7 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from edge.client import GrpcEndpoint
 from edge.drafter import load_drafter
@@ -35,6 +36,21 @@ from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import prompts_from
 from jaxspec_apps.bench.section import Context, Section
 from verify.process import VerifierProcess
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """This section's sizes (verifier replicas (subprocesses), closed-loop clients, a SIGKILL):
+    the full profile's by default, `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others.
+    `jaxspec bench --set NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
+
+    PREFIX: ClassVar[str] = "fleet_"
+    sessions: int = 8
+    seconds: float = 30.0
+    new_tokens: int = 64
+
+
+QUICK_SIZES = Config(sessions=2, seconds=2.0, new_tokens=16)
 
 COMMITS = ("accept", "correct", "bonus")  # the session events that commit tokens
 
@@ -88,10 +104,10 @@ async def connected(addresses: Sequence[str], **kw: object) -> GrpcEndpoint:
 def configs(ctx: Context) -> list[SessionConfig]:
     """One session config per client: held-out prompts, sparse q, pipelined, T = 1."""
     p = ctx.p
-    prompts = prompts_from(ctx.stream, p.fleet_sessions, 16, seed=5)
+    prompts = prompts_from(ctx.stream, p.fleet.sessions, 16, seed=5)
     spec = DraftSpec(gamma=4, encoding="sparse", sparse_k=8)
     return [
-        SessionConfig(prompt=tuple(q), max_new_tokens=p.fleet_new_tokens,
+        SessionConfig(prompt=tuple(q), max_new_tokens=p.fleet.new_tokens,
                       sampling=SamplingSettings(temperature=1.0), seed=i, mode="pipelined",
                       draft=spec)
         for i, q in enumerate(prompts)
@@ -180,11 +196,11 @@ def run_section(ctx: Context) -> dict[str, Any]:
     drafter = load_drafter(ctx.draft_name, "w4a16", cfgs[0].draft)
     cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or tempfile.mkdtemp(prefix="jaxspec-xla-")
     env = {"JAX_COMPILATION_CACHE_DIR": cache, "JAX_PLATFORMS": "cpu"}
-    flags = ["--checkpoint", ctx.target_name, "--max-sessions", str(p.fleet_sessions),
+    flags = ["--checkpoint", ctx.target_name, "--max-sessions", str(p.fleet.sessions),
              "--max-len", "256"]  # fmt: skip
     servers = [VerifierProcess(flags, env=env).start() for _ in range(2)]
     try:
-        runs, fig = _measure(servers, drafter, cfgs, p.fleet_seconds)
+        runs, fig = _measure(servers, drafter, cfgs, p.fleet.seconds)
     finally:
         for s in servers:
             s.stop()

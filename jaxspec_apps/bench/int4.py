@@ -23,10 +23,11 @@ Asserts nothing about timings; skipped where the kernel is not built.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,22 @@ from jaxspec import kernels
 from jaxspec.kernels import int4 as int4kernel
 from jaxspec_apps.bench.common import measure_roofline
 from jaxspec_apps.bench.section import Context, Section
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """This section's sizes (the int4 kernel against XLA's paths): the full profile's by
+    default, `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec bench --set
+    NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
+
+    PREFIX: ClassVar[str] = "int4_"
+    rows: tuple[int, ...] = (1, 5, 16)
+    group: int = 64
+    offset: bool = False
+    repeats: int = 7
+
+
+QUICK_SIZES = Config(rows=(1,), repeats=1)
 
 HIDDEN, KV, FFN, VOCAB, LAYERS = 576, 192, 1536, 49152, 30
 LAYER = {
@@ -153,15 +170,15 @@ def run_section(ctx: Context) -> dict[str, Any]:
     p = ctx.p
     if not kernels.available():
         return {"skipped": f"the int4 kernel is not built ({kernels.status()})"}
-    variants, wbytes = build(p.int4_group, p.int4_offset)
+    variants, wbytes = build(p.int4.group, p.int4.offset)
     bw = measure_roofline(p.roofline_mib, p.roofline_n)["bandwidth_Bps"]
-    rows = [r for n in p.int4_rows for r in time_rows(variants, wbytes, n, p.int4_repeats, bw)]
+    rows = [r for n in p.int4.rows for r in time_rows(variants, wbytes, n, p.int4.repeats, bw)]
     return {
         "command": ctx.command,
         "status": kernels.status(),
-        "group": p.int4_group,
-        "offset": p.int4_offset,
-        "repeats": p.int4_repeats,
+        "group": p.int4.group,
+        "offset": p.int4.offset,
+        "repeats": p.int4.repeats,
         "bandwidth_Bps": bw,
         "weight_bytes": wbytes,
         "rows": rows,

@@ -13,9 +13,10 @@ latency is their measured compute time per token (the RTT delays only the first 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 
@@ -29,6 +30,24 @@ from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionCon
 from jaxspec_apps.bench.common import best_time, make_scheduler
 from jaxspec_apps.bench.section import Context, Section
 from verify import LocalVerifier
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """This section's sizes (the RTT sweep): the full profile's by default, `QUICK`, `TINY` and
+    `REAL` for the others. `jaxspec bench --set NAME=VALUE` names a field as `PREFIX` + its name
+    (or its `flag`)."""
+
+    PREFIX: ClassVar[str] = "latency_"
+    rtts_ms: tuple[int, ...] = dataclasses.field(
+        default=(0, 5, 20, 50, 100, 200), metadata={"flag": "rtts_ms"}
+    )
+    new_tokens: int = 64
+
+
+QUICK_SIZES = Config(rtts_ms=(0, 50), new_tokens=12)
+TINY_SIZES = dataclasses.replace(QUICK_SIZES, new_tokens=8)
+REAL_SIZES = Config(rtts_ms=(0, 20, 50, 100), new_tokens=32)
 
 MODES = ("cloud_ar", "colocated", "sync", "pipelined")
 
@@ -223,12 +242,12 @@ def run_section(ctx: Context) -> dict[str, Any]:
     """The RTT sweep on the pass's first prompt, greedy, on the shared verifier."""
     p = ctx.p
     comp, rows = run(
-        ctx.target, ctx.draft, gamma=p.gamma, new_tokens=p.latency_new_tokens, temperature=0.0,
-        rtts_ms=p.rtts_ms, repeats=p.repeats, prompt=ctx.prompts[0], scheduler=ctx.sched(),
+        ctx.target, ctx.draft, gamma=p.gamma, new_tokens=p.latency.new_tokens, temperature=0.0,
+        rtts_ms=p.latency.rtts_ms, repeats=p.repeats, prompt=ctx.prompts[0], scheduler=ctx.sched(),
     )  # fmt: skip
     return {
         "gamma": p.gamma,
-        "new_tokens": p.latency_new_tokens,
+        "new_tokens": p.latency.new_tokens,
         "components": comp,
         "rows": rows,
         "crossover_ms_measured": crossover_ms(rows, "measured"),

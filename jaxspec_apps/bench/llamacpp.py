@@ -186,7 +186,9 @@ def theirs(ctx: Context, log: Callable[[str], None]) -> dict[str, Any]:
         ctx.target.tokenizer.decode(list(p)[skip:], skip_special_tokens=False) for p in ctx.prompts
     ]
     log(f"llamacpp: llama-speculative on {len(texts)} prompts")
-    spec = llama_speculative(bin_dir, files["F32"], files["Q4_1"], texts, ctx.p.new_tokens, 2)
+    spec = llama_speculative(
+        bin_dir, files["F32"], files["Q4_1"], texts, ctx.p.colocated.new_tokens, 2
+    )
     return {"build": info, "bench": bench, "speculative": spec}
 
 
@@ -215,7 +217,7 @@ def _one_thread(fn: Callable[[], float]) -> float:
 
 def ours(ctx: Context, log: Callable[[str], None]) -> dict[str, Any]:
     p, target, draft, prompt = ctx.p, ctx.target, ctx.draft, ctx.prompts[0]
-    n, reps = max(p.new_tokens, 40), max(p.repeats, 3)
+    n, reps = max(p.colocated.new_tokens, 40), max(p.repeats, 3)
     bf16 = cost_variants(target, draft, None)["target bf16"]
     models = {"F32": target, "BF16": bf16, "W4A16": draft}
     log("llamacpp: our decode loops (float32, bfloat16, W4A16 at 2 threads and 1)")
@@ -229,7 +231,7 @@ def ours(ctx: Context, log: Callable[[str], None]) -> dict[str, Any]:
         spec_s += loop_s_per_token(
             lambda k, q=q: jaxspec.generate(target, list(q), k, draft=draft, gamma=GAMMA,
                                             temperature=0.0, stop_tokens=()),
-            p.new_tokens, reps,
+            p.colocated.new_tokens, reps,
         )  # fmt: skip
     slot = bucket(len(prompt) + n, 64)
     return {

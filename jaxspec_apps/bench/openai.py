@@ -18,6 +18,7 @@ timing. It prints the two result lines.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import http.client
 import json
 import os
@@ -30,7 +31,7 @@ import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 
 from edge.client import GrpcEndpoint
 from edge.drafter import load_drafter
@@ -39,6 +40,21 @@ from jaxspec.nn.text import decode_text, encode_prompt
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.section import Context, Section
 from verify.process import VerifierProcess
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """This section's sizes (the endpoint against edge sessions): the full profile's by default,
+    `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec bench --set
+    NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
+
+    PREFIX: ClassVar[str] = "openai_"
+    new_tokens: int = 64
+    clients: int = 8
+    repeats: int = 7
+
+
+QUICK_SIZES = Config(new_tokens=16, clients=2, repeats=1)
 
 PROMPT = "def fib(n):"
 READY = re.compile(r"jaxspec OpenAI endpoint serving \S+ on (http://\S+/v1)")
@@ -191,7 +207,7 @@ def concurrent(address: str, url: str, n: int, clients: int) -> dict[str, Any]:
 def run_section(ctx: Context) -> dict[str, Any]:
     """One verifier and one endpoint on loopback; the overhead and the concurrent clients."""
     p = ctx.p
-    n, clients = p.openai_new_tokens, p.openai_clients
+    n, clients = p.openai.new_tokens, p.openai.clients
     env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     max_len = str(max(128, 64 * -(-(n + 32) // 64)))
     flags = ["--checkpoint", ctx.target_name, "--max-sessions", str(max(8, clients)),
@@ -201,12 +217,12 @@ def run_section(ctx: Context) -> dict[str, Any]:
         verifier.wait_ready(300)
         proc, url = _start_endpoint(verifier.address, ctx.draft_name, env)
         try:
-            o = overhead(verifier.address, url, proc.pid, n, p.openai_repeats, ctx.draft_name)
+            o = overhead(verifier.address, url, proc.pid, n, p.openai.repeats, ctx.draft_name)
             c = concurrent(verifier.address, url, n, clients)
         finally:
             proc.terminate()
             proc.wait(30)
-    return {"command": ctx.command, "cpus": os.cpu_count(), "repeats": p.openai_repeats,
+    return {"command": ctx.command, "cpus": os.cpu_count(), "repeats": p.openai.repeats,
             "load_before": load_before, "load_after": os.getloadavg()[0], "overhead": o,
             "concurrent": c}  # fmt: skip
 

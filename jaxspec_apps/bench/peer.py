@@ -12,11 +12,12 @@ within one run (the best of the repeats, after a warm-up).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pathlib
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jaxspec
 from jaxspec.ckpts.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
@@ -24,6 +25,22 @@ from jaxspec.quant.quantize import dequantize, quant_spec
 from jaxspec_apps.bench.common import check_same_tokens
 from jaxspec_apps.bench.section import Context, Section
 from jaxspec_host import hub
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """This section's sizes (HF transformers, greedy, batch 1): the full profile's by default,
+    `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec bench --set
+    NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
+
+    PREFIX: ClassVar[str] = "peer_"
+    prompts: int = 4
+    new_tokens: int = 128
+
+
+QUICK_SIZES = Config(prompts=1, new_tokens=16)
+TINY_SIZES = dataclasses.replace(QUICK_SIZES, new_tokens=8)
+REAL_SIZES = Config(prompts=3)
 
 
 def checkpoint_dir(name: str) -> pathlib.Path:
@@ -177,8 +194,8 @@ def run_section(ctx: Context) -> dict[str, Any]:
     p = ctx.p
     return run(
         ctx.target, ctx.draft, checkpoint_dir(ctx.target_name),
-        hf_draft_dir(ctx.draft, ctx.draft_name), ctx.prompts[: p.peer_prompts],
-        new_tokens=p.peer_new_tokens, gamma=p.gamma, repeats=p.repeats,
+        hf_draft_dir(ctx.draft, ctx.draft_name), ctx.prompts[: p.peer.prompts],
+        new_tokens=p.peer.new_tokens, gamma=p.gamma, repeats=p.repeats,
     )  # fmt: skip
 
 

@@ -9,10 +9,11 @@ next to the target.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -20,9 +21,29 @@ import numpy as np
 
 import jaxspec
 from jaxspec.nn.model import Llama, init_cache
-from jaxspec_apps.bench.common import prompts_from
-from jaxspec_apps.bench.profile import SELF_DRAFT, SMALL_DRAFT, Profile
+from jaxspec_apps.bench.common import SELF_DRAFT, SMALL_DRAFT, prompts_from
 from jaxspec_apps.bench.section import Context, Section
+
+if TYPE_CHECKING:  # the profile imports this module for its Config
+    from jaxspec_apps.bench.profile import Profile
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """This section's sizes (held-out windows for perplexity, prompts for alpha): the full
+    profile's by default, `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec
+    bench --set NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
+
+    PREFIX: ClassVar[str] = "quality_"
+    windows: int = 32
+    seq_len: int = 256
+    prompts: int = 8
+    new_tokens: int = 48
+
+
+QUICK_SIZES = Config(windows=2, seq_len=64, prompts=2, new_tokens=8)
+TINY_SIZES = dataclasses.replace(QUICK_SIZES, prompts=1, seq_len=32)
+REAL_SIZES = Config(windows=8, prompts=4)
 
 
 def _logits(module: Llama, params: Any, batch_BT: jax.Array) -> jax.Array:
@@ -166,10 +187,10 @@ def quality_rows(
 ) -> dict[str, Any]:
     """The quality table on this model: each draft (the W4A16 self-draft, the small distilled
     one) with held-out perplexity, agreement and alpha at T = 0 and 0.7."""
-    win = {"heldout": spread_windows(stream, p.quality_seq_len + 1, p.quality_windows)}
+    win = {"heldout": spread_windows(stream, p.quality.seq_len + 1, p.quality.windows)}
     evals = [
         (kind, b, rows, target_logp(target.module, target.params, b))
-        for kind, b, rows in batches(win, min(4, p.quality_windows))
+        for kind, b, rows in batches(win, min(4, p.quality.windows))
     ]
     rows = {}
     for label, model in {"target (no draft: the reference)": target, **drafts}.items():
@@ -181,15 +202,15 @@ def quality_rows(
         }
         if model is not target:
             row |= acceptance(
-                target, model, prompts, p.quality_new_tokens, p.gamma, temperatures=(0.0, 0.7)
+                target, model, prompts, p.quality.new_tokens, p.gamma, temperatures=(0.0, 0.7)
             )
         rows[label] = row
     return {
         "rows": rows,
         "windows": len(win["heldout"]),
-        "seq_len": p.quality_seq_len,
+        "seq_len": p.quality.seq_len,
         "prompts": len(prompts),
-        "new_tokens": p.quality_new_tokens,
+        "new_tokens": p.quality.new_tokens,
         "gamma": p.gamma,
     }
 
@@ -199,16 +220,16 @@ def run_tiny(ctx: Context) -> dict[str, Any]:
     p = ctx.p
     return w4a16_summary(
         ctx.target, ctx.draft, ctx.stream,
-        prompts_from(ctx.stream, p.quality_prompts, p.prompt_len, seed=2),
-        windows=p.quality_windows, seq_len=p.quality_seq_len,
-        new_tokens=p.quality_new_tokens, gamma=p.gamma,
+        prompts_from(ctx.stream, p.quality.prompts, p.prompt_len, seed=2),
+        windows=p.quality.windows, seq_len=p.quality.seq_len,
+        new_tokens=p.quality.new_tokens, gamma=p.gamma,
     )  # fmt: skip
 
 
 def run_real(ctx: Context) -> dict[str, Any]:
     """The pair's draft, and beside the default one the small distilled draft."""
     p = ctx.p
-    qp = prompts_from(ctx.stream, p.quality_prompts, p.prompt_len, seed=2)
+    qp = prompts_from(ctx.stream, p.quality.prompts, p.prompt_len, seed=2)
     drafts = {f"draft `{ctx.draft_name}`": ctx.draft}
     if ctx.draft_name == SELF_DRAFT:  # the pair's default: the small draft beside it
         drafts[f"small draft `{SMALL_DRAFT}`"] = jaxspec.load(SMALL_DRAFT)

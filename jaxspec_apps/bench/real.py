@@ -76,19 +76,19 @@ def prepare(ctx: Context) -> None:
     Spec-Bench category's (cut to `real_prompt_tokens` for tiny models), the first of each
     as the pass's `prompts`, and the shared verifier's slot length and row buckets."""
     p, g = ctx.p, ctx.p.gamma
-    by_cat = specbench.category_prompts(ctx.target, p.specbench_per_category)
+    by_cat = specbench.category_prompts(ctx.target, p.specbench.per_category)
     if p.real_prompt_tokens:
         by_cat = {c: [q[: p.real_prompt_tokens] for q in ps] for c, ps in by_cat.items()}
     ctx.by_category = by_cat
     ctx.prompts = [ps[0] for ps in by_cat.values()]  # one prompt per category
     longest = max(len(q) for q in ctx.pool)
     ctx.max_len = bucket(
-        longest + max(p.capacity_new_tokens + 2 * g + 2, p.latency_new_tokens + 10 * g + 8,
-                      (p.batch_steps + 3 + PROFILE_STEPS) * (g + 1) + 8 + g + 1,
-                      p.wire_new_tokens + g + 1),
+        longest + max(p.capacity.new_tokens + 2 * g + 2, p.latency.new_tokens + 10 * g + 8,
+                      (p.verifier.steps + 3 + PROFILE_STEPS) * (g + 1) + 8 + g + 1,
+                      p.wirecost.new_tokens + g + 1),
         64,
     )  # fmt: skip
-    ctx.sched_rows = (1, 2, *p.batches)
+    ctx.sched_rows = (1, 2, *p.verifier.batches)
 
 
 def models(ctx: Context) -> dict[str, Any]:

@@ -39,10 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import cProfile
+import dataclasses
 import pstats
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import jaxspec
 from edge.delayed import DelayedEndpoint
@@ -55,6 +56,23 @@ from jaxspec_apps.bench.common import make_scheduler
 from jaxspec_apps.bench.latency import session_depth
 from jaxspec_apps.bench.section import Context, Section
 from verify import LocalVerifier
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """This section's sizes (program_vs_parts' turns (best kept) and verify step rows; the
+    pipelined edge's link): the full profile's by default, `QUICK`, `TINY` and `REAL` for the
+    others. `jaxspec bench --set NAME=VALUE` names a field as `PREFIX` + its name (or its
+    `flag`)."""
+
+    PREFIX: ClassVar[str] = "round_profile_"
+    new_tokens: int = 64
+    turns: int = dataclasses.field(default=9, metadata={"flag": "program_turns"})
+    rows: tuple[int, ...] = dataclasses.field(default=(1, 2, 4), metadata={"flag": "program_rows"})
+    stall_rtt_ms: float = dataclasses.field(default=50.0, metadata={"flag": "stall_rtt_ms"})
+
+
+QUICK_SIZES = Config(new_tokens=8, turns=1, rows=(1, 2))
 
 BUCKETS = ("device", "idle", "dispatch", "jaxspec", "asyncio", "grpc", "other")
 DEVICE_WAIT = ("block_until_ready", "_value", "__array__", "device_get", "_to_np_array", "asarray")
@@ -185,12 +203,12 @@ def colocated_account(target: Any, draft: Any, prompt: list[int], gamma: int, n:
 def run_section(ctx: Context) -> dict[str, Any]:
     """The program_vs_parts table, then every mode profiled on the same prompt and each edge
     mode's stalls."""
-    p, n = ctx.p, ctx.p.round_profile_new_tokens
-    prompt = list(prompt_ids(ctx.target, p.two_process_chat))
-    parts = programs.measure(ctx, p.program_turns, p.program_rows)
+    p, n = ctx.p, ctx.p.round_profile.new_tokens
+    prompt = list(prompt_ids(ctx.target, p.two_process.chat))
+    parts = programs.measure(ctx, p.round_profile.turns, p.round_profile.rows)
     by = {r["program"]: r["measured_s"] for r in parts["rows"]}
     t_d, t_v = by["drafter round"] / p.gamma, by[f"verify step 1x{p.gamma + 1}"]
-    rtt = p.stall_rtt_ms / 1e3
+    rtt = p.round_profile.stall_rtt_ms / 1e3
     deep = session_depth(rtt, t_v, t_d, p.gamma)
 
     def gen(**kw: Any) -> Callable[[], int]:
@@ -200,8 +218,9 @@ def run_section(ctx: Context) -> dict[str, Any]:
         return run
 
     traces: dict[str, list[SessionTrace]] = {}
+    stalled = f"edge pipelined, {p.round_profile.stall_rtt_ms:g} ms"
     edges = {"edge sync": ("sync", 1, 0.0), "edge pipelined": ("pipelined", 2, 0.0),
-             f"edge pipelined, {p.stall_rtt_ms:g} ms": ("pipelined", deep, rtt)}  # fmt: skip
+             stalled: ("pipelined", deep, rtt)}  # fmt: skip
     modes = {"plain": gen(), "colocated": gen(draft=ctx.draft, gamma=p.gamma)}
     for name, (mode, depth, r) in edges.items():
         modes[name] = _edge(ctx, prompt, mode, n, depth, r, traces.setdefault(name, []))

@@ -16,7 +16,7 @@ import functools
 import importlib
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,9 +27,11 @@ from jaxspec_apps.bench.common import (
     make_scheduler,
     measure_roofline,
 )
-from jaxspec_apps.bench.profile import Profile
 from jaxspec_host.xla_cache import bound_compiled_programs
 from verify import Scheduler
+
+if TYPE_CHECKING:  # the profile holds each section's config: it imports the sections
+    from jaxspec_apps.bench.profile import Profile
 
 
 def _no_failures(data: dict[str, Any]) -> list[str]:

@@ -11,8 +11,9 @@ problems, rewriting). Greedy speculative tokens must equal plain greedy tokens
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jaxspec
 from jaxspec.decoding import costs
@@ -20,6 +21,21 @@ from jaxspec.nn.text import chat_prompt, encode_prompt
 from jaxspec_apps.bench.colocated import pooled
 from jaxspec_apps.bench.common import best_time, check_same_tokens
 from jaxspec_apps.bench.section import Context, Section
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """This section's sizes (Spec-Bench prompts per category): the full profile's by default,
+    `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec bench --set
+    NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
+
+    PREFIX: ClassVar[str] = "specbench_"
+    per_category: int = 3
+    new_tokens: int = 128
+
+
+QUICK_SIZES = Config(per_category=1, new_tokens=16)
+TINY_SIZES = dataclasses.replace(QUICK_SIZES, new_tokens=8)
 
 PROMPTS: dict[str, tuple[str, ...]] = {
     "coding": (
@@ -170,7 +186,7 @@ def run_section(ctx: Context) -> dict[str, Any]:
     """Every category's prompts, T = 0, sync."""
     p = ctx.p
     return run(
-        ctx.target, ctx.draft, ctx.by_category, new_tokens=p.specbench_new_tokens,
+        ctx.target, ctx.draft, ctx.by_category, new_tokens=p.specbench.new_tokens,
         gamma=p.gamma, repeats=p.repeats,
     )  # fmt: skip
 

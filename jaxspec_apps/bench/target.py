@@ -13,11 +13,12 @@ command fails otherwise).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import jax.numpy as jnp
 
@@ -26,6 +27,22 @@ from jaxspec_apps.bench.common import measure_roofline
 from jaxspec_apps.bench.cost import SHORT, loop_s_per_token, plain_greedy
 from jaxspec_apps.bench.peer import checkpoint_dir, load_hf
 from jaxspec_apps.bench.section import Context, Section
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """This section's sizes (plain greedy, jaxspec vs transformers): the full profile's by
+    default, `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec bench --set
+    NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
+
+    PREFIX: ClassVar[str] = "target_"
+    new_tokens: int = 128
+    repeats: int = 3
+    prompts: int = 4
+
+
+QUICK_SIZES = Config(new_tokens=16, repeats=1, prompts=1)
+TINY_SIZES = dataclasses.replace(QUICK_SIZES, new_tokens=10)
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
@@ -130,7 +147,7 @@ def run_section(ctx: Context) -> dict[str, Any]:
     """`run` on the real pair's target at the profile's sizes."""
     p = ctx.p
     return run(
-        ctx.target_name, p.target_new_tokens, p.target_repeats, p.target_prompts,
+        ctx.target_name, p.target.new_tokens, p.target.repeats, p.target.prompts,
         p.roofline_mib, ctx.command,
     )  # fmt: skip
 

@@ -45,10 +45,10 @@ def scheduler_len(p: Profile) -> int:
     """A slot length that fits every section's sessions (prompt + new tokens + a block)."""
     g = p.gamma
     need = max(
-        p.capacity_new_tokens + 2 * g + 2,
-        p.latency_new_tokens + g + 1,
-        p.wire_new_tokens + g + 1,
-        (p.batch_steps + 3 + PROFILE_STEPS) * (g + 1) + 8 + g + 1,
+        p.capacity.new_tokens + 2 * g + 2,
+        p.latency.new_tokens + g + 1,
+        p.wirecost.new_tokens + g + 1,
+        (p.verifier.steps + 3 + PROFILE_STEPS) * (g + 1) + 8 + g + 1,
         4 * g + 16,
     )
     return bucket(p.prompt_len + need, 64)
@@ -57,10 +57,10 @@ def scheduler_len(p: Profile) -> int:
 def prepare(ctx: Context) -> None:
     """Load the pair and draw the held-out prompts every section shares into `ctx`."""
     p = ctx.p
-    n_prompts = max(p.prompts, p.peer_prompts, p.wire_prompts)
+    n_prompts = max(p.colocated.prompts, p.peer.prompts, p.wirecost.prompts)
     ctx.prompts = prompts_from(ctx.stream, n_prompts, p.prompt_len, seed=0)
     ctx.max_len = scheduler_len(p)
-    ctx.sched_rows = (1, *p.batches)
+    ctx.sched_rows = (1, *p.verifier.batches)
 
 
 def models(ctx: Context) -> dict[str, Any]:

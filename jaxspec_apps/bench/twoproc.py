@@ -29,15 +29,34 @@ The cloud baselines, both the target on core 0 with one thread:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 from jaxspec.decoding import analytic
 from jaxspec_apps.bench.section import Context, Section
 from verify.process import VerifierProcess
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """This section's sizes (the verifier and the edge as two pinned processes; `chat` is also
+    round_profile's prompt): the full profile's by default, `QUICK`, `TINY` and `REAL` for the
+    others. `jaxspec bench --set NAME=VALUE` names a field as `PREFIX` + its name (or its
+    `flag`)."""
+
+    PREFIX: ClassVar[str] = "two_process_"
+    rtts_ms: tuple[float, ...] = (0.0, 20.0, 50.0, 100.0)
+    new_tokens: int = 64
+    repeats: int = 2
+    max_len: int = 512
+    chat: str = "Write a Python function that returns the n-th Fibonacci number."
+
+
+QUICK_SIZES = Config(rtts_ms=(0.0, 50.0), new_tokens=8, repeats=1, max_len=128)
 
 ONE_THREAD = {"JAXSPEC_KERNEL_THREADS": "1"}
 EIGEN_OFF = "--xla_cpu_multi_thread_eigen=false"
@@ -64,8 +83,8 @@ def _cloud(ctx: Context, core: int | None) -> dict[str, Any]:
     """The streamed cloud baseline: the target's decode loop in a process on `core`."""
     p = ctx.p
     cmd = [sys.executable, "-m", "jaxspec_apps.bench.twoproc_cloud", "--target", ctx.target_name,
-           "--chat", p.two_process_chat, "--new-tokens", str(p.two_process_new_tokens),
-           "--repeats", str(p.two_process_repeats)]  # fmt: skip
+           "--chat", p.two_process.chat, "--new-tokens", str(p.two_process.new_tokens),
+           "--repeats", str(p.two_process.repeats)]  # fmt: skip
     if core is not None:
         cmd += ["--core", str(core)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), check=False)
@@ -77,10 +96,10 @@ def _cloud(ctx: Context, core: int | None) -> dict[str, Any]:
 def _edge(ctx: Context, address: str, core: int | None) -> dict[str, Any]:
     p = ctx.p
     cmd = [sys.executable, "-m", "jaxspec_apps.bench.twoproc_edge", "--verifier", address,
-           "--draft", ctx.draft_name, "--chat", p.two_process_chat,
-           "--gamma", str(p.gamma), "--new-tokens", str(p.two_process_new_tokens),
-           "--rtts-ms", ",".join(map(str, p.two_process_rtts_ms)),
-           "--repeats", str(p.two_process_repeats)]  # fmt: skip
+           "--draft", ctx.draft_name, "--chat", p.two_process.chat,
+           "--gamma", str(p.gamma), "--new-tokens", str(p.two_process.new_tokens),
+           "--rtts-ms", ",".join(map(str, p.two_process.rtts_ms)),
+           "--repeats", str(p.two_process.repeats)]  # fmt: skip
     if core is not None:
         cmd += ["--core", str(core)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), check=False)
@@ -113,7 +132,7 @@ def run_section(ctx: Context) -> dict[str, Any]:
     p = ctx.p
     server_core, edge_core = _cores()
     cloud = _cloud(ctx, server_core)
-    server = VerifierProcess(_serve_args(ctx, p.two_process_max_len), env=_env())
+    server = VerifierProcess(_serve_args(ctx, p.two_process.max_len), env=_env())
     with server:  # started here
         if server_core is not None:
             os.sched_setaffinity(server.pid, {server_core})
@@ -130,7 +149,7 @@ def run_section(ctx: Context) -> dict[str, Any]:
     return measured | {
         "command": ctx.command,
         "gamma": p.gamma,
-        "new_tokens": p.two_process_new_tokens,
+        "new_tokens": p.two_process.new_tokens,
         "verifier_core": server_core,
         "pinned": edge_core is not None,
         "cloud_streamed": cloud["s_per_token"],

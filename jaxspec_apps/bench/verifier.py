@@ -9,8 +9,9 @@ FLOP/s), the KV bytes being the live positions (the step reads its KV bucket: `a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
@@ -20,6 +21,23 @@ from jaxspec_apps.bench import stepprofile
 from jaxspec_apps.bench.common import make_scheduler
 from jaxspec_apps.bench.section import Context, Section
 from verify import Scheduler
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """This section's sizes (the batch sweep: its batch sizes and timed steps): the full
+    profile's by default, `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec
+    bench --set NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
+
+    PREFIX: ClassVar[str] = "batch_"
+    batches: tuple[int, ...] = dataclasses.field(
+        default=(1, 2, 4, 8, 16, 32, 64), metadata={"flag": "batches"}
+    )
+    steps: int = 10
+
+
+QUICK_SIZES = Config(batches=(1, 32), steps=2)
+REAL_SIZES = Config(batches=(1, 4, 16), steps=4)
 
 
 def step_flops(model: Any, rows: int, width: int, context: int) -> float:
@@ -151,7 +169,8 @@ def run_tiny(ctx: Context) -> dict[str, Any]:
     p = ctx.p
     roof = ctx.roof()
     rows = batch_sweep(
-        ctx.target, p.batches, p.gamma, p.prompt_len, p.batch_steps, scheduler=ctx.sched(),
+        ctx.target, p.verifier.batches, p.gamma, p.prompt_len, p.verifier.steps,
+        scheduler=ctx.sched(),
         roofline=roof,
     )  # fmt: skip
     return {"gamma": p.gamma, "roofline": roof, "rows": rows}
@@ -161,8 +180,9 @@ def run_real(ctx: Context) -> dict[str, Any]:
     """The sweep with the first and last batch sizes profiled, and the slot length."""
     p = ctx.p
     rows = batch_sweep(
-        ctx.target, p.batches, p.gamma, p.prompt_len, p.batch_steps, scheduler=ctx.sched(),
-        roofline=ctx.roof(), profile_batches=(p.batches[0], p.batches[-1]),
+        ctx.target, p.verifier.batches, p.gamma, p.prompt_len, p.verifier.steps,
+        scheduler=ctx.sched(),
+        roofline=ctx.roof(), profile_batches=(p.verifier.batches[0], p.verifier.batches[-1]),
     )  # fmt: skip
     return {"gamma": p.gamma, "roofline": ctx.roof(), "rows": rows, "slot_len": ctx.max_len}
 

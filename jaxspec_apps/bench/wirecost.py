@@ -15,9 +15,10 @@ that rounded q, so the verification stays exact.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 from edge.drafter import Drafter
 from edge.session import run_session
@@ -25,6 +26,23 @@ from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig, wire
 from jaxspec_apps.bench.section import Context, Section
 from verify import LocalVerifier
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """This section's sizes (sampled sessions, one per encoding): the full profile's by default,
+    `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec bench --set
+    NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
+
+    PREFIX: ClassVar[str] = "wire_"
+    prompts: int = 8
+    new_tokens: int = 64
+    sparse_ks: tuple[int, ...] = (4, 16)
+
+
+QUICK_SIZES = Config(prompts=1, new_tokens=8)
+TINY_SIZES = dataclasses.replace(QUICK_SIZES, new_tokens=6)
+REAL_SIZES = Config(prompts=2, new_tokens=32)
 
 
 class CountingEndpoint:
@@ -136,10 +154,10 @@ def run_section(ctx: Context) -> dict[str, Any]:
     """Every encoding over the pass's first `wire_prompts` prompts on the shared verifier."""
     p = ctx.p
     rows = run(
-        ctx.draft, ctx.prompts[: p.wire_prompts], ctx.sched(), gamma=p.gamma,
-        new_tokens=p.wire_new_tokens, sparse_ks=p.wire_sparse_ks,
+        ctx.draft, ctx.prompts[: p.wirecost.prompts], ctx.sched(), gamma=p.gamma,
+        new_tokens=p.wirecost.new_tokens, sparse_ks=p.wirecost.sparse_ks,
     )  # fmt: skip
-    return {"gamma": p.gamma, "new_tokens": p.wire_new_tokens, "rows": rows}
+    return {"gamma": p.gamma, "new_tokens": p.wirecost.new_tokens, "rows": rows}
 
 
 SECTION = Section("wirecost", run_section)

@@ -4,39 +4,38 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec_apps.bench.render.tables import Page, ratio, save
+from jaxspec_apps.bench.render.tables import Page, part, ratio, save, table
 
 
 def table_md(c: dict[str, Any]) -> list[str]:
     """The tiny pair's table: one row per (draft, temperature, gamma, mode)."""
-    lines = [
+    pairs = (("draft", "default_pair"), ("W4A16 target (self)", "self_w4a16"))
+    return table(
         "| draft | temp | γ | mode | plain tok/s | spec tok/s | speedup | α | tokens/round |",
         "|---|---:|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for label, key in (("draft", "default_pair"), ("W4A16 target (self)", "self_w4a16")):
-        for x in c[key]:
-            lines.append(
-                f"| {label} | {x['temperature']:g} | {x['gamma']} | {x['mode']} | "
-                f"{x['plain_tok_s']:.0f} | {x['spec_tok_s']:.0f} | {ratio(x['speedup'])} | "
-                f"{x['alpha']:.3f} | {x['tokens_per_round']:.2f} |"
-            )
-    return lines
+        (
+            f"| {label} | {x['temperature']:g} | {x['gamma']} | {x['mode']} | "
+            f"{x['plain_tok_s']:.0f} | {x['spec_tok_s']:.0f} | {ratio(x['speedup'])} | "
+            f"{x['alpha']:.3f} | {x['tokens_per_round']:.2f} |"
+            for label, key in pairs
+            for x in c[key]
+        ),
+    )
 
 
 def markdown_tiny(c: dict[str, Any], page: Page) -> list[str]:
     """Section 1 of the tiny pair's report."""
     p = page.settings
     return [
-        "",
-        "## 1. Co-located speculative vs plain decoding",
-        "",
-        f"Batch 1, {p['prompts']} prompt(s) one at a time, {p['new_tokens']} new tokens "
-        "each, no stop token; plain and speculative timed in the same run (best of "
-        f"{p['repeats']} after a warm-up). Greedy outputs are asserted identical to plain "
-        "decoding. α = accepted / drafted (vLLM's definition). Self-speculation drafts with "
-        f"the target itself at W4A16, group 128 ({c['self_draft_bytes']:,} bytes resident).",
-        "",
-        *table_md(c),
+        *part(
+            "## 1. Co-located speculative vs plain decoding",
+            f"Batch 1, {p['prompts']} prompt(s) one at a time, {p['new_tokens']} new tokens "
+            "each, no stop token; plain and speculative timed in the same run (best of "
+            f"{p['repeats']} after a warm-up). Greedy outputs are asserted identical to plain "
+            "decoding. α = accepted / drafted (vLLM's definition). Self-speculation drafts with "
+            f"the target itself at W4A16, group 128 ({c['self_draft_bytes']:,} bytes resident).",
+            table_md(c),
+        ),
         *page.img("colocated", "co-located speedup"),
     ]
 

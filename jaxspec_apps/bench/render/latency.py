@@ -6,7 +6,7 @@ from typing import Any
 
 from jaxspec.decoding import analytic
 from jaxspec_apps.bench.latency import MODES, crossover_ms, predicted_crossover_ms
-from jaxspec_apps.bench.render.tables import Page
+from jaxspec_apps.bench.render.tables import Page, part
 
 
 def table_md(comp: dict[str, float], rows: list[dict[str, Any]], gamma: int) -> str:
@@ -93,36 +93,31 @@ def markdown_tiny(lat: dict[str, Any], page: Page) -> list[str]:
     return [
         "",
         "## 4. Latency vs RTT, and the verifier's batch sweep",
-        "",
-        "### RTT sweep",
-        "",
-        f"Greedy, γ = {lat['gamma']}, {lat['new_tokens']} tokens, one prompt. The edge "
-        "drafter and `verify.LocalVerifier` run in this process behind "
-        "`edge.delayed.DelayedEndpoint` (RTT/2 each way); pipelined depth covers the "
-        "round trip "
-        "(capped at 8). Predictions: the papers' model (`jaxspec.decoding.analytic`, "
-        "held equal to `proofs/latency.py`) at the measured t_d, t_v, α. Cloud AR and "
-        "co-located decoding stream what the cloud computes, so their time per token is "
-        "their compute time.",
-        "",
-        table_md(lat["components"], lat["rows"], lat["gamma"]).rstrip(),
-        "",
-        note(lat),
+        *part(
+            "### RTT sweep",
+            f"Greedy, γ = {lat['gamma']}, {lat['new_tokens']} tokens, one prompt. The edge "
+            "drafter and `verify.LocalVerifier` run in this process behind "
+            "`edge.delayed.DelayedEndpoint` (RTT/2 each way); pipelined depth covers the "
+            "round trip "
+            "(capped at 8). Predictions: the papers' model (`jaxspec.decoding.analytic`, "
+            "held equal to `proofs/latency.py`) at the measured t_d, t_v, α. Cloud AR and "
+            "co-located decoding stream what the cloud computes, so their time per token is "
+            "their compute time.",
+            table_md(lat["components"], lat["rows"], lat["gamma"]).rstrip(),
+            note(lat),
+        ),
         *page.img("rtt", "time per token vs RTT"),
     ]
 
 
 def markdown_real(lat: dict[str, Any], page: Page) -> list[str]:
     """The real pair's RTT sweep."""
-    return [
-        "",
+    return part(
         "### RTT sweep",
-        "",
         f"Greedy, γ = {lat['gamma']}, {lat['new_tokens']} tokens, one chat prompt, edge "
         "and verifier in this process behind `edge.DelayedEndpoint`.",
-        "",
         table_md(lat["components"], lat["rows"], lat["gamma"]).rstrip(),
-    ]
+    )
 
 
 def plot_section(lat: dict[str, Any], bench: Any) -> dict[str, str]:

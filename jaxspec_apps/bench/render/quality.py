@@ -4,29 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec_apps.bench.render.tables import Page
+from jaxspec_apps.bench.render.tables import Page, part, table
 
 
 def table_md(q: dict[str, Any]) -> list[str]:
     """The tiny pair's table: the draft unquantized and at W4A16."""
-    lines = [
+    return table(
         "| draft | resident bytes | × bf16 | held-out ppl | greedy agreement | α T=0 | α T=1 |",
         "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for label, x in q["rows"].items():
-        lines.append(
+        (
             f"| {label} | {x['resident_bytes']:,} | {x['bytes_vs_bf16']:.3f} | {x['ppl']:.2f} | "
             f"{x['greedy_agreement']:.3f} | {x['alpha_t0']:.3f} | {x['alpha_t1']:.3f} |"
-        )
-    return lines
+            for label, x in q["rows"].items()
+        ),
+    )
 
 
 def markdown_tiny(q: dict[str, Any], page: Page) -> list[str]:
     """The tiny pair's W4A16 section."""
-    return [
-        "",
+    return part(
         "## W4A16 draft quality",
-        "",
         f"The draft unquantized (float32 as loaded) and at W4A16 (group 128): "
         f"perplexity on {q['windows']} windows of {q['seq_len']} held-out tokens, greedy "
         "agreement with the target there, α of co-located decoding (γ = 4) on "
@@ -35,9 +32,8 @@ def markdown_tiny(q: dict[str, Any], page: Page) -> list[str]:
         f"**{q['w4a16_ppl_ratio']:.3f}**, α at T=1 **{q['w4a16_alpha_ratio']:.3f}** "
         f"(T=0: {q['w4a16_alpha_ratio_t0']:.3f}). `tools/quality_w4a16.py` has the full "
         "variant table.",
-        "",
-        *table_md(q),
-    ]
+        table_md(q),
+    )
 
 
 def real_md(q: dict[str, Any]) -> list[str]:
@@ -65,4 +61,4 @@ def real_md(q: dict[str, Any]) -> list[str]:
 
 def markdown_real(q: dict[str, Any], page: Page) -> list[str]:
     """The real pair's W4A16 section."""
-    return ["", "### W4A16 on this model: self-speculation and the shipped draft", "", *real_md(q)]
+    return part("### W4A16 on this model: self-speculation and the shipped draft", real_md(q))

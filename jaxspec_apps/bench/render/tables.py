@@ -4,6 +4,7 @@ table, the machine line, and writing a plot."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
@@ -26,6 +27,20 @@ class Page:
     def img(self, key: str, alt: str) -> list[str]:
         """The plot `key`'s image line (after a blank line), if it was drawn."""
         return ["", f"![{alt}]({self.plots[key]})"] if key in self.plots else []
+
+
+def part(heading: str, *paragraphs: str | Sequence[str]) -> list[str]:
+    """A part of the report: a blank line and `heading`, then each paragraph after a blank
+    line (a string is one line; a list is its lines, a table's say)."""
+    lines = ["", heading]
+    for paragraph in paragraphs:
+        lines += ["", *([paragraph] if isinstance(paragraph, str) else paragraph)]
+    return lines
+
+
+def table(head: str, align: str, rows: Iterable[str]) -> list[str]:
+    """A markdown table: its header line, its alignment line, then `rows`."""
+    return [head, align, *rows]
 
 
 def ratio(v: float) -> str:

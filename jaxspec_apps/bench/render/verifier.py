@@ -4,29 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec_apps.bench.render.tables import Page, ratio, save
+from jaxspec_apps.bench.render.tables import Page, part, ratio, save, table
 
 
 def table_md(v: dict[str, Any]) -> list[str]:
     """The machine's roofline and the sweep's table."""
     roof = v["roofline"]
-    lines = [
+    return [
         f"Machine roofline, measured in this run: read bandwidth "
         f"{roof['bandwidth_Bps'] / 1e9:.1f} GB/s, float32 matmul "
         f"{roof['flops_per_s'] / 1e9:.0f} GFLOP/s (ridge "
         f"{roof['flops_per_s'] / roof['bandwidth_Bps']:.1f} FLOP/byte); γ = {v['gamma']}.",
         "",
-        "| batch | step ms | verified tok/s | vs batch 1 | roofline predicts | roofline ms | "
-        "of roofline |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        *table(
+            "| batch | step ms | verified tok/s | vs batch 1 | roofline predicts | roofline ms | "
+            "of roofline |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+            (
+                f"| {x['batch']} | {x['step_s'] * 1e3:.2f} | {x['verified_tok_s']:.0f} | "
+                f"{ratio(x['ratio_to_batch1'])} | {ratio(x['roofline_ratio_to_batch1'])} | "
+                f"{x['roofline_s'] * 1e3:.2f} | {x['roofline_fraction']:.0%} |"
+                for x in v["rows"]
+            ),
+        ),
     ]
-    for x in v["rows"]:
-        lines.append(
-            f"| {x['batch']} | {x['step_s'] * 1e3:.2f} | {x['verified_tok_s']:.0f} | "
-            f"{ratio(x['ratio_to_batch1'])} | {ratio(x['roofline_ratio_to_batch1'])} | "
-            f"{x['roofline_s'] * 1e3:.2f} | {x['roofline_fraction']:.0%} |"
-        )
-    return lines
 
 
 def note(rows: list[dict[str, Any]]) -> str:
@@ -54,16 +55,14 @@ def markdown_tiny(v: dict[str, Any], page: Page) -> list[str]:
     ]  # fmt: skip
     return [
         *heading,
-        "",
-        "### Batch sweep of the verify step",
-        "",
-        "B sessions verified in one step (random one-hot blocks); the roofline bound is "
-        "max(weight bytes ÷ read bandwidth, FLOPs ÷ matmul throughput), and "
-        "*roofline predicts* is the tokens/s ratio to batch 1 that bound allows.",
-        "",
-        *table_md(v),
-        "",
-        note(v["rows"]),
+        *part(
+            "### Batch sweep of the verify step",
+            "B sessions verified in one step (random one-hot blocks); the roofline bound is "
+            "max(weight bytes ÷ read bandwidth, FLOPs ÷ matmul throughput), and "
+            "*roofline predicts* is the tokens/s ratio to batch 1 that bound allows.",
+            table_md(v),
+            note(v["rows"]),
+        ),
         *page.img("batch", "batch sweep"),
     ]
 
@@ -71,14 +70,13 @@ def markdown_tiny(v: dict[str, Any], page: Page) -> list[str]:
 def markdown_real(v: dict[str, Any], page: Page) -> list[str]:
     """The real pair's sweep, with the step's profile."""
     return [
-        "",
-        "### Verifier batch sweep (weights + live KV bytes in the roofline)",
-        "",
-        f"Slot length {v['slot_len']}; the step reads its KV bucket "
-        f"({', '.join(str(r['attended']) for r in v['rows'])} positions a row, by batch), "
-        "the roofline counts the live positions only.",
-        "",
-        *table_md(v),
+        *part(
+            "### Verifier batch sweep (weights + live KV bytes in the roofline)",
+            f"Slot length {v['slot_len']}; the step reads its KV bucket "
+            f"({', '.join(str(r['attended']) for r in v['rows'])} positions a row, by batch), "
+            "the roofline counts the live positions only.",
+            table_md(v),
+        ),
         *profile_md(v["rows"]),
     ]
 

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec_apps.bench.render.tables import Page, save
+from jaxspec_apps.bench.render.tables import Page, part, save, table
 
 
 def table_md(w: dict[str, Any]) -> list[str]:
     """Bytes per committed token, alpha and tokens per round by encoding."""
-    lines = [
+    return table(
         "| encoding | bytes/token (up + down) | up | down | up bytes/block | α | tokens/round |",
         "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for x in w["rows"]:
-        lines.append(
+        (
             f"| {x['encoding']} | {x['bytes_per_token']:.0f} | {x['bytes_up_per_token']:.0f} | "
             f"{x['bytes_down_per_token']:.0f} | {x['bytes_per_block_up']:.0f} | "
             f"{x['alpha']:.3f} | {x['tokens_per_round']:.2f} |"
-        )
-    return lines
+            for x in w["rows"]
+        ),
+    )
 
 
 def note(rows: list[dict[str, Any]]) -> list[str]:
@@ -45,35 +44,30 @@ def note(rows: list[dict[str, Any]]) -> list[str]:
 def markdown_tiny(w: dict[str, Any], page: Page) -> list[str]:
     """Section 5 of the tiny pair's report."""
     return [
-        "",
-        "## 5. Wire cost of the draft encodings",
-        "",
-        f"Sampled (T = {w['rows'][0]['temperature']:g}), sync, γ = {w['gamma']}, "
-        f"{w['new_tokens']} tokens per session, one session per prompt, the same seeds for "
-        "every encoding. Bytes are the protobuf messages of the gRPC service "
-        "(`jaxspec.protocol.wire.block_to_proto` / `result_to_proto`, `ByteSize()`) for every "
-        "block sent up and result sent down in real edge sessions (`edge.run_session` against "
-        "`verify.LocalVerifier`), per committed token; HTTP/2 framing and TLS come on top.",
-        "",
-        *table_md(w),
-        "",
-        *note(w["rows"]),
+        *part(
+            "## 5. Wire cost of the draft encodings",
+            f"Sampled (T = {w['rows'][0]['temperature']:g}), sync, γ = {w['gamma']}, "
+            f"{w['new_tokens']} tokens per session, one session per prompt, the same seeds for "
+            "every encoding. Bytes are the protobuf messages of the gRPC service "
+            "(`jaxspec.protocol.wire.block_to_proto` / `result_to_proto`, `ByteSize()`) for every "
+            "block sent up and result sent down in real edge sessions (`edge.run_session` against "
+            "`verify.LocalVerifier`), per committed token; HTTP/2 framing and TLS come on top.",
+            table_md(w),
+            note(w["rows"]),
+        ),
         *page.img("wire", "bytes per token vs alpha"),
     ]
 
 
 def markdown_real(w: dict[str, Any], page: Page) -> list[str]:
     """The real pair's table, at its vocabulary."""
-    return [
-        "",
+    return part(
         f"### Wire bytes per token at a {page.results['models']['vocab_size']:,}-entry vocabulary",
-        "",
         f"Sampled (T = {w['rows'][0]['temperature']:g}), sync, γ = {w['gamma']}, "
         f"{w['new_tokens']} tokens per session; protobuf bytes up and down per committed "
         "token.",
-        "",
-        *table_md(w),
-    ]
+        table_md(w),
+    )
 
 
 def plot(w: dict[str, Any], bench: Any) -> dict[str, str]:
