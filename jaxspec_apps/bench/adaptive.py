@@ -23,7 +23,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import jaxspec
 from edge.adaptive import AdaptiveGamma
@@ -33,22 +33,19 @@ from edge.session import run_session
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import make_scheduler, prompts_from
-from jaxspec_apps.bench.section import Context, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from verify import LocalVerifier
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """This section's sizes (gamma="auto" against every fixed gamma up to `longest`): the full
-    profile's by default, `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec
-    bench --set NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
-
-    PREFIX: ClassVar[str] = "adaptive_"
-    rtts_ms: tuple[float, ...] = (0.0, 20.0, 50.0, 100.0, 200.0)
-    longest: int = 8
-    prompts: int = 2
-    new_tokens: int = 48
-    drafts: tuple[str, ...] = ("self", "draft")  # which pairs (`DRAFTS`)
+# This section's sizes (gamma="auto" against every fixed gamma up to `longest`): drafts: which
+# pairs (`DRAFTS`).
+Config = sizes(
+    "adaptive_",
+    rtts_ms=(0.0, 20.0, 50.0, 100.0, 200.0),
+    longest=8,
+    prompts=2,
+    new_tokens=48,
+    drafts=("self", "draft"),
+)
 
 
 QUICK_SIZES = Config(rtts_ms=(0.0, 50.0), longest=4, prompts=1, new_tokens=16)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -36,22 +36,21 @@ from jaxspec.decoding.sampling import SamplingParams, session_keys
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import best_time, make_scheduler, prompts_from
-from jaxspec_apps.bench.section import Context, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """This section's sizes (bisection on the number of clients (`bisect_capacity`);
-    `client_rate`: tokens/s every client must get): the full profile's by default, `QUICK`,
-    `TINY` and `REAL` for the others. `jaxspec bench --set NAME=VALUE` names a field as `PREFIX`
-    + its name (or its `flag`)."""
-
-    PREFIX: ClassVar[str] = "capacity_"
-    start: int = 4  # the first N tried; N doubles (halves) from there
-    max_clients: int = 128  # at most this many (a capacity above it is censored)
-    precision: float = 0.125  # bisection stops at a bracket within 12.5% of N
-    new_tokens: int = 64
-    client_rate: float = dataclasses.field(default=100.0, metadata={"flag": "client_rate"})
+# This section's sizes (bisection on the number of clients (`bisect_capacity`); `client_rate`:
+# tokens/s every client must get): start: the first N tried; N doubles (halves) from there;
+# max_clients: at most this many (a capacity above it is censored); precision: bisection stops at a
+# bracket within 12.5% of N.
+Config = sizes(
+    "capacity_",
+    start=4,
+    max_clients=128,
+    precision=0.125,
+    new_tokens=64,
+    client_rate=100.0,
+    flags={"client_rate": "client_rate"},
+)
 
 
 QUICK_SIZES = Config(start=8, max_clients=32, precision=0.5, new_tokens=12)

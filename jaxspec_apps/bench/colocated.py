@@ -11,28 +11,24 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import jaxspec
 from jaxspec.figures import AcceptanceFigures
 from jaxspec_apps.bench.common import best_time, check_same_tokens
-from jaxspec_apps.bench.section import Context, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """This section's sizes (batch 1, one prompt at a time; `new_tokens` and `prompts` are also
-    the real pair's `cost` and `llamacpp` sizes): the full profile's by default, `QUICK`, `TINY`
-    and `REAL` for the others. `jaxspec bench --set NAME=VALUE` names a field as `PREFIX` + its
-    name (or its `flag`)."""
-
-    PREFIX: ClassVar[str] = ""
-    prompts: int = 4
-    new_tokens: int = 128
-    gammas: tuple[int, ...] = (2, 4, 6)
-    modes: tuple[str, ...] = ("sync", "pipelined")
-    temperatures: tuple[float, ...] = (0.0, 1.0)
-    self_modes: tuple[str, ...] = ("sync", "pipelined")  # self-speculation: gamma only
+# This section's sizes (batch 1, one prompt at a time; `new_tokens` and `prompts` are also the
+# real pair's `cost` and `llamacpp` sizes): self_modes: self-speculation: gamma only.
+Config = sizes(
+    "",
+    prompts=4,
+    new_tokens=128,
+    gammas=(2, 4, 6),
+    modes=("sync", "pipelined"),
+    temperatures=(0.0, 1.0),
+    self_modes=("sync", "pipelined"),
+)
 
 
 QUICK_SIZES = Config(prompts=1, new_tokens=16, gammas=(4,), modes=("sync",), self_modes=("sync",))

@@ -19,7 +19,6 @@ the failover fails the command.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import statistics
 import sys
@@ -27,27 +26,18 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from edge.client import GrpcEndpoint
 from edge.drafter import load_drafter
 from edge.session import run_session
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import prompts_from
-from jaxspec_apps.bench.section import Context, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from verify.process import VerifierProcess
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """This section's sizes (verifier replicas (subprocesses), closed-loop clients, a SIGKILL):
-    the full profile's by default, `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others.
-    `jaxspec bench --set NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
-
-    PREFIX: ClassVar[str] = "fleet_"
-    sessions: int = 8
-    seconds: float = 30.0
-    new_tokens: int = 64
+# This section's sizes (verifier replicas (subprocesses), closed-loop clients, a SIGKILL).
+Config = sizes("fleet_", sessions=8, seconds=30.0, new_tokens=64)
 
 
 QUICK_SIZES = Config(sessions=2, seconds=2.0, new_tokens=16)

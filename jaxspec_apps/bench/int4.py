@@ -23,11 +23,10 @@ Asserts nothing about timings; skipped where the kernel is not built.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -36,20 +35,10 @@ import numpy as np
 from jaxspec import kernels
 from jaxspec.kernels import int4 as int4kernel
 from jaxspec_apps.bench.common import measure_roofline
-from jaxspec_apps.bench.section import Context, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """This section's sizes (the int4 kernel against XLA's paths): the full profile's by
-    default, `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec bench --set
-    NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
-
-    PREFIX: ClassVar[str] = "int4_"
-    rows: tuple[int, ...] = (1, 5, 16)
-    group: int = 64
-    offset: bool = False
-    repeats: int = 7
+# This section's sizes (the int4 kernel against XLA's paths).
+Config = sizes("int4_", rows=(1, 5, 16), group=64, offset=False, repeats=7)
 
 
 QUICK_SIZES = Config(rows=(1,), repeats=1)

@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 
@@ -28,21 +28,13 @@ from jaxspec.decoding import analytic
 from jaxspec.decoding.sampling import SamplingParams, session_key
 from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import best_time, make_scheduler
-from jaxspec_apps.bench.section import Context, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from verify import LocalVerifier
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """This section's sizes (the RTT sweep): the full profile's by default, `QUICK`, `TINY` and
-    `REAL` for the others. `jaxspec bench --set NAME=VALUE` names a field as `PREFIX` + its name
-    (or its `flag`)."""
-
-    PREFIX: ClassVar[str] = "latency_"
-    rtts_ms: tuple[int, ...] = dataclasses.field(
-        default=(0, 5, 20, 50, 100, 200), metadata={"flag": "rtts_ms"}
-    )
-    new_tokens: int = 64
+# This section's sizes (the RTT sweep).
+Config = sizes(
+    "latency_", rtts_ms=(0, 5, 20, 50, 100, 200), new_tokens=64, flags={"rtts_ms": "rtts_ms"}
+)
 
 
 QUICK_SIZES = Config(rtts_ms=(0, 50), new_tokens=12)

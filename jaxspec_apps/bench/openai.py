@@ -18,7 +18,6 @@ timing. It prints the two result lines.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import http.client
 import json
 import os
@@ -31,27 +30,18 @@ import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar
+from typing import Any
 
 from edge.client import GrpcEndpoint
 from edge.drafter import load_drafter
 from edge.session import run_session
 from jaxspec.nn.text import decode_text, encode_prompt
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
-from jaxspec_apps.bench.section import Context, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from verify.process import VerifierProcess
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """This section's sizes (the endpoint against edge sessions): the full profile's by default,
-    `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec bench --set
-    NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
-
-    PREFIX: ClassVar[str] = "openai_"
-    new_tokens: int = 64
-    clients: int = 8
-    repeats: int = 7
+# This section's sizes (the endpoint against edge sessions).
+Config = sizes("openai_", new_tokens=64, clients=8, repeats=7)
 
 
 QUICK_SIZES = Config(new_tokens=16, clients=2, repeats=1)

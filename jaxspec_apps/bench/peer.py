@@ -17,25 +17,17 @@ import pathlib
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import jaxspec
 from jaxspec.ckpts.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
 from jaxspec.quant.quantize import dequantize, quant_spec
 from jaxspec_apps.bench.common import check_same_tokens
-from jaxspec_apps.bench.section import Context, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from jaxspec_host import hub
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """This section's sizes (HF transformers, greedy, batch 1): the full profile's by default,
-    `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec bench --set
-    NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
-
-    PREFIX: ClassVar[str] = "peer_"
-    prompts: int = 4
-    new_tokens: int = 128
+# This section's sizes (HF transformers, greedy, batch 1).
+Config = sizes("peer_", prompts=4, new_tokens=128)
 
 
 QUICK_SIZES = Config(prompts=1, new_tokens=16)

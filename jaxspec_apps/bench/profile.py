@@ -17,23 +17,21 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from jaxspec_apps.bench import (
-    adaptive,
-    capacity,
-    colocated,
-    fleet,
-    int4,
-    latency,
-    openai,
-    peer,
-    quality,
-    roundprofile,
-    specbench,
-    target,
-    twoproc,
-    verifier,
-    wirecost,
-)
+import jaxspec_apps.bench.adaptive as adaptive
+import jaxspec_apps.bench.capacity as capacity
+import jaxspec_apps.bench.colocated as colocated
+import jaxspec_apps.bench.fleet as fleet
+import jaxspec_apps.bench.int4 as int4
+import jaxspec_apps.bench.latency as latency
+import jaxspec_apps.bench.openai as openai
+import jaxspec_apps.bench.peer as peer
+import jaxspec_apps.bench.quality as quality
+import jaxspec_apps.bench.roundprofile as roundprofile
+import jaxspec_apps.bench.specbench as specbench
+import jaxspec_apps.bench.target as target
+import jaxspec_apps.bench.twoproc as twoproc
+import jaxspec_apps.bench.verifier as verifier
+import jaxspec_apps.bench.wirecost as wirecost
 
 # profile field -> the module whose `Config` it holds; the suite's first, then the kept ones
 SUITE = {
@@ -131,7 +129,7 @@ def _shared() -> list[str]:
 def _flags(field: str, config: Any) -> dict[str, str]:
     """Section config `config`'s `--set` names -> its field names."""
     return {
-        f.metadata.get("flag", config.PREFIX + f.name): f.name for f in dataclasses.fields(config)
+        f.metadata.get("flag") or config.PREFIX + f.name: f.name for f in dataclasses.fields(config)
     }
 
 

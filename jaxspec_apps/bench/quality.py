@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -22,23 +22,14 @@ import numpy as np
 import jaxspec
 from jaxspec.nn.model import Llama, init_cache
 from jaxspec_apps.bench.common import SELF_DRAFT, SMALL_DRAFT, prompts_from
-from jaxspec_apps.bench.section import Context, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 
 if TYPE_CHECKING:  # the profile imports this module for its Config
     from jaxspec_apps.bench.profile import Profile
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """This section's sizes (held-out windows for perplexity, prompts for alpha): the full
-    profile's by default, `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec
-    bench --set NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
-
-    PREFIX: ClassVar[str] = "quality_"
-    windows: int = 32
-    seq_len: int = 256
-    prompts: int = 8
-    new_tokens: int = 48
+# This section's sizes (held-out windows for perplexity, prompts for alpha).
+Config = sizes("quality_", windows=32, seq_len=256, prompts=8, new_tokens=48)
 
 
 QUICK_SIZES = Config(windows=2, seq_len=64, prompts=2, new_tokens=8)

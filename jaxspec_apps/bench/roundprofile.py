@@ -39,11 +39,10 @@ from __future__ import annotations
 
 import asyncio
 import cProfile
-import dataclasses
 import pstats
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import jaxspec
 from edge.delayed import DelayedEndpoint
@@ -54,22 +53,19 @@ from jaxspec.quant.calibration import prompt_ids
 from jaxspec_apps.bench import device_account, programs
 from jaxspec_apps.bench.common import make_scheduler
 from jaxspec_apps.bench.latency import session_depth
-from jaxspec_apps.bench.section import Context, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from verify import LocalVerifier
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """This section's sizes (program_vs_parts' turns (best kept) and verify step rows; the
-    pipelined edge's link): the full profile's by default, `QUICK`, `TINY` and `REAL` for the
-    others. `jaxspec bench --set NAME=VALUE` names a field as `PREFIX` + its name (or its
-    `flag`)."""
-
-    PREFIX: ClassVar[str] = "round_profile_"
-    new_tokens: int = 64
-    turns: int = dataclasses.field(default=9, metadata={"flag": "program_turns"})
-    rows: tuple[int, ...] = dataclasses.field(default=(1, 2, 4), metadata={"flag": "program_rows"})
-    stall_rtt_ms: float = dataclasses.field(default=50.0, metadata={"flag": "stall_rtt_ms"})
+# This section's sizes (program_vs_parts' turns (best kept) and verify step rows; the pipelined
+# edge's link).
+Config = sizes(
+    "round_profile_",
+    new_tokens=64,
+    turns=9,
+    rows=(1, 2, 4),
+    stall_rtt_ms=50.0,
+    flags={"turns": "program_turns", "rows": "program_rows", "stall_rtt_ms": "stall_rtt_ms"},
+)
 
 
 QUICK_SIZES = Config(new_tokens=8, turns=1, rows=(1, 2))

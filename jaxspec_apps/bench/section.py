@@ -34,6 +34,26 @@ if TYPE_CHECKING:  # the profile holds each section's config: it imports the sec
     from jaxspec_apps.bench.profile import Profile
 
 
+def sizes(prefix: str, /, *, flags: dict[str, str] | None = None, **defaults: Any) -> type:
+    """A section's sizes: a frozen dataclass `Config` with one field per default (typed as the
+    default is), which `jaxspec bench --set <prefix><field>=VALUE` sets (or, for a field in
+    `flags`, `--set <its flag>=VALUE`); `jaxspec_apps.bench.profile` holds one per section."""
+    fields = [
+        (name, _kind(v), dataclasses.field(default=v, metadata={"flag": (flags or {}).get(name)}))
+        for name, v in defaults.items()
+    ]
+    return dataclasses.make_dataclass(
+        "Config", fields, frozen=True, kw_only=True, namespace={"PREFIX": prefix}
+    )
+
+
+def _kind(value: Any) -> Any:
+    """The type a size's default `value` has (a tuple's: of its first item's type)."""
+    if isinstance(value, tuple):
+        return tuple[type(value[0]), ...] if value else tuple[str, ...]
+    return type(value)
+
+
 def _no_failures(data: dict[str, Any]) -> list[str]:
     return []
 

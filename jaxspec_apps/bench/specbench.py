@@ -13,25 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import jaxspec
 from jaxspec.decoding import costs
 from jaxspec.nn.text import chat_prompt, encode_prompt
 from jaxspec_apps.bench.colocated import pooled
 from jaxspec_apps.bench.common import best_time, check_same_tokens
-from jaxspec_apps.bench.section import Context, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """This section's sizes (Spec-Bench prompts per category): the full profile's by default,
-    `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec bench --set
-    NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
-
-    PREFIX: ClassVar[str] = "specbench_"
-    per_category: int = 3
-    new_tokens: int = 128
+# This section's sizes (Spec-Bench prompts per category).
+Config = sizes("specbench_", per_category=3, new_tokens=128)
 
 
 QUICK_SIZES = Config(per_category=1, new_tokens=16)

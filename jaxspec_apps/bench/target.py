@@ -18,7 +18,7 @@ import json
 import os
 import platform
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import jax.numpy as jnp
 
@@ -26,19 +26,10 @@ import jaxspec
 from jaxspec_apps.bench.common import measure_roofline
 from jaxspec_apps.bench.cost import SHORT, loop_s_per_token, plain_greedy
 from jaxspec_apps.bench.peer import checkpoint_dir, load_hf
-from jaxspec_apps.bench.section import Context, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """This section's sizes (plain greedy, jaxspec vs transformers): the full profile's by
-    default, `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec bench --set
-    NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
-
-    PREFIX: ClassVar[str] = "target_"
-    new_tokens: int = 128
-    repeats: int = 3
-    prompts: int = 4
+# This section's sizes (plain greedy, jaxspec vs transformers).
+Config = sizes("target_", new_tokens=128, repeats=3, prompts=4)
 
 
 QUICK_SIZES = Config(new_tokens=16, repeats=1, prompts=1)

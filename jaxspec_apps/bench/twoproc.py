@@ -29,31 +29,26 @@ The cloud baselines, both the target on core 0 with one thread:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
 import sys
-from typing import Any, ClassVar
+from typing import Any
 
 from jaxspec.decoding import analytic
-from jaxspec_apps.bench.section import Context, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from verify.process import VerifierProcess
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """This section's sizes (the verifier and the edge as two pinned processes; `chat` is also
-    round_profile's prompt): the full profile's by default, `QUICK`, `TINY` and `REAL` for the
-    others. `jaxspec bench --set NAME=VALUE` names a field as `PREFIX` + its name (or its
-    `flag`)."""
-
-    PREFIX: ClassVar[str] = "two_process_"
-    rtts_ms: tuple[float, ...] = (0.0, 20.0, 50.0, 100.0)
-    new_tokens: int = 64
-    repeats: int = 2
-    max_len: int = 512
-    chat: str = "Write a Python function that returns the n-th Fibonacci number."
+# This section's sizes (the verifier and the edge as two pinned processes; `chat` is also
+# round_profile's prompt).
+Config = sizes(
+    "two_process_",
+    rtts_ms=(0.0, 20.0, 50.0, 100.0),
+    new_tokens=64,
+    repeats=2,
+    max_len=512,
+    chat="Write a Python function that returns the n-th Fibonacci number.",
+)
 
 
 QUICK_SIZES = Config(rtts_ms=(0.0, 50.0), new_tokens=8, repeats=1, max_len=128)

@@ -9,9 +9,8 @@ FLOP/s), the KV bytes being the live positions (the step reads its KV bucket: `a
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 import numpy as np
@@ -19,21 +18,11 @@ import numpy as np
 from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench import stepprofile
 from jaxspec_apps.bench.common import make_scheduler
-from jaxspec_apps.bench.section import Context, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from verify import Scheduler
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """This section's sizes (the batch sweep: its batch sizes and timed steps): the full
-    profile's by default, `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec
-    bench --set NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
-
-    PREFIX: ClassVar[str] = "batch_"
-    batches: tuple[int, ...] = dataclasses.field(
-        default=(1, 2, 4, 8, 16, 32, 64), metadata={"flag": "batches"}
-    )
-    steps: int = 10
+# This section's sizes (the batch sweep: its batch sizes and timed steps).
+Config = sizes("batch_", batches=(1, 2, 4, 8, 16, 32, 64), steps=10, flags={"batches": "batches"})
 
 
 QUICK_SIZES = Config(batches=(1, 32), steps=2)

@@ -18,26 +18,17 @@ import asyncio
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any
 
 from edge.drafter import Drafter
 from edge.session import run_session
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig, wire
-from jaxspec_apps.bench.section import Context, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from verify import LocalVerifier
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """This section's sizes (sampled sessions, one per encoding): the full profile's by default,
-    `QUICK_SIZES`, `TINY_SIZES` and `REAL_SIZES` for the others. `jaxspec bench --set
-    NAME=VALUE` names a field as `PREFIX` + its name (or its `flag`)."""
-
-    PREFIX: ClassVar[str] = "wire_"
-    prompts: int = 8
-    new_tokens: int = 64
-    sparse_ks: tuple[int, ...] = (4, 16)
+# This section's sizes (sampled sessions, one per encoding).
+Config = sizes("wire_", prompts=8, new_tokens=64, sparse_ks=(4, 16))
 
 
 QUICK_SIZES = Config(prompts=1, new_tokens=8)

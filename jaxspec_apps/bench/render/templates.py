@@ -13,26 +13,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from jaxspec_apps.bench.render import (
-    adaptive,
-    capacity,
-    colocated,
-    cost,
-    fleet,
-    int4,
-    kernels,
-    latency,
-    llamacpp,
-    openai,
-    peer,
-    quality,
-    roundprofile,
-    specbench,
-    target,
-    twoproc,
-    verifier,
-    wirecost,
-)
+import jaxspec_apps.bench.render.adaptive as adaptive
+import jaxspec_apps.bench.render.capacity as capacity
+import jaxspec_apps.bench.render.colocated as colocated
+import jaxspec_apps.bench.render.cost as cost
+import jaxspec_apps.bench.render.fleet as fleet
+import jaxspec_apps.bench.render.int4 as int4
+import jaxspec_apps.bench.render.kernels as kernels
+import jaxspec_apps.bench.render.latency as latency
+import jaxspec_apps.bench.render.llamacpp as llamacpp
+import jaxspec_apps.bench.render.openai as openai
+import jaxspec_apps.bench.render.peer as peer
+import jaxspec_apps.bench.render.quality as quality
+import jaxspec_apps.bench.render.roundprofile as roundprofile
+import jaxspec_apps.bench.render.specbench as specbench
+import jaxspec_apps.bench.render.target as target
+import jaxspec_apps.bench.render.twoproc as twoproc
+import jaxspec_apps.bench.render.verifier as verifier
+import jaxspec_apps.bench.render.wirecost as wirecost
 from jaxspec_apps.bench.render.tables import Page
 
 Template = Callable[[dict[str, Any], Page], list[str]]
