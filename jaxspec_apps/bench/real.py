@@ -32,6 +32,7 @@ from jaxspec_apps.bench import (
     roundprofile,
     specbench,
     target,
+    tiny,
     twoproc,
     verifier,
     wirecost,
@@ -92,16 +93,11 @@ def prepare(ctx: Context) -> None:
 
 
 def models(ctx: Context) -> dict[str, Any]:
-    """`results["real"]["models"]`: the pair's names, sizes, vocabulary and quantization."""
-    t, d = ctx.target, ctx.draft
-    return {
-        "target": ctx.target_name,
-        "draft": ctx.draft_name,
-        "target_params": t.num_params(),
-        "draft_params": d.num_params(),
-        "target_bytes": t.nbytes(),
-        "draft_bytes": d.nbytes(),
-        "vocab_size": t.config.vocab_size,
+    """`results["real"]["models"]`: the pair's names, sizes (`tiny.models`), vocabulary and
+    quantization."""
+    d = ctx.draft
+    return tiny.models(ctx) | {
+        "vocab_size": ctx.target.config.vocab_size,
         "draft_quantization": None if quant_spec(d) is None else str(quant_spec(d)),
     }
 

@@ -228,9 +228,4 @@ def run_section(ctx: Context) -> dict[str, Any]:
             "program_vs_parts": parts, "device_account": account}  # fmt: skip
 
 
-STALLS = (("draft_kept", "drafting, kept"), ("draft_wasted", "drafting, thrown away"),
-          ("wait_step", "waiting: verifier's step"), ("wait_wire", "waiting: wire and hops"),
-          ("wait_stale", "waiting: stale answers"), ("host", "host"))  # fmt: skip
-
-
 SECTION = Section("round_profile", run_section)

@@ -77,29 +77,29 @@ def _serve_args(ctx: Context, max_len: int) -> list[str]:
 def _cloud(ctx: Context, core: int | None) -> dict[str, Any]:
     """The streamed cloud baseline: the target's decode loop in a process on `core`."""
     p = ctx.p
-    cmd = [sys.executable, "-m", "jaxspec_apps.bench.twoproc_cloud", "--target", ctx.target_name,
-           "--chat", p.two_process.chat, "--new-tokens", str(p.two_process.new_tokens),
-           "--repeats", str(p.two_process.repeats)]  # fmt: skip
-    if core is not None:
-        cmd += ["--core", str(core)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), check=False)
-    if out.returncode:
-        raise RuntimeError(f"the cloud process failed:\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return _side("cloud", ["--target", ctx.target_name, "--chat", p.two_process.chat,
+                           "--new-tokens", str(p.two_process.new_tokens),
+                           "--repeats", str(p.two_process.repeats)], core)  # fmt: skip
 
 
 def _edge(ctx: Context, address: str, core: int | None) -> dict[str, Any]:
     p = ctx.p
-    cmd = [sys.executable, "-m", "jaxspec_apps.bench.twoproc_edge", "--verifier", address,
-           "--draft", ctx.draft_name, "--chat", p.two_process.chat,
-           "--gamma", str(p.gamma), "--new-tokens", str(p.two_process.new_tokens),
-           "--rtts-ms", ",".join(map(str, p.two_process.rtts_ms)),
-           "--repeats", str(p.two_process.repeats)]  # fmt: skip
+    return _side("edge", ["--verifier", address, "--draft", ctx.draft_name,
+                          "--chat", p.two_process.chat, "--gamma", str(p.gamma),
+                          "--new-tokens", str(p.two_process.new_tokens),
+                          "--rtts-ms", ",".join(map(str, p.two_process.rtts_ms)),
+                          "--repeats", str(p.two_process.repeats)], core)  # fmt: skip
+
+
+def _side(side: str, args: list[str], core: int | None) -> dict[str, Any]:
+    """Run `python -m jaxspec_apps.bench.twoproc_<side> ARGS` (pinned to `core`); the JSON
+    its last line prints."""
+    cmd = [sys.executable, "-m", f"jaxspec_apps.bench.twoproc_{side}", *args]
     if core is not None:
         cmd += ["--core", str(core)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), check=False)
     if out.returncode:
-        raise RuntimeError(f"the edge process failed:\n{out.stderr[-4000:]}")
+        raise RuntimeError(f"the {side} process failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec_apps.bench.render.tables import Page
-from jaxspec_apps.bench.roundprofile import ACCOUNT, BUCKETS, PREFILL, STALLS
+from jaxspec_apps.bench.render.tables import Page, part, stalls_table, table
+from jaxspec_apps.bench.roundprofile import ACCOUNT, BUCKETS, PREFILL
 
 
 def markdown(r: dict[str, Any], page: Page) -> list[str]:
@@ -33,16 +33,18 @@ def markdown(r: dict[str, Any], page: Page) -> list[str]:
         top = "; ".join(f"{t['function']} {t['ms_per_token']:.2f}" for t in m["top"][:5])
         lines += ["", f"Top own time, {name} (ms per token, profiled): {top}."]
     account = account_md(r["device_account"]) if "device_account" in r else []
-    return [*lines, "", *account, *programs_md(r["program_vs_parts"]), "", *stalls_md(r)]
+    return [*lines, *account, *programs_md(r["program_vs_parts"]), *stalls_md(r)]
 
 
 def account_md(a: dict[str, Any]) -> list[str]:
     """The co-located round's device account (`colocated_account`)."""
     rounds = {k: v for k, v in a["parts_s"].items() if not k.startswith("prefill")}
     busy = sum(rounds.values())
-    lines = [
+    parts = [f"| {k} | {rounds[k] * 1e3:.2f} | {100 * rounds[k] / busy:.0f}% |" for k in ACCOUNT
+             if k in rounds]  # fmt: skip
+    parts += [f"| {k} | {a['parts_s'][k] * 1e3:.1f} | |" for k in PREFILL if k in a["parts_s"]]
+    return part(
         "### The co-located round's device account (`jax.profiler`)",
-        "",
         f"One co-located call (γ {a['gamma']}, {a['new_tokens']} new tokens, T = 0, full q, "
         f"{a['rounds']} rounds) traced with `jax.profiler`; each XLA op's time on its thread "
         "put under the part of the round its named scope says (jaxspec_apps/bench/"
@@ -51,60 +53,51 @@ def account_md(a: dict[str, Any]) -> list[str]:
         f"included); the host's time around it (the unprofiled call's wall less the device's) "
         f"was {a['host_s'] * 1e3:.1f} ms per call. The "
         "parts add up to both threads' busy time (XLA runs independent ops at once).",
-        "",
-        "| part | ms per round | share of the round's busy time |",
-        "|---|---:|---:|",
-    ]
-    for k in ACCOUNT:
-        if k in rounds:
-            lines.append(f"| {k} | {rounds[k] * 1e3:.2f} | {100 * rounds[k] / busy:.0f}% |")
-    for k in PREFILL:
-        if k in a["parts_s"]:
-            lines.append(f"| {k} | {a['parts_s'][k] * 1e3:.1f} | |")
-    return [*lines, ""]
+        table("| part | ms per round | share of the round's busy time |", "|---|---:|---:|", parts),
+    )
 
 
 def programs_md(t: dict[str, Any]) -> list[str]:
     """The program_vs_parts table: each jitted program against its forwards timed alone."""
-    lines = [
+    rows = [
+        f"| {x['program']} | {x['measured_s'] * 1e3:.2f} | {x['parts_s'] * 1e3:.2f} | "
+        f"{x['parts']} | {x['ratio']:.2f} | "
+        + ("" if x["host_s"] is None else f"{x['host_s'] * 1e3:.2f}")
+        + " |"
+        for x in t["rows"]
+    ]
+    return part(
         "### Each program against its parts (`program_vs_parts`)",
-        "",
         "Each jitted program of a mode timed beside the forwards it is made of, every forward "
         "timed alone at the program's shapes, all in turns in one process (jaxspec_apps/bench/"
         "programs.py). measured / parts above 1 is work that is not a forward (sampling, q, the "
         "rule, copies, dispatch, the result's transfer); host = the verifier's Python around its "
         "step (its tick), not in the step.",
-        "",
-        "| program | measured ms | parts ms | parts | measured / parts | host ms |",
-        "|---|---:|---:|---|---:|---:|",
-    ]
-    for x in t["rows"]:
-        host = "" if x["host_s"] is None else f"{x['host_s'] * 1e3:.2f}"
-        lines.append(
-            f"| {x['program']} | {x['measured_s'] * 1e3:.2f} | {x['parts_s'] * 1e3:.2f} | "
-            f"{x['parts']} | {x['ratio']:.2f} | {host} |"
-        )
-    return lines
+        table(
+            "| program | measured ms | parts ms | parts | measured / parts | host ms |",
+            "|---|---:|---:|---|---:|---:|",
+            rows,
+        ),
+    )
 
 
 def stalls_md(r: dict[str, Any]) -> list[str]:
     """Where each edge session's wall time went (`SessionTrace.stalls`), as shares."""
-    lines = [
+    rows = (
+        (
+            f"| {name} | {m['rtt_ms']:g} | {m['depth']} | {m['s_per_token'] * 1e3:.1f} | ",
+            m["stalls"],
+        )
+        for name, m in r["modes"].items()
+        if "stalls" in m
+    )
+    return part(
         "### Where the edge sessions stall",
-        "",
         "Each edge session's unprofiled run split by its own trace (`SessionTrace.stalls`): "
         "drafting kept or thrown away (rejected drafts; blocks a rejection made stale), "
         "waiting for an answer up to the verifier's step time, beyond it (round trip, "
         "queue, the answer's hop from the verifier's thread into the event loop), for stale "
         "answers, and the session's own host time (its Python, opening and closing). In "
         "pipelined mode every wait is a full pipeline (`depth` blocks in flight).",
-        "",
-        "| mode | RTT ms | depth | ms/token | " + " | ".join(h for _, h in STALLS) + " |",
-        "|---|---:|---:|---:|" + "---:|" * len(STALLS),
-    ]
-    for name, m in r["modes"].items():
-        if "stalls" in m:
-            shares = " | ".join(f"{100 * m['stalls'][k]:.0f}%" for k, _ in STALLS)
-            lines.append(f"| {name} | {m['rtt_ms']:g} | {m['depth']} | "
-                         f"{m['s_per_token'] * 1e3:.1f} | {shares} |")  # fmt: skip
-    return lines
+        stalls_table("| mode | RTT ms | depth | ms/token | ", "|---|---:|---:|---:|", rows),
+    )

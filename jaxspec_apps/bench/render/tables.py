@@ -43,6 +43,22 @@ def table(head: str, align: str, rows: Iterable[str]) -> list[str]:
     return [head, align, *rows]
 
 
+# Where an edge session's time goes (`SessionTrace.stalls`): key -> column heading.
+STALLS = (("draft_kept", "drafting, kept"), ("draft_wasted", "drafting, thrown away"),
+          ("wait_step", "waiting: verifier's step"), ("wait_wire", "waiting: wire and hops"),
+          ("wait_stale", "waiting: stale answers"), ("host", "host"))  # fmt: skip
+
+
+def stalls_table(head: str, align: str, rows: Iterable[tuple[str, dict[str, float]]]) -> list[str]:
+    """A table of edge sessions' stalls: each row's leading cells (`head`, `align` for them),
+    then each of `STALLS` as a share of the session's time."""
+    return table(
+        head + " | ".join(h for _, h in STALLS) + " |",
+        align + "---:|" * len(STALLS),
+        (lead + " | ".join(f"{100 * s[k]:.0f}%" for k, _ in STALLS) + " |" for lead, s in rows),
+    )
+
+
 def ratio(v: float) -> str:
     """`v` as a ratio: 1.23×."""
     return f"{v:.2f}×"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec_apps.bench.render.tables import Page
+from jaxspec_apps.bench.render.tables import Page, part, stalls_table
 from jaxspec_apps.bench.twoproc import KINDS
 
 
@@ -61,23 +61,17 @@ def markdown(r: dict[str, Any], page: Page) -> list[str]:
 def stalls_md(r: dict[str, Any]) -> list[str]:
     """Where each edge session's time went (`SessionTrace.stalls`, the best run's), as
     shares of its wall time."""
-    cols = (("draft_kept", "drafting, kept"), ("draft_wasted", "drafting, thrown away"),
-            ("wait_step", "waiting: verifier's step"), ("wait_wire", "waiting: wire and hops"),
-            ("wait_stale", "waiting: stale answers"), ("host", "host"))  # fmt: skip
-    lines = [
-        "",
+    rows = (
+        (f"| {x['rtt_ms']:g} | {KINDS[kind]} | ", x[f"{kind}_stalls"])
+        for x in r["rows"]
+        for kind in KINDS
+    )
+    return part(
         "Where the edge sessions' time went (each session's own trace, `SessionTrace.stalls`: "
         "waiting up to the verifier's step time, then beyond it: the round trip, gRPC, the "
         "answer's hop into the event loop):",
-        "",
-        "| RTT ms | session | " + " | ".join(h for _, h in cols) + " |",
-        "|---:|---|" + "---:|" * len(cols),
-    ]
-    for x in r["rows"]:
-        for kind in KINDS:
-            shares = " | ".join(f"{100 * x[f'{kind}_stalls'][k]:.0f}%" for k, _ in cols)
-            lines.append(f"| {x['rtt_ms']:g} | {KINDS[kind]} | {shares} |")
-    return lines
+        stalls_table("| RTT ms | session | ", "|---:|---|", rows),
+    )
 
 
 def plot(r: dict[str, Any], bench: Any) -> dict[str, str]:
