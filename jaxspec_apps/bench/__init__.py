@@ -84,14 +84,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "added to the report already in --out), or both (the full profile's default); "
         "gemma3: Gemma 3 270M and its W4A16 copy (added to the report already in --out)",
     )
-    parser.add_argument("--target", default="default", help="tiny pair: target (dir or name)")
-    parser.add_argument("--draft", default="default-draft", help="tiny pair: draft")
-    parser.add_argument("--real-target", default="smollm2", help="real pair: target")
-    parser.add_argument(
-        "--real-draft",
-        default="smollm2-w4a16",
-        help="real pair: draft (smollm2-draft: the small one)",
-    )
+    for flag, default, what in (
+        ("--target", "default", "tiny pair: target (dir or name)"),
+        ("--draft", "default-draft", "tiny pair: draft"),
+        ("--real-target", "smollm2", "real pair: target"),
+        ("--real-draft", "smollm2-w4a16", "real pair: draft (smollm2-draft: the small one)"),
+    ):
+        parser.add_argument(flag, default=default, help=what)
     parser.add_argument(
         "--sections",
         default=None,

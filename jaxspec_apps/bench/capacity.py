@@ -183,31 +183,20 @@ def bisect_capacity(
     return out | {"bracket": [lo, hi], "probes": [[k, r] for k, r in seen.items()]}
 
 
-def sizes(p: Any) -> dict[str, Any]:
-    """`run`'s keyword arguments from a bench `Profile`."""
-    return dict(
-        gamma=p.gamma, new_tokens=p.capacity.new_tokens, client_rate=p.capacity.client_rate,
-        repeats=p.repeats, start=p.capacity.start, max_clients=p.capacity.max_clients,
-        precision=p.capacity.precision,
-    )  # fmt: skip
-
-
 def run(
     target: Any,
     draft: Any,
     prompts: Sequence[Sequence[int]],
+    c: Any,
     *,
     gamma: int,
-    new_tokens: int,
-    client_rate: float,
     repeats: int,
-    start: int = 4,
-    max_clients: int = 128,
-    precision: float = 0.125,
 ) -> dict[str, Any]:
-    """Each mode's capacity at `client_rate` by bisection (module doc), every probe's
-    measurements, and the measured vs predicted capacity factor. Client i sends
-    `prompts[i % len(prompts)]`."""
+    """Each mode's capacity at `c.client_rate` by bisection (module doc) at the sizes `c` (a
+    `Config`), every probe's measurements, and the measured vs predicted capacity factor.
+    Client i sends `prompts[i % len(prompts)]`."""
+    new_tokens, client_rate = c.new_tokens, c.client_rate
+    start, max_clients, precision = c.start, c.max_clients, c.precision
     longest = max(len(p) for p in prompts)
     max_len = bucket(longest + new_tokens + 2 * gamma + 2, 64)
     drafter = Drafter(draft, DraftSpec(gamma=gamma, encoding="onehot"))
@@ -278,12 +267,13 @@ def run_tiny(ctx: Context) -> dict[str, Any]:
     """The tiny pair's clients send held-out windows (up to 64 different ones)."""
     p = ctx.p
     prompts = prompts_from(ctx.stream, min(p.capacity.max_clients, 64), p.prompt_len, seed=1)
-    return run(ctx.target, ctx.draft, prompts, **sizes(p))
+    return run(ctx.target, ctx.draft, prompts, p.capacity, gamma=p.gamma, repeats=p.repeats)
 
 
 def run_real(ctx: Context) -> dict[str, Any]:
     """The real pair's clients send the Spec-Bench prompts."""
-    return run(ctx.target, ctx.draft, ctx.pool, **sizes(ctx.p))
+    p = ctx.p
+    return run(ctx.target, ctx.draft, ctx.pool, p.capacity, gamma=p.gamma, repeats=p.repeats)
 
 
 TINY = Section("capacity", run_tiny)
