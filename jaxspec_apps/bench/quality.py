@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,10 +23,6 @@ import jaxspec
 from jaxspec.nn.model import Llama, init_cache
 from jaxspec_apps.bench.common import SELF_DRAFT, SMALL_DRAFT, prompts_from
 from jaxspec_apps.bench.section import Context, Section, sizes
-
-if TYPE_CHECKING:  # the profile imports this module for its Config
-    from jaxspec_apps.bench.profile import Profile
-
 
 # This section's sizes (held-out windows for perplexity, prompts for alpha).
 Config = sizes("quality_", windows=32, seq_len=256, prompts=8, new_tokens=48)
@@ -174,7 +170,7 @@ def quality_rows(
     drafts: dict[str, Any],
     stream: np.ndarray,
     prompts: list[list[int]],
-    p: Profile,
+    p: Any,
 ) -> dict[str, Any]:
     """The quality table on this model: each draft (the W4A16 self-draft, the small distilled
     one) with held-out perplexity, agreement and alpha at T = 0 and 0.7."""

@@ -16,7 +16,7 @@ import functools
 import importlib
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -29,9 +29,6 @@ from jaxspec_apps.bench.common import (
 )
 from jaxspec_host.xla_cache import bound_compiled_programs
 from verify import Scheduler
-
-if TYPE_CHECKING:  # the profile holds each section's config: it imports the sections
-    from jaxspec_apps.bench.profile import Profile
 
 
 def sizes(prefix: str, /, *, flags: dict[str, str] | None = None, **defaults: Any) -> type:
@@ -80,7 +77,7 @@ class Context:
     category (`by_category` holds them all)."""
 
     pair: str
-    p: Profile
+    p: Any  # a `profile.Profile` (which imports the sections, for their configs)
     log: Callable[[str], None]
     target_name: str
     draft_name: str
