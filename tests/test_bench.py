@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import pathlib
+import shutil
 import tempfile
 from fractions import Fraction
 
@@ -95,20 +96,69 @@ def _committed_report() -> dict[str, str]:
     }
 
 
-def test_the_tiny_suite_writes_the_report_results_and_plots(checkpoints, tmp_path, monkeypatch):
+def test_the_committed_report_renders_from_its_json_alone(tmp_path):
+    """`jaxspec bench --render` over a copy of the committed JSON only (bench/results.json,
+    each kept block's bench/<name>.json; quant.md is tools/quant_table.py's own) writes the
+    committed BENCHMARKS.md and bench/*.md byte for byte, measuring nothing."""
+    from jaxspec_apps.bench.render.templates import KEPT_ORDER
+
+    (tmp_path / "bench").mkdir()
+    for f in (REPO / "bench").glob("*.json"):
+        shutil.copyfile(f, tmp_path / "bench" / f.name)
+    shutil.copyfile(REPO / "bench" / "quant.md", tmp_path / "bench" / "quant.md")
+    assert _bench(["--render", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "BENCHMARKS.md").read_text() == (REPO / "BENCHMARKS.md").read_text()
+    blocks = [f"{n}.md" for n in KEPT_ORDER if (REPO / "bench" / f"{n}.md").is_file()]
+    assert len(blocks) >= len(KEPT_ORDER) - 1  # every kept block but int4 is committed
+    assert sorted(f.name for f in (tmp_path / "bench").glob("*.md")) == sorted(blocks)
+    for name in blocks:
+        assert (tmp_path / "bench" / name).read_bytes() == (REPO / "bench" / name).read_bytes()
+
+
+def test_the_templates_follow_the_passes_order():
+    """The renderer prints each pair's sections in the order its pass runs them."""
+    from jaxspec_apps.bench import real, tiny
+    from jaxspec_apps.bench.render import templates
+
+    assert tuple(templates.TINY) == tuple(s.name for s in tiny.SECTIONS)
+    for _, _, sections in real.REAL_PASSES.values():
+        names = [s.name for s in sections]
+        assert [n for n in templates.REAL if n in names] == names
+    kept = {s.name: "tiny" for s in tiny.KEPT} | {s.name: "real" for s in real.KEPT}
+    assert kept == {name: pair for name, (pair, _) in templates.KEPT.items()}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(checkpoints, tmp_path_factory):
+    """One `jaxspec bench --profile tiny` run without --out, shared by the tests that read a
+    whole tiny pass (its compilations are paid once): the report directory it made under a
+    temporary directory standing in for the system's, and what it left elsewhere."""
+    tmp = tmp_path_factory.mktemp("tiny_run")
+    before = _committed_report()
+    cwd = tmp / "cwd"  # stands for the repository a user runs it in: the old default
+    cwd.mkdir()  # (--out .) wrote there
+    argv = ["--profile", "tiny", "--target", checkpoints["target"], "--draft", checkpoints["draft"]]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(cwd)
+        mp.setattr(tempfile, "tempdir", str(tmp))
+        rc = _bench(argv)
+    return {
+        "rc": rc,
+        "committed_before": before,
+        "committed_after": _committed_report(),
+        "left_in_cwd": list(cwd.iterdir()),
+        "outs": list(tmp.glob("jaxspec-bench-*")),
+    }
+
+
+def test_the_tiny_suite_writes_the_report_results_and_plots(tiny_run):
     """Without --out, the report goes to a new temporary directory (here under tmp_path):
     the repository's committed BENCHMARKS.md, bench/results.json and plots stay as they are."""
-    before = _committed_report()
+    before = tiny_run["committed_before"]
     assert "BENCHMARKS.md" in before and "bench/results.json" in before
-    cwd = tmp_path / "cwd"  # stands for the repository a user runs it in: the old default
-    cwd.mkdir()  # (--out .) wrote there
-    monkeypatch.chdir(cwd)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    argv = ["--profile", "tiny"]
-    argv += ["--target", checkpoints["target"], "--draft", checkpoints["draft"]]
-    assert _bench(argv) == 0
-    assert list(cwd.iterdir()) == [] and _committed_report() == before
-    (out,) = tmp_path.glob("jaxspec-bench-*")
+    assert tiny_run["rc"] == 0
+    assert tiny_run["left_in_cwd"] == [] and tiny_run["committed_after"] == before
+    (out,) = tiny_run["outs"]
     res = json.loads((out / "bench" / "results.json").read_text())
     assert "--out" not in res["command"]
     assert res["failures"] == {} and res["skipped"] == {}
@@ -206,13 +256,13 @@ REAL_REQUIRED = (
 )
 
 
-def test_the_real_pass_adds_its_object_and_keeps_the_tiny_keys(checkpoints, tmp_path):
-    """`--pairs real` on a report already there: `results["real"]` gets every key the issue
-    lists (here with tiny stand-ins: a W4A16 draft, which the peer gets dequantized), the
-    tiny pair's keys and sections stay, and the report puts the real pair first."""
-    argv = ["--profile", "tiny", "--out", str(tmp_path), "--sections", "peer"]
-    argv += ["--target", checkpoints["target"], "--draft", checkpoints["draft"]]
-    assert _bench(argv) == 0
+def test_the_real_pass_adds_its_object_and_keeps_the_tiny_keys(checkpoints, tiny_run, tmp_path):
+    """`--pairs real` on a report already there (a copy of `tiny_run`'s): `results["real"]`
+    gets every key the issue lists (here with tiny stand-ins: a W4A16 draft, which the peer
+    gets dequantized), the tiny pair's keys and sections stay, and the report puts the real
+    pair first."""
+    assert tiny_run["rc"] == 0
+    shutil.copytree(tiny_run["outs"][0], tmp_path, dirs_exist_ok=True)
     before = json.loads((tmp_path / "bench" / "results.json").read_text())
     q = jaxspec.quantize(jaxspec.load(checkpoints["draft"]), "w4a16", 16, method="asym")
     jaxspec.save(q, tmp_path / "draft-w4a16")
@@ -222,7 +272,7 @@ def test_the_real_pass_adds_its_object_and_keeps_the_tiny_keys(checkpoints, tmp_
     assert _bench(argv) == 0
     res = json.loads((tmp_path / "bench" / "results.json").read_text())
     assert res["peer_plain_ratio"] == before["peer_plain_ratio"]
-    assert res["sections"]["peer"] == before["sections"]["peer"]
+    assert res["sections"] == before["sections"]
     real = res["real"]
     assert "--pairs real" in real["command"] and res["failures"] == {}
     for key in REAL_REQUIRED:
@@ -374,6 +424,7 @@ def test_the_kernels_section_times_both_paths_in_one_run(monkeypatch):
     float kernel and XLA's ops each timed; its table names them all."""
     from jaxspec import kernels as cpu_kernels
     from jaxspec_apps.bench import kernels
+    from jaxspec_apps.bench.render import kernels as kernels_md
 
     # two row counts and two model shapes (each is a compilation of both paths)
     monkeypatch.setattr(kernels, "ROWS", (1, 16))
@@ -386,7 +437,7 @@ def test_the_kernels_section_times_both_paths_in_one_run(monkeypatch):
     assert [(r["rows"], r["positions"]) for r in res["model"]] == list(kernels.SHAPES)
     for r in res["matmul"] + res["model"]:
         assert r["kernel_ms"] > 0 and r["xla_ms"] > 0
-    md = "\n".join(kernels.table_md(res))
+    md = "\n".join(kernels_md.table_md(res))
     assert "| bfloat16 | NT (table) | 16 |" in md and "| 16 x 5 |" in md
 
 
@@ -477,8 +528,8 @@ def test_sections_and_settings_are_checked_before_anything_runs(tmp_path):
         ["gammas=2,4", "rtts_ms=0,20", "fleet_seconds=20", "int4_offset=true",
          "real_prompt_tokens=none", "modes=sync"],
     )  # fmt: skip
-    assert (p.gammas, p.rtts_ms, p.fleet_seconds) == ((2, 4), (0, 20), 20.0)
-    assert (p.int4_offset, p.real_prompt_tokens, p.modes) == (True, None, ("sync",))
+    assert (p.colocated.gammas, p.latency.rtts_ms, p.fleet.seconds) == ((2, 4), (0, 20), 20.0)
+    assert (p.int4.offset, p.real_prompt_tokens, p.colocated.modes) == (True, None, ("sync",))
 
 
 def test_the_two_process_section_pins_both_sides_and_predicts(checkpoints, tmp_path):

@@ -213,7 +213,7 @@ def markdown(rows: list[dict], calib: dict, cmd: str, checkpoint: str) -> str:
 
 def write(args: argparse.Namespace, rows: list[dict], calib: dict) -> None:
     """bench/quant.json and .md under `--out` and the section of its BENCHMARKS.md."""
-    from jaxspec_apps.bench.report import write_kept
+    from jaxspec_apps.bench.render import write_kept
 
     cmd = "python " + " ".join(shlex.quote(a) for a in ["tools/quant_table.py", *sys.argv[1:]])
     record = {"command": cmd, "machine": platform.machine(), "rows": rows, **calib}

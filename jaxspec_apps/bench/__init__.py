@@ -9,9 +9,11 @@
     jaxspec bench --quick         # tiny sizes, under two minutes: keeps the code from rotting
     jaxspec bench --pairs tiny --sections adaptive --out .   # one kept section, in place
     jaxspec bench --pairs tiny --sections colocated --set gammas=2,4,6   # any profile size
+    jaxspec bench --render        # no measuring: BENCHMARKS.md and bench/*.md from bench/*.json
 
-Each section is an object (`section.Section`: its run, its markdown, its plot) in the module
-that measures it; a pair lists its sections (`tiny`, `real`) and `report` is the one writer.
+Each section is an object (`section.Section`: how it measures) in the module that measures
+it, returning a dict; a pair lists its sections (`tiny`, `real`). `render` is the one writer:
+BENCHMARKS.md, bench/*.md and the plots from the JSON alone (one template per section).
 The tiny pair's suite, in order:
   colocated  speculative vs plain decoding on the shipped pair and on self-speculation
   peer       the same checkpoints in HF transformers (plain and assisted generation), greedy
@@ -69,6 +71,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "printed; `--out .` in the repository rewrites the committed report)",
     )
     parser.add_argument(
+        "--render",
+        action="store_true",
+        help="measure nothing: rewrite BENCHMARKS.md and bench/*.md in --out (default: the "
+        "current directory) from the JSON there (bench/results.json, bench/<section>.json)",
+    )
+    parser.add_argument(
         "--pairs",
         choices=PAIRS,
         default=None,
@@ -76,14 +84,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "added to the report already in --out), or both (the full profile's default); "
         "gemma3: Gemma 3 270M and its W4A16 copy (added to the report already in --out)",
     )
-    parser.add_argument("--target", default="default", help="tiny pair: target (dir or name)")
-    parser.add_argument("--draft", default="default-draft", help="tiny pair: draft")
-    parser.add_argument("--real-target", default="smollm2", help="real pair: target")
-    parser.add_argument(
-        "--real-draft",
-        default="smollm2-w4a16",
-        help="real pair: draft (smollm2-draft: the small one)",
-    )
+    for flag, default, what in (
+        ("--target", "default", "tiny pair: target (dir or name)"),
+        ("--draft", "default-draft", "tiny pair: draft"),
+        ("--real-target", "smollm2", "real pair: target"),
+        ("--real-draft", "smollm2-w4a16", "real pair: draft (smollm2-draft: the small one)"),
+    ):
+        parser.add_argument(flag, default=default, help=what)
     parser.add_argument(
         "--sections",
         default=None,
@@ -100,8 +107,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NAME=VALUE",
         help="set one size of the profile for this run (repeatable): e.g. gammas=2,4, "
-        "rtts_ms=0,20, fleet_seconds=20, openai_repeats=11 (the fields of "
-        "jaxspec_apps.bench.profile.Profile)",
+        "rtts_ms=0,20, fleet_seconds=20, openai_repeats=11 (a size the profile shares, or a "
+        "field of a section's Config after its PREFIX: jaxspec_apps.bench.profile)",
     )
 
 

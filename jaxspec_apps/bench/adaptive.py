@@ -19,6 +19,7 @@ over its timed sessions (their `AcceptanceFigures` summed; the untimed warm-ups 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import os
 from collections.abc import Sequence
@@ -32,8 +33,25 @@ from edge.session import run_session
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import make_scheduler, prompts_from
-from jaxspec_apps.bench.section import Context, Page, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from verify import LocalVerifier
+
+# This section's sizes (gamma="auto" against every fixed gamma up to `longest`): drafts: which
+# pairs (`DRAFTS`).
+Config = sizes(
+    "adaptive_",
+    rtts_ms=(0.0, 20.0, 50.0, 100.0, 200.0),
+    longest=8,
+    prompts=2,
+    new_tokens=48,
+    drafts=("self", "draft"),
+)
+
+
+QUICK_SIZES = Config(rtts_ms=(0.0, 50.0), longest=4, prompts=1, new_tokens=16)
+TINY_SIZES = dataclasses.replace(
+    QUICK_SIZES, rtts_ms=(0.0, 20.0), longest=2, new_tokens=8, drafts=("self",)
+)
 
 DRAFTS = {"self": "self (target at W4A16)", "draft": "shipped draft at W4A16"}
 
@@ -163,63 +181,6 @@ def summary(rows: list[dict[str, Any]], longest: int) -> dict[str, Any]:
     }
 
 
-def table_md(result: dict[str, Any], longest: int) -> list[str]:
-    """One row per (pair, RTT), then the whole sweep's totals."""
-    head = " | ".join(f"γ={g}" for g in range(1, longest + 1))
-    lines = [
-        f"| pair | α | RTT ms | depth | {head} | auto | best fixed | auto ÷ best | auto chose |",
-        "|---|---|---|---|" + "---|" * longest + "---|---|---|---|",
-    ]
-    for r in result["rows"]:
-        t = r["token_s"]
-        cells = " | ".join(f"{t[str(g)] * 1e3:.2f}" for g in range(1, longest + 1))
-        chose = ", ".join(f"{k}×{v}" for k, v in r["auto_gammas"].items())
-        lines.append(
-            f"| {r['pair']} | {r.get('alpha', float('nan')):.2f} | {r['rtt_ms']:.0f} | "
-            f"{r['depth']} | {cells} | "
-            f"**{t['auto'] * 1e3:.2f}** | γ={r['best_fixed_gamma']} | "
-            f"{r['auto_over_best']:.3f} | {chose} |"
-        )
-    s = result["summary"]
-    g = s["best_single_fixed_gamma"]
-    lines += [
-        "",
-        f"Over the whole sweep (sum of ms/token over every point): auto "
-        f"{s['auto_total_s'] * 1e3:.1f}; the best single fixed gamma (γ={g}) "
-        f"{s['fixed_total_s'][str(g)] * 1e3:.1f} — auto ÷ best single fixed = "
-        f"**{s['auto_over_best_single']:.3f}**; auto's worst point ÷ that point's best fixed "
-        f"gamma = **{s['worst_point_ratio']:.3f}**.",
-    ]
-    return lines
-
-
-def plot(result: dict[str, Any], longest: int, path: Any) -> None:
-    """ms per token against the round trip, per pair: every fixed gamma, the best of them
-    at each RTT, and auto."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pairs = sorted({r["pair"] for r in result["rows"]})
-    fig, axes = plt.subplots(1, len(pairs), figsize=(5 * len(pairs), 3.6), squeeze=False)
-    for ax, pair in zip(axes[0], pairs, strict=True):
-        rs = [r for r in result["rows"] if r["pair"] == pair]
-        x = [r["rtt_ms"] for r in rs]
-        for g in range(1, longest + 1):
-            ax.plot(x, [r["token_s"][str(g)] * 1e3 for r in rs], color="0.7", lw=1)
-        ax.plot(x, [min(r["token_s"][str(g)] for g in range(1, longest + 1)) * 1e3 for r in rs],
-                "k--", lw=1, label="best fixed γ at each RTT")  # fmt: skip
-        ax.plot(x, [r["token_s"]["auto"] * 1e3 for r in rs], "C3o-", lw=2, label="γ = auto")
-        ax.set_title(pair)
-        ax.set_xlabel("round trip (ms)")
-        ax.set_ylabel("ms per token")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def run_section(ctx: Context) -> dict[str, Any]:
     """The sweep over the profile's round trips for each draft in `adaptive_drafts`, on
     held-out prompts of the tiny pair's target."""
@@ -227,14 +188,14 @@ def run_section(ctx: Context) -> dict[str, Any]:
     drafts = {"self": lambda: target, "draft": lambda: ctx.draft}
     pairs = {
         DRAFTS[name]: jaxspec.quantize(drafts[name](), "w4a16", 128, method="asym")
-        for name in p.adaptive_drafts
+        for name in p.adaptive.drafts
     }
-    prompts = prompts_from(ctx.stream, p.adaptive_prompts, p.prompt_len, seed=3)
-    longest, new_tokens = p.adaptive_longest, p.adaptive_new_tokens
+    prompts = prompts_from(ctx.stream, p.adaptive.prompts, p.prompt_len, seed=3)
+    longest, new_tokens = p.adaptive.longest, p.adaptive.new_tokens
     max_len = max(map(len, prompts)) + new_tokens + 6 * longest + 16
     sched = make_scheduler(target, rows=(1,), gamma=longest, max_len=max_len)
     result = sweep(
-        sched, pairs, prompts, rtts_ms=p.adaptive_rtts_ms, longest=longest,
+        sched, pairs, prompts, rtts_ms=p.adaptive.rtts_ms, longest=longest,
         new_tokens=new_tokens,
     )  # fmt: skip
     return result | {
@@ -247,34 +208,4 @@ def run_section(ctx: Context) -> dict[str, Any]:
     }
 
 
-def markdown(r: dict[str, Any], page: Page) -> list[str]:
-    """The "Adaptive gamma" section of BENCHMARKS.md."""
-    return [
-        "## Adaptive gamma",
-        "",
-        f"Produced by `{r['command']}` on {r['cpus']} CPUs (load average "
-        f"{r['load_average_1min_end']:.1f} at the end). Pipelined edge-cloud decoding, greedy, "
-        f"batch 1, {r['prompts']} held-out prompts × {r['new_tokens']} tokens, through an "
-        "in-process verifier behind a simulated link; ms per token (wall time over tokens, the "
-        'first round trip included) for each fixed γ and for `gamma="auto"` (the edge picks '
-        "each block's length from measured acceptance per position, draft time and answer "
-        "latency by the papers' model, `edge.adaptive`). Every auto run's tokens equal the "
-        "fixed runs' token for token"
-        + (" (checked)." if not r["failures"] else f" — **NOT: {r['failures']}**."),
-        "",
-        *table_md(r, int(r["longest"])),
-        "",
-        "![ms per token vs round trip: every fixed gamma, the best of them, and auto]"
-        "(bench/adaptive.png)",
-    ]
-
-
-def plot_section(r: dict[str, Any], bench: Any) -> dict[str, str]:
-    """`plot` as bench/adaptive.png."""
-    plot(r, int(r["longest"]), bench / "adaptive.png")
-    return {"adaptive": "bench/adaptive.png"}
-
-
-SECTION = Section(
-    "adaptive", run_section, markdown, plot_section, failures=lambda r: list(r["failures"])
-)
+SECTION = Section("adaptive", run_section, failures=lambda r: list(r["failures"]))

@@ -21,6 +21,7 @@ linearly between its ends. The paper predicts capacity(edge-cloud) / capacity(co
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,8 +36,27 @@ from jaxspec.decoding.sampling import SamplingParams, session_keys
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import best_time, make_scheduler, prompts_from
-from jaxspec_apps.bench.report_tables import ratio, save
-from jaxspec_apps.bench.section import Context, Page, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
+
+# This section's sizes (bisection on the number of clients (`bisect_capacity`); `client_rate`:
+# tokens/s every client must get): start: the first N tried; N doubles (halves) from there;
+# max_clients: at most this many (a capacity above it is censored); precision: bisection stops at a
+# bracket within 12.5% of N.
+Config = sizes(
+    "capacity_",
+    start=4,
+    max_clients=128,
+    precision=0.125,
+    new_tokens=64,
+    client_rate=100.0,
+    flags={"client_rate": "client_rate"},
+)
+
+
+QUICK_SIZES = Config(start=8, max_clients=32, precision=0.5, new_tokens=12)
+# one probe per mode: bisect_capacity is unit-tested; the machinery runs
+TINY_SIZES = dataclasses.replace(QUICK_SIZES, new_tokens=8, start=1, max_clients=1)
+REAL_SIZES = Config(max_clients=64, precision=0.25, new_tokens=32, client_rate=10.0)
 
 MODES = ("cloud_ar", "colocated", "edge_cloud")
 
@@ -163,31 +183,20 @@ def bisect_capacity(
     return out | {"bracket": [lo, hi], "probes": [[k, r] for k, r in seen.items()]}
 
 
-def sizes(p: Any) -> dict[str, Any]:
-    """`run`'s keyword arguments from a bench `Profile`."""
-    return dict(
-        gamma=p.gamma, new_tokens=p.capacity_new_tokens, client_rate=p.client_rate,
-        repeats=p.repeats, start=p.capacity_start, max_clients=p.capacity_max_clients,
-        precision=p.capacity_precision,
-    )  # fmt: skip
-
-
 def run(
     target: Any,
     draft: Any,
     prompts: Sequence[Sequence[int]],
+    c: Any,
     *,
     gamma: int,
-    new_tokens: int,
-    client_rate: float,
     repeats: int,
-    start: int = 4,
-    max_clients: int = 128,
-    precision: float = 0.125,
 ) -> dict[str, Any]:
-    """Each mode's capacity at `client_rate` by bisection (module doc), every probe's
-    measurements, and the measured vs predicted capacity factor. Client i sends
-    `prompts[i % len(prompts)]`."""
+    """Each mode's capacity at `c.client_rate` by bisection (module doc) at the sizes `c` (a
+    `Config`), every probe's measurements, and the measured vs predicted capacity factor.
+    Client i sends `prompts[i % len(prompts)]`."""
+    new_tokens, client_rate = c.new_tokens, c.client_rate
+    start, max_clients, precision = c.start, c.max_clients, c.precision
     longest = max(len(p) for p in prompts)
     max_len = bucket(longest + new_tokens + 2 * gamma + 2, 64)
     drafter = Drafter(draft, DraftSpec(gamma=gamma, encoding="onehot"))
@@ -257,181 +266,15 @@ def run(
 def run_tiny(ctx: Context) -> dict[str, Any]:
     """The tiny pair's clients send held-out windows (up to 64 different ones)."""
     p = ctx.p
-    prompts = prompts_from(ctx.stream, min(p.capacity_max_clients, 64), p.prompt_len, seed=1)
-    return run(ctx.target, ctx.draft, prompts, **sizes(p))
+    prompts = prompts_from(ctx.stream, min(p.capacity.max_clients, 64), p.prompt_len, seed=1)
+    return run(ctx.target, ctx.draft, prompts, p.capacity, gamma=p.gamma, repeats=p.repeats)
 
 
 def run_real(ctx: Context) -> dict[str, Any]:
     """The real pair's clients send the Spec-Bench prompts."""
-    return run(ctx.target, ctx.draft, ctx.pool, **sizes(ctx.p))
+    p = ctx.p
+    return run(ctx.target, ctx.draft, ctx.pool, p.capacity, gamma=p.gamma, repeats=p.repeats)
 
 
-def table_md(c: dict[str, Any]) -> list[str]:
-    """The method, each mode's capacity with its probes, the lock-step runs and the
-    measured vs predicted factor."""
-    if "method" not in c:  # a report from before the bisection: its capped sweep
-        return _capacity_sweep_md(c)
-    cap, names = c["capacity"], {"cloud_ar": "cloud AR", "colocated": "co-located SD",
-                                 "edge_cloud": "edge-cloud SD"}  # fmt: skip
-
-    def n(m: str) -> str:
-        return ("≥ " if cap[m]["censored"] else "") + f"{cap[m]['clients']:.1f}"
-
-    meth = c["method"]
-    lines = [
-        f"Method: each mode's capacity at {c['client_rate']:g} tokens/s per client is found by "
-        f"bisection on N, the number of clients served at once in one batch of exactly N rows: "
-        f"N doubles from {meth['start']} (at most {meth['max_clients']}) until the per-client "
-        f"rate falls below the target, then integer bisection narrows the bracket to within "
-        f"{meth['precision']:.0%} of N, and the capacity is interpolated linearly inside it. A "
-        "client's rate is its tokens per second of *server* time. Cloud AR and co-located SD "
-        "are `jaxspec.generate` over N prompts (the co-located server drafts too). Edge-cloud SD "
-        "runs N sessions on a verifier of N slots, driven in lock-step rounds by one batched "
-        "W4A16 drafter of N rows in the same process; only the verifier's `tick()` counts as "
-        "server time, so the clients' drafting, which shares these 2 cores between ticks, is "
-        "placed on their own devices (real processes per client would have 2 cores to share "
-        "with the server here). The network is left out: pipelined clients hide it.",
-        "",
-        "| mode | clients sustained | bracket | probes: N → tokens/s per client |",
-        "|---|---:|---|---|",
-    ]
-    for m, label in names.items():
-        probes = ", ".join(f"{k} → {r:.1f}" for k, r in cap[m]["probes"])
-        lo, hi = cap[m]["bracket"]
-        lines.append(f"| {label} | {n(m)} | {lo}..{hi} | {probes} |")
-    lines += [
-        "",
-        "| edge-cloud lock-step run at N | server ms per round (t_v) | "
-        "drafting ms per position, all N (t_d) | α |",
-        "|---:|---:|---:|---:|",
-    ]
-    for k, e in c["edge"].items():
-        lines.append(f"| {k} | {e['t_v'] * 1e3:.2f} | {e['t_d'] * 1e3:.3f} | {e['alpha']:.3f} |")
-    lines += [
-        "",
-        f"Clients sustained at {c['client_rate']:g} tokens/s each: cloud AR {n('cloud_ar')}, "
-        f"co-located SD {n('colocated')}, edge-cloud SD {n('edge_cloud')}. "
-        f"Edge-cloud ÷ co-located = **{ratio(c['capacity_factor_measured'])} measured** vs "
-        f"**{ratio(c['capacity_factor_predicted'])} predicted** by 1 + γ·t_d/t_v with t_d = "
-        f"{c['t_d'] * 1e3:.3f} ms, t_v = {c['t_v'] * 1e3:.2f} ms measured at N = "
-        f"{c['saturation_clients']}, where co-located SD saturates "
-        f"({ratio(c['capacity_factor_predicted_batch1'])} with the batch-1 times). "
-        f"Edge-cloud ÷ cloud AR = **{ratio(c['edge_over_cloud_ar'])}**.",
-        *_batching_md(c),
-    ]
-    return lines
-
-
-def _batching_md(c: dict[str, Any]) -> list[str]:
-    """The term the papers' factor leaves out, where this run measured it."""
-    if "verify_per_client_s" not in c:  # a report from before it was measured
-        return []
-    per = c["verify_per_client_s"]
-    at = ", ".join(f"{float(v) * 1e3:.1f} ms at N = {k}" for k, v in per.items())
-    return [
-        "",
-        "The papers' factor holds when a round's server time grows in proportion to its "
-        "clients; a verify round's grows less (one read of the weights serves every row): "
-        f"its server time per client is {at}, a factor "
-        f"{ratio(c['verify_batching_gain'])} that 1 + γ·t_d/t_v leaves out (edge-cloud SD runs "
-        "at its many clients' N, co-located SD saturates near N = "
-        f"{c['saturation_clients']}).",
-    ]
-
-
-def _capacity_sweep_md(c: dict[str, Any]) -> list[str]:
-    """The capacity section of results written before the bisection (a fixed sweep of N)."""
-    lines = [
-        "| clients N | cloud AR tok/s per client | co-located SD | edge-cloud SD | edge α |",
-        "|---:|---:|---:|---:|---:|",
-    ]
-    for pt in c["points"]:
-        rate, e = pt["per_client_tok_s"], pt["edge"]
-        lines.append(
-            f"| {pt['clients']} | {rate['cloud_ar']:.0f} | {rate['colocated']:.0f} | "
-            f"{rate['edge_cloud']:.0f} | {e['alpha']:.3f} |"
-        )
-    cap = c["capacity"]
-    n = {m: ("≥ " if cap[m]["censored"] else "") + f"{cap[m]['clients']:.1f}" for m in cap}
-    return [
-        *lines,
-        "",
-        f"Clients sustained at {c['client_rate']:g} tokens/s each (a capped sweep, from an "
-        f"earlier version of the section): cloud AR {n['cloud_ar']}, co-located SD "
-        f"{n['colocated']}, edge-cloud SD {n['edge_cloud']}. Edge-cloud / co-located = "
-        f"{ratio(c['capacity_factor_measured'])} measured vs "
-        f"{ratio(c['capacity_factor_predicted'])} predicted.",
-    ]
-
-
-def feasible_md(c: dict[str, Any], lat: dict[str, Any] | None) -> list[str]:
-    """Whether one edge client can itself reach the target rate over a WAN (RTT sweep)."""
-    at50 = [r for r in (lat or {}).get("rows", []) if r["rtt_ms"] == 50]
-    if not at50:
-        return []
-    rate = 1 / at50[0]["measured"]["pipelined"]
-    verdict = "reaches" if rate >= c["client_rate"] else "does NOT reach"
-    return [
-        "",
-        f"One pipelined edge client at 50 ms RTT gets {rate:.0f} tokens/s (section 4), so it "
-        f"{verdict} the {c['client_rate']:g} tokens/s target on its own.",
-    ]
-
-
-def markdown_tiny(c: dict[str, Any], page: Page) -> list[str]:
-    """Section 3 of the tiny pair's report."""
-    return [
-        "",
-        "## 3. Multi-tenant capacity",
-        "",
-        f"N clients served at once, greedy, {c['new_tokens']} new tokens each, γ = "
-        f"{c['gamma']}. Per-client rate = tokens a client gets per second of server time. "
-        "Cloud AR and co-located SD: `jaxspec.generate` on a batch of N prompts (the server "
-        "computes everything). Edge-cloud SD: N sessions on one `verify.Scheduler`, driven "
-        "in lock-step by N edge drafters whose time is not server time (they run on the "
-        "clients); every `tick()` — prefill, batching, the verify step, commits — is. The "
-        "network is left out (pipelined clients hide it: section 4). Capacity = the largest "
-        "N whose per-client rate meets the target, linear between measured N (≥ when even "
-        "the largest N meets it).",
-        "",
-        *table_md(c),
-        *feasible_md(c, page.sections.get("latency")),
-        *page.img("capacity", "capacity"),
-    ]
-
-
-def markdown_real(c: dict[str, Any], page: Page) -> list[str]:
-    """The real pair's capacity tables."""
-    return ["", "### Capacity", "", *table_md(c)]
-
-
-def plot(c: dict[str, Any], bench: Any) -> dict[str, str]:
-    """Per-client rate against N for each mode, with the capacities found (none for a
-    report from before the bisection)."""
-    if "method" not in c:
-        return {}
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for m, color in zip(("cloud_ar", "colocated", "edge_cloud"), ("C0", "C1", "C2"), strict=True):
-        probes = sorted(c["capacity"][m]["probes"])
-        ax.plot([k for k, _ in probes], [r for _, r in probes], "o-", color=color, label=m)
-        ax.axvline(c["capacity"][m]["clients"], color=color, ls=":", lw=1)
-    ax.axhline(c["client_rate"], color="k", lw=0.8, label="target rate")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("concurrent clients N")
-    ax.set_ylabel("tokens/s per client (server time)")
-    ax.set_title(
-        f"capacity: measured {ratio(c['capacity_factor_measured'])} vs predicted "
-        f"{ratio(c['capacity_factor_predicted'])} (edge ÷ co-located)"
-    )
-    ax.legend()
-    return save(fig, bench, "capacity")
-
-
-TINY = Section("capacity", run_tiny, markdown_tiny, plot)
-REAL = Section("capacity", run_real, markdown_real)
+TINY = Section("capacity", run_tiny)
+REAL = Section("capacity", run_real)

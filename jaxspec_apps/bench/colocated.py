@@ -9,14 +9,31 @@ Spec-Bench category at T = 0.7 (Spec-Bench's T = 0 table is `specbench`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import jaxspec
 from jaxspec.figures import AcceptanceFigures
 from jaxspec_apps.bench.common import best_time, check_same_tokens
-from jaxspec_apps.bench.report_tables import ratio, save
-from jaxspec_apps.bench.section import Context, Page, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
+
+# This section's sizes (batch 1, one prompt at a time; `new_tokens` and `prompts` are also the
+# real pair's `cost` and `llamacpp` sizes): self_modes: self-speculation: gamma only.
+Config = sizes(
+    "",
+    prompts=4,
+    new_tokens=128,
+    gammas=(2, 4, 6),
+    modes=("sync", "pipelined"),
+    temperatures=(0.0, 1.0),
+    self_modes=("sync", "pipelined"),
+)
+
+
+QUICK_SIZES = Config(prompts=1, new_tokens=16, gammas=(4,), modes=("sync",), self_modes=("sync",))
+TINY_SIZES = dataclasses.replace(QUICK_SIZES, temperatures=(0.0,), new_tokens=8)
+REAL_SIZES = Config(prompts=5, gammas=(4,), modes=("sync",), self_modes=())
 
 
 def _timed_generate(
@@ -104,65 +121,18 @@ def run(
 def run_tiny(ctx: Context) -> dict[str, Any]:
     """The tiny pair's sweep, with its draft and with self-speculation (the target at W4A16,
     group 128, no calibration)."""
-    p, prompts = ctx.p, ctx.prompts[: ctx.p.prompts]
-    kw = dict(temperatures=p.temperatures, new_tokens=p.new_tokens, repeats=p.repeats)
-    pair = run(ctx.target, ctx.draft, prompts, gammas=p.gammas, modes=p.modes, **kw)
+    p, prompts = ctx.p, ctx.prompts[: ctx.p.colocated.prompts]
+    kw = dict(
+        temperatures=p.colocated.temperatures, new_tokens=p.colocated.new_tokens, repeats=p.repeats
+    )
+    pair = run(
+        ctx.target, ctx.draft, prompts, gammas=p.colocated.gammas, modes=p.colocated.modes, **kw
+    )
     self_draft = jaxspec.quantize(ctx.target, "w4a16", 128, method="asym")
-    self_rows = run(ctx.target, self_draft, prompts, gammas=(p.gamma,), modes=p.self_modes, **kw)
+    self_rows = run(
+        ctx.target, self_draft, prompts, gammas=(p.gamma,), modes=p.colocated.self_modes, **kw
+    )
     return {"default_pair": pair, "self_w4a16": self_rows, "self_draft_bytes": self_draft.nbytes()}
-
-
-def table_md(c: dict[str, Any]) -> list[str]:
-    """The tiny pair's table: one row per (draft, temperature, gamma, mode)."""
-    lines = [
-        "| draft | temp | γ | mode | plain tok/s | spec tok/s | speedup | α | tokens/round |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for label, key in (("draft", "default_pair"), ("W4A16 target (self)", "self_w4a16")):
-        for x in c[key]:
-            lines.append(
-                f"| {label} | {x['temperature']:g} | {x['gamma']} | {x['mode']} | "
-                f"{x['plain_tok_s']:.0f} | {x['spec_tok_s']:.0f} | {ratio(x['speedup'])} | "
-                f"{x['alpha']:.3f} | {x['tokens_per_round']:.2f} |"
-            )
-    return lines
-
-
-def markdown_tiny(c: dict[str, Any], page: Page) -> list[str]:
-    """Section 1 of the tiny pair's report."""
-    p = page.settings
-    return [
-        "",
-        "## 1. Co-located speculative vs plain decoding",
-        "",
-        f"Batch 1, {p['prompts']} prompt(s) one at a time, {p['new_tokens']} new tokens "
-        "each, no stop token; plain and speculative timed in the same run (best of "
-        f"{p['repeats']} after a warm-up). Greedy outputs are asserted identical to plain "
-        "decoding. α = accepted / drafted (vLLM's definition). Self-speculation drafts with "
-        f"the target itself at W4A16, group 128 ({c['self_draft_bytes']:,} bytes resident).",
-        "",
-        *table_md(c),
-        *page.img("colocated", "co-located speedup"),
-    ]
-
-
-def plot(c: dict[str, Any], bench: Any) -> dict[str, str]:
-    """Speedup per configuration, the draft's bars and self-speculation's."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 4))
-    rows = [("pair", x) for x in c["default_pair"]] + [("self", x) for x in c["self_w4a16"]]
-    labels = [f"T={x['temperature']:g}\nγ{x['gamma']}\n{x['mode'][:4]}" for _, x in rows]
-    colors = ["C0" if k == "pair" else "C1" for k, _ in rows]
-    ax.bar(range(len(rows)), [x["speedup"] for _, x in rows], color=colors)
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks(range(len(rows)), labels, fontsize=8)
-    ax.set_ylabel("speculative ÷ plain tokens/s")
-    ax.set_title("co-located speculative decoding (blue: draft model, orange: self W4A16)")
-    return save(fig, bench, "colocated")
 
 
 def run_real(ctx: Context) -> dict[str, Any]:
@@ -170,31 +140,10 @@ def run_real(ctx: Context) -> dict[str, Any]:
     p = ctx.p
     rows = run(
         ctx.target, ctx.draft, ctx.prompts, gammas=(p.gamma, "auto"), temperatures=(0.7,),
-        new_tokens=p.new_tokens, repeats=p.repeats, modes=p.modes,
+        new_tokens=p.colocated.new_tokens, repeats=p.repeats, modes=p.colocated.modes,
     )  # fmt: skip
     return {"rows": rows, "prompts": len(ctx.prompts)}
 
 
-def markdown_real(c: dict[str, Any], page: Page) -> list[str]:
-    """One sentence per row of the real pair's run."""
-    temps = ", ".join(f"{row['temperature']:g}" for row in c["rows"])
-    lines = ["", f"### Co-located at T = {temps}", ""]
-    for row in c["rows"]:
-        lines.append(
-            f"T = {row['temperature']:g}, γ = {_gamma(row)}, {row['mode']}, "
-            f"{row['prompts']} prompts (one per category): plain {row['plain_tok_s']:.1f} "
-            f"tok/s, speculative {row['spec_tok_s']:.1f} tok/s, **{ratio(row['speedup'])}**, "
-            f"α {row['alpha']:.3f}, {row['tokens_per_round']:.2f} tokens per round."
-        )
-    return lines
-
-
-def _gamma(row: dict[str, Any]) -> str:
-    """A row's gamma; for gamma="auto" with what it picked."""
-    if row["gamma"] != "auto":
-        return str(row["gamma"])
-    return f"auto (picked {', '.join(str(g) for g in sorted(set(row.get('gammas', []))))})"
-
-
-TINY = Section("colocated", run_tiny, markdown_tiny, plot)
-REAL = Section("colocated", run_real, markdown_real)
+TINY = Section("colocated", run_tiny)
+REAL = Section("colocated", run_real)

@@ -21,6 +21,8 @@ import numpy as np
 from jaxspec import kernels
 from verify import Scheduler, SchedulerConfig
 
+SELF_DRAFT = "smollm2-w4a16"  # the real pair's draft: SmolLM2's own W4A16 copy
+SMALL_DRAFT = "smollm2-draft"  # the distilled 14M draft for weak devices
 TRAIN_REPORT = pathlib.Path(__file__).resolve().parents[1] / "models" / "train_report.json"
 
 

@@ -33,8 +33,14 @@ from edge.drafter import load_drafter
 from edge.session import run_session
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import prompts_from
-from jaxspec_apps.bench.section import Context, Page, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from verify.process import VerifierProcess
+
+# This section's sizes (verifier replicas (subprocesses), closed-loop clients, a SIGKILL).
+Config = sizes("fleet_", sessions=8, seconds=30.0, new_tokens=64)
+
+
+QUICK_SIZES = Config(sessions=2, seconds=2.0, new_tokens=16)
 
 COMMITS = ("accept", "correct", "bonus")  # the session events that commit tokens
 
@@ -88,10 +94,10 @@ async def connected(addresses: Sequence[str], **kw: object) -> GrpcEndpoint:
 def configs(ctx: Context) -> list[SessionConfig]:
     """One session config per client: held-out prompts, sparse q, pipelined, T = 1."""
     p = ctx.p
-    prompts = prompts_from(ctx.stream, p.fleet_sessions, 16, seed=5)
+    prompts = prompts_from(ctx.stream, p.fleet.sessions, 16, seed=5)
     spec = DraftSpec(gamma=4, encoding="sparse", sparse_k=8)
     return [
-        SessionConfig(prompt=tuple(q), max_new_tokens=p.fleet_new_tokens,
+        SessionConfig(prompt=tuple(q), max_new_tokens=p.fleet.new_tokens,
                       sampling=SamplingSettings(temperature=1.0), seed=i, mode="pipelined",
                       draft=spec)
         for i, q in enumerate(prompts)
@@ -180,51 +186,21 @@ def run_section(ctx: Context) -> dict[str, Any]:
     drafter = load_drafter(ctx.draft_name, "w4a16", cfgs[0].draft)
     cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or tempfile.mkdtemp(prefix="jaxspec-xla-")
     env = {"JAX_COMPILATION_CACHE_DIR": cache, "JAX_PLATFORMS": "cpu"}
-    flags = ["--checkpoint", ctx.target_name, "--max-sessions", str(p.fleet_sessions),
+    flags = ["--checkpoint", ctx.target_name, "--max-sessions", str(p.fleet.sessions),
              "--max-len", "256"]  # fmt: skip
     servers = [VerifierProcess(flags, env=env).start() for _ in range(2)]
     try:
-        runs, fig = _measure(servers, drafter, cfgs, p.fleet_seconds)
+        runs, fig = _measure(servers, drafter, cfgs, p.fleet.seconds)
     finally:
         for s in servers:
             s.stop()
     return {
         "command": ctx.command,
+        "cpus": os.cpu_count(),
         "throughput": runs,
         "scaling": runs[1]["tokens_per_s"] / runs[0]["tokens_per_s"],
         "failover": fig,
     }
-
-
-def markdown(r: dict[str, Any], page: Page) -> list[str]:
-    """The "A fleet of verifiers" section of BENCHMARKS.md."""
-    one, two = r["throughput"]
-    f = r["failover"]
-    return [
-        "## A fleet of verifiers",
-        "",
-        f"Measured by `{r['command']}` on this machine ({os.cpu_count()} cores; the replicas and",
-        "the clients' drafters share them). Target and draft: the shipped pair; clients draft",
-        "at W4A16, pipelined, gamma 4, sparse q, T = 1.",
-        "",
-        "| replicas | sessions run | committed tokens | seconds | tokens/s |",
-        "|---:|---:|---:|---:|---:|",
-        *(f"| {t['replicas']} | {t['sessions']} | {t['tokens']} | {t['seconds']} | "
-          f"{t['tokens_per_s']} |" for t in (one, two)),
-        "",
-        f"2 replicas ÷ 1: **{r['scaling']:.2f}x** aggregate tokens/s. On one 2-core machine",
-        "the replicas take cores from each other and from the drafters, so no gain is expected",
-        "here. Replicas share nothing (a session lives in one stream on one replica), so on",
-        "separate hosts each adds its own capacity: by the capacity model, N replicas hold N",
-        "times the clients at the same per-client rate, up to what the network and the",
-        "balancer carry.",
-        "",
-        f"Failover: {f['sessions']} sessions over 2 replicas, one SIGKILLed after a quarter of",
-        f"the tokens: {f['sessions_moved']} sessions moved ({f['resumes']} resumes); from the",
-        f"kill to a moved session's next committed token: median {f['move_s_median']} s, max",
-        f"{f['move_s_max']} s. Tokens equal to the undisturbed run: "
-        f"**{'yes' if f['tokens_equal'] else 'NO'}** (0 lost, 0 repeated).",
-    ]  # fmt: skip
 
 
 def _failures(r: dict[str, Any]) -> list[str]:
@@ -232,4 +208,4 @@ def _failures(r: dict[str, Any]) -> list[str]:
     return [] if ok else ["a session's tokens differ from the undisturbed run after the failover"]
 
 
-SECTION = Section("fleet", run_section, markdown, failures=_failures)
+SECTION = Section("fleet", run_section, failures=_failures)

@@ -36,7 +36,13 @@ from jaxspec import kernels
 from jaxspec.kernels import int4 as int4kernel
 from jaxspec.kernels.int4_layout import pack_tiles, unpack_int4
 from jaxspec_apps.bench.common import measure_roofline
-from jaxspec_apps.bench.section import Context, Page, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
+
+# This section's sizes (the int4 kernel against XLA's paths).
+Config = sizes("int4_", rows=(1, 5, 16), group=64, offset=False, repeats=7)
+
+
+QUICK_SIZES = Config(rows=(1,), repeats=1)
 
 HIDDEN, KV, FFN, VOCAB, LAYERS = 576, 192, 1536, 49152, 30
 LAYER = {
@@ -154,42 +160,19 @@ def run_section(ctx: Context) -> dict[str, Any]:
     p = ctx.p
     if not kernels.available():
         return {"skipped": f"the int4 kernel is not built ({kernels.status()})"}
-    variants, wbytes = build(p.int4_group, p.int4_offset)
+    variants, wbytes = build(p.int4.group, p.int4.offset)
     bw = measure_roofline(p.roofline_mib, p.roofline_n)["bandwidth_Bps"]
-    rows = [r for n in p.int4_rows for r in time_rows(variants, wbytes, n, p.int4_repeats, bw)]
+    rows = [r for n in p.int4.rows for r in time_rows(variants, wbytes, n, p.int4.repeats, bw)]
     return {
         "command": ctx.command,
         "status": kernels.status(),
-        "group": p.int4_group,
-        "offset": p.int4_offset,
-        "repeats": p.int4_repeats,
+        "group": p.int4.group,
+        "offset": p.int4.offset,
+        "repeats": p.int4.repeats,
         "bandwidth_Bps": bw,
         "weight_bytes": wbytes,
         "rows": rows,
     }
 
 
-def markdown(r: dict[str, Any], page: Page) -> list[str]:
-    """The "int4 kernel" section of BENCHMARKS.md."""
-    lines = [
-        "## The int4 kernel against XLA's paths (SmolLM2-shaped decode stack)",
-        "",
-        f"Produced by `{r['command']}`: {LAYERS} layers of SmolLM2-135M's matmul shapes and "
-        f"the tied head ({HIDDEN} -> {VOCAB}), random weights, group {r['group']}, "
-        f"{'with a' if r['offset'] else 'no'} per-group offset; the four variants timed "
-        f"alternating, the median of {r['repeats']} after a warm-up. Of roofline = weight "
-        f"bytes read ÷ time ÷ {r['bandwidth_Bps'] / 1e9:.1f} GB/s read bandwidth measured in "
-        f"the same run. Kernel: {r['status']}.",
-        "",
-        "| rows | variant | weight MB read per step | ms/step | of roofline |",
-        "|---:|---|---:|---:|---:|",
-    ]
-    for x in r["rows"]:
-        lines.append(
-            f"| {x['rows']} | {x['variant']} | {r['weight_bytes'][x['variant']] / 1e6:.1f} | "
-            f"{x['ms']:.2f} | {x['roofline_fraction']:.2f} |"
-        )
-    return lines
-
-
-SECTION = Section("int4", run_section, markdown)
+SECTION = Section("int4", run_section)

@@ -13,6 +13,7 @@ latency is their measured compute time per token (the RTT delays only the first 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -27,8 +28,18 @@ from jaxspec.decoding import analytic
 from jaxspec.decoding.sampling import SamplingParams, session_key
 from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench.common import best_time, make_scheduler
-from jaxspec_apps.bench.section import Context, Page, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from verify import LocalVerifier
+
+# This section's sizes (the RTT sweep).
+Config = sizes(
+    "latency_", rtts_ms=(0, 5, 20, 50, 100, 200), new_tokens=64, flags={"rtts_ms": "rtts_ms"}
+)
+
+
+QUICK_SIZES = Config(rtts_ms=(0, 50), new_tokens=12)
+TINY_SIZES = dataclasses.replace(QUICK_SIZES, new_tokens=8)
+REAL_SIZES = Config(rtts_ms=(0, 20, 50, 100), new_tokens=32)
 
 MODES = ("cloud_ar", "colocated", "sync", "pipelined")
 
@@ -219,61 +230,16 @@ def predicted_crossover_ms(comp: dict[str, float], gamma: int, max_ms: int = 100
     return float("inf")
 
 
-def table_md(comp: dict[str, float], rows: list[dict[str, Any]], gamma: int) -> str:
-    """The components line, the RTT table (measured / predicted ms per token) and the
-    crossover sentence, as markdown."""
-    cross_m = crossover_ms(rows, "measured")
-    cross_p = predicted_crossover_ms(comp, gamma)
-    lines = [
-        f"Measured components: t_ar = {comp['t_ar'] * 1e3:.2f} ms/token, t_d = "
-        f"{comp['t_d'] * 1e3:.2f} ms/token, t_v = {comp['t_v'] * 1e3:.2f} ms/step, "
-        f"alpha = {comp['alpha']:.3f}, gamma = {gamma}.",
-        "",
-        "| RTT ms | depth | " + " | ".join(f"{m} meas / pred ms" for m in MODES) + " |",
-        "|---:|---:|" + "---:|" * len(MODES),
-    ]
-    for r in rows:
-        cells = [f"{r['measured'][m] * 1e3:.2f} / {r['predicted'][m] * 1e3:.2f}" for m in MODES]
-        lines.append(f"| {r['rtt_ms']} | {r['depth']} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        f"Pipelined stops beating co-located SD at RTT ≈ {cross_m} ms measured (first swept RTT "
-        f"where it is slower), {cross_p:g} ms predicted.",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows: list[dict[str, Any]], path: Any) -> None:
-    """Time per token vs RTT: measured points, predicted lines, one colour per mode."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    x = [r["rtt_ms"] for r in rows]
-    for m, color in zip(MODES, ("C0", "C1", "C2", "C3"), strict=True):
-        ax.plot(x, [r["predicted"][m] * 1e3 for r in rows], "-", color=color, alpha=0.6)
-        ax.plot(x, [r["measured"][m] * 1e3 for r in rows], "o", color=color, label=m)
-    ax.set_xlabel("network round trip (ms)")
-    ax.set_ylabel("time per token (ms)")
-    ax.set_title("measured (points) vs predicted (lines)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def run_section(ctx: Context) -> dict[str, Any]:
     """The RTT sweep on the pass's first prompt, greedy, on the shared verifier."""
     p = ctx.p
     comp, rows = run(
-        ctx.target, ctx.draft, gamma=p.gamma, new_tokens=p.latency_new_tokens, temperature=0.0,
-        rtts_ms=p.rtts_ms, repeats=p.repeats, prompt=ctx.prompts[0], scheduler=ctx.sched(),
+        ctx.target, ctx.draft, gamma=p.gamma, new_tokens=p.latency.new_tokens, temperature=0.0,
+        rtts_ms=p.latency.rtts_ms, repeats=p.repeats, prompt=ctx.prompts[0], scheduler=ctx.sched(),
     )  # fmt: skip
     return {
         "gamma": p.gamma,
-        "new_tokens": p.latency_new_tokens,
+        "new_tokens": p.latency.new_tokens,
         "components": comp,
         "rows": rows,
         "crossover_ms_measured": crossover_ms(rows, "measured"),
@@ -281,82 +247,4 @@ def run_section(ctx: Context) -> dict[str, Any]:
     }
 
 
-def note(lat: dict[str, Any]) -> str:
-    """Where pipelined beats sync and co-located decoding, measured."""
-    rows = lat["rows"]
-
-    def where(pred: Any) -> str:
-        hits = [str(r["rtt_ms"]) for r in rows if pred(r["measured"])]
-        return f"at RTT {', '.join(hits)} ms" if hits else "at no swept RTT"
-
-    zero = [r for r in rows if r["rtt_ms"] == 0]
-    extra = ""
-    if zero:
-        comp, g = lat["components"], lat["gamma"]
-        e_a = analytic.expected_tokens(comp["alpha"], g)
-        model = g * comp["t_d"] + comp["t_v"]
-        gap = zero[0]["measured"]["sync"] * e_a - model
-        extra = (
-            f" At RTT 0 a sync round takes about {gap * 1e3:.1f} ms more than the model's "
-            f"γ·t_d + t_v = {model * 1e3:.1f} ms: what an edge session pays per round besides "
-            "drafting and the verify step (the drafter's rollback and append, the hop from "
-            "asyncio into the verifier's thread, the scheduler's host-side work), which the "
-            "model leaves out."
-        )
-    return (
-        "Measured: pipelined beats sync edge-cloud decoding "
-        + where(lambda m: m["pipelined"] < m["sync"])
-        + "; it beats co-located speculative decoding "
-        + where(lambda m: m["pipelined"] < m["colocated"])
-        + ", and cloud autoregressive decoding "
-        + where(lambda m: m["pipelined"] < m["cloud_ar"])
-        + "."
-        + extra
-    )
-
-
-def markdown_tiny(lat: dict[str, Any], page: Page) -> list[str]:
-    """Section 4's RTT sweep (section 4's heading, which the batch sweep shares)."""
-    return [
-        "",
-        "## 4. Latency vs RTT, and the verifier's batch sweep",
-        "",
-        "### RTT sweep",
-        "",
-        f"Greedy, γ = {lat['gamma']}, {lat['new_tokens']} tokens, one prompt. The edge "
-        "drafter and `verify.LocalVerifier` run in this process behind "
-        "`edge.delayed.DelayedEndpoint` (RTT/2 each way); pipelined depth covers the "
-        "round trip "
-        "(capped at 8). Predictions: the papers' model (`jaxspec.decoding.analytic`, "
-        "held equal to `proofs/latency.py`) at the measured t_d, t_v, α. Cloud AR and "
-        "co-located decoding stream what the cloud computes, so their time per token is "
-        "their compute time.",
-        "",
-        table_md(lat["components"], lat["rows"], lat["gamma"]).rstrip(),
-        "",
-        note(lat),
-        *page.img("rtt", "time per token vs RTT"),
-    ]
-
-
-def markdown_real(lat: dict[str, Any], page: Page) -> list[str]:
-    """The real pair's RTT sweep."""
-    return [
-        "",
-        "### RTT sweep",
-        "",
-        f"Greedy, γ = {lat['gamma']}, {lat['new_tokens']} tokens, one chat prompt, edge "
-        "and verifier in this process behind `edge.DelayedEndpoint`.",
-        "",
-        table_md(lat["components"], lat["rows"], lat["gamma"]).rstrip(),
-    ]
-
-
-def plot_section(lat: dict[str, Any], bench: Any) -> dict[str, str]:
-    """`plot` of the sweep as bench/rtt.png."""
-    plot(lat["rows"], bench / "rtt.png")
-    return {"rtt": "bench/rtt.png"}
-
-
-TINY = Section("latency", run_section, markdown_tiny, plot_section)
-REAL = Section("latency", run_section, markdown_real)
+SECTION = Section("latency", run_section)

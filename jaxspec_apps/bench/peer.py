@@ -12,6 +12,7 @@ within one run (the best of the repeats, after a warm-up).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pathlib
 import tempfile
 import time
@@ -23,9 +24,16 @@ from jaxspec.ckpts.checkpoint import BUILTIN_DIR, BUILTIN_NAMES
 from jaxspec.quant.layers import quant_spec
 from jaxspec.quant.quantize import dequantize
 from jaxspec_apps.bench.common import check_same_tokens
-from jaxspec_apps.bench.report_tables import ratio, save
-from jaxspec_apps.bench.section import Context, Page, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from jaxspec_host import hub
+
+# This section's sizes (HF transformers, greedy, batch 1).
+Config = sizes("peer_", prompts=4, new_tokens=128)
+
+
+QUICK_SIZES = Config(prompts=1, new_tokens=16)
+TINY_SIZES = dataclasses.replace(QUICK_SIZES, new_tokens=8)
+REAL_SIZES = Config(prompts=3)
 
 
 def checkpoint_dir(name: str) -> pathlib.Path:
@@ -179,85 +187,9 @@ def run_section(ctx: Context) -> dict[str, Any]:
     p = ctx.p
     return run(
         ctx.target, ctx.draft, checkpoint_dir(ctx.target_name),
-        hf_draft_dir(ctx.draft, ctx.draft_name), ctx.prompts[: p.peer_prompts],
-        new_tokens=p.peer_new_tokens, gamma=p.gamma, repeats=p.repeats,
+        hf_draft_dir(ctx.draft, ctx.draft_name), ctx.prompts[: p.peer.prompts],
+        new_tokens=p.peer.new_tokens, gamma=p.gamma, repeats=p.repeats,
     )  # fmt: skip
 
 
-def table_md(pr: dict[str, Any]) -> list[str]:
-    """Tokens/s of the five decoders, against transformers' plain greedy."""
-    names = {
-        "hf_plain": "transformers `generate` (plain greedy)",
-        "hf_assisted": "transformers assisted generation (default dynamic draft length)",
-        "hf_assisted_const": f"transformers assisted generation (constant {pr['gamma']} drafts)",
-        "ours_plain": "jaxspec `generate` (plain greedy)",
-        "ours_spec": f"jaxspec `generate(draft=…, gamma={pr['gamma']})` (sync)",
-    }
-    t = pr["tok_s"]
-    lines = ["| decoder | tokens/s | vs transformers plain |", "|---|---:|---:|"]
-    for k, label in names.items():
-        lines.append(f"| {label} | {t[k]:.0f} | {ratio(t[k] / t['hf_plain'])} |")
-    return lines
-
-
-def markdown_tiny(pr: dict[str, Any], page: Page) -> list[str]:
-    """Section 2 of the tiny pair's report."""
-    return [
-        "",
-        "## 2. Peer: Hugging Face transformers on the same checkpoints",
-        "",
-        f"transformers {pr['transformers']}, torch {pr['torch']} (CPU, "
-        f"{pr['torch_threads']} threads, float32 — our models load as float32 too); batch 1 "
-        "(transformers' assisted generation takes one sequence), greedy, "
-        f"{pr['prompts']} prompt(s), {pr['new_tokens']} new tokens in all, default stop "
-        "tokens. **All five decoders produced identical tokens on every prompt "
-        f"(asserted).** Timed in turns, the best of {pr['repeats']} after a warm-up.",
-        "",
-        *table_md(pr),
-        "",
-        f"Ours ÷ theirs: plain **{ratio(pr['peer_plain_ratio'])}**, speculative "
-        f"**{ratio(pr['peer_spec_ratio'])}** (against the faster of transformers' two "
-        f"assisted settings). Speculative ÷ plain: ours {ratio(pr['ours_spec_speedup'])}, "
-        f"transformers {ratio(pr['hf_assisted_speedup'])}.",
-        *page.img("peer", "peer tokens/s"),
-    ]
-
-
-def markdown_real(pr: dict[str, Any], page: Page) -> list[str]:
-    """The real pair's peer table (its draft dequantized for transformers)."""
-    return [
-        "",
-        "### Peer: transformers on the same pair",
-        "",
-        f"transformers {pr['transformers']}, torch {pr['torch']} ({pr['torch_threads']} "
-        "threads, float32); the draft given to transformers is ours dequantized to float32 "
-        "(`jaxspec.quant.quantize.dequantize`: same weights, float matmuls). Greedy, batch 1, "
-        f"{pr['prompts']} prompts, {pr['new_tokens']} new tokens in all, default stop "
-        "tokens; **all five decoders gave identical tokens (asserted)**.",
-        "",
-        *table_md(pr),
-        "",
-        f"Ours ÷ theirs: plain **{ratio(pr['peer_plain_ratio'])}**, speculative "
-        f"**{ratio(pr['peer_spec_ratio'])}**. Speculative ÷ plain: ours "
-        f"{ratio(pr['ours_spec_speedup'])}, transformers {ratio(pr['hf_assisted_speedup'])}.",
-    ]
-
-
-def plot(pr: dict[str, Any], bench: Any) -> dict[str, str]:
-    """Tokens/s of each decoder, ours and transformers'."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    t = pr["tok_s"]
-    names = list(t)
-    ax.barh(names, [t[k] for k in names], color=["C1" if "hf" in k else "C0" for k in names])
-    ax.set_xlabel("tokens/s (greedy, batch 1, identical tokens)")
-    ax.set_title("jaxspec (blue) vs transformers (orange)")
-    return save(fig, bench, "peer")
-
-
-TINY = Section("peer", run_section, markdown_tiny, plot, requires=("torch",))
-REAL = Section("peer", run_section, markdown_real, requires=("torch",))
+SECTION = Section("peer", run_section, requires=("torch",))

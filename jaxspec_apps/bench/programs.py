@@ -176,8 +176,8 @@ def _verifier(target: Any, prompt: list[int], gamma: int, rows: tuple[int, ...])
 def measure(ctx: Any, turns: int, rows: tuple[int, ...]) -> dict[str, Any]:
     """The program_vs_parts rows of the pair's modes (module doc), T = 0, gamma as profiled."""
     target, draft, g = ctx.target, ctx.draft, ctx.p.gamma
-    prompt = list(prompt_ids(target, ctx.p.two_process_chat))
-    n = ctx.p.round_profile_new_tokens
+    prompt = list(prompt_ids(target, ctx.p.two_process.chat))
+    n = ctx.p.round_profile.new_tokens
     n0 = max(2, n // 8)
     co = _colocated(target, draft, prompt, g, n, n0)
 

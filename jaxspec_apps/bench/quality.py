@@ -9,6 +9,7 @@ next to the target.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -20,9 +21,16 @@ import numpy as np
 
 import jaxspec
 from jaxspec.nn.model import Llama, init_cache
-from jaxspec_apps.bench.common import prompts_from
-from jaxspec_apps.bench.profile import SELF_DRAFT, SMALL_DRAFT, Profile
-from jaxspec_apps.bench.section import Context, Page, Section
+from jaxspec_apps.bench.common import SELF_DRAFT, SMALL_DRAFT, prompts_from
+from jaxspec_apps.bench.section import Context, Section, sizes
+
+# This section's sizes (held-out windows for perplexity, prompts for alpha).
+Config = sizes("quality_", windows=32, seq_len=256, prompts=8, new_tokens=48)
+
+
+QUICK_SIZES = Config(windows=2, seq_len=64, prompts=2, new_tokens=8)
+TINY_SIZES = dataclasses.replace(QUICK_SIZES, prompts=1, seq_len=32)
+REAL_SIZES = Config(windows=8, prompts=4)
 
 
 def _logits(module: Llama, params: Any, batch_BT: jax.Array) -> jax.Array:
@@ -162,14 +170,14 @@ def quality_rows(
     drafts: dict[str, Any],
     stream: np.ndarray,
     prompts: list[list[int]],
-    p: Profile,
+    p: Any,
 ) -> dict[str, Any]:
     """The quality table on this model: each draft (the W4A16 self-draft, the small distilled
     one) with held-out perplexity, agreement and alpha at T = 0 and 0.7."""
-    win = {"heldout": spread_windows(stream, p.quality_seq_len + 1, p.quality_windows)}
+    win = {"heldout": spread_windows(stream, p.quality.seq_len + 1, p.quality.windows)}
     evals = [
         (kind, b, rows, target_logp(target.module, target.params, b))
-        for kind, b, rows in batches(win, min(4, p.quality_windows))
+        for kind, b, rows in batches(win, min(4, p.quality.windows))
     ]
     rows = {}
     for label, model in {"target (no draft: the reference)": target, **drafts}.items():
@@ -181,15 +189,15 @@ def quality_rows(
         }
         if model is not target:
             row |= acceptance(
-                target, model, prompts, p.quality_new_tokens, p.gamma, temperatures=(0.0, 0.7)
+                target, model, prompts, p.quality.new_tokens, p.gamma, temperatures=(0.0, 0.7)
             )
         rows[label] = row
     return {
         "rows": rows,
         "windows": len(win["heldout"]),
-        "seq_len": p.quality_seq_len,
+        "seq_len": p.quality.seq_len,
         "prompts": len(prompts),
-        "new_tokens": p.quality_new_tokens,
+        "new_tokens": p.quality.new_tokens,
         "gamma": p.gamma,
     }
 
@@ -199,82 +207,21 @@ def run_tiny(ctx: Context) -> dict[str, Any]:
     p = ctx.p
     return w4a16_summary(
         ctx.target, ctx.draft, ctx.stream,
-        prompts_from(ctx.stream, p.quality_prompts, p.prompt_len, seed=2),
-        windows=p.quality_windows, seq_len=p.quality_seq_len,
-        new_tokens=p.quality_new_tokens, gamma=p.gamma,
+        prompts_from(ctx.stream, p.quality.prompts, p.prompt_len, seed=2),
+        windows=p.quality.windows, seq_len=p.quality.seq_len,
+        new_tokens=p.quality.new_tokens, gamma=p.gamma,
     )  # fmt: skip
 
 
 def run_real(ctx: Context) -> dict[str, Any]:
     """The pair's draft, and beside the default one the small distilled draft."""
     p = ctx.p
-    qp = prompts_from(ctx.stream, p.quality_prompts, p.prompt_len, seed=2)
+    qp = prompts_from(ctx.stream, p.quality.prompts, p.prompt_len, seed=2)
     drafts = {f"draft `{ctx.draft_name}`": ctx.draft}
     if ctx.draft_name == SELF_DRAFT:  # the pair's default: the small draft beside it
         drafts[f"small draft `{SMALL_DRAFT}`"] = jaxspec.load(SMALL_DRAFT)
     return quality_rows(ctx.target, drafts, ctx.stream, qp, p)
 
 
-def table_md(q: dict[str, Any]) -> list[str]:
-    """The tiny pair's table: the draft unquantized and at W4A16."""
-    lines = [
-        "| draft | resident bytes | × bf16 | held-out ppl | greedy agreement | α T=0 | α T=1 |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for label, x in q["rows"].items():
-        lines.append(
-            f"| {label} | {x['resident_bytes']:,} | {x['bytes_vs_bf16']:.3f} | {x['ppl']:.2f} | "
-            f"{x['greedy_agreement']:.3f} | {x['alpha_t0']:.3f} | {x['alpha_t1']:.3f} |"
-        )
-    return lines
-
-
-def markdown_tiny(q: dict[str, Any], page: Page) -> list[str]:
-    """The tiny pair's W4A16 section."""
-    return [
-        "",
-        "## W4A16 draft quality",
-        "",
-        f"The draft unquantized (float32 as loaded) and at W4A16 (group 128): "
-        f"perplexity on {q['windows']} windows of {q['seq_len']} held-out tokens, greedy "
-        "agreement with the target there, α of co-located decoding (γ = 4) on "
-        f"{q['prompts']} held-out prompts × {q['new_tokens']} tokens. Ratios W4A16 ÷ "
-        f"unquantized: bytes (vs bf16) **{q['w4a16_bytes_ratio']:.3f}**, perplexity "
-        f"**{q['w4a16_ppl_ratio']:.3f}**, α at T=1 **{q['w4a16_alpha_ratio']:.3f}** "
-        f"(T=0: {q['w4a16_alpha_ratio_t0']:.3f}). `tools/quality_w4a16.py` has the full "
-        "variant table.",
-        "",
-        *table_md(q),
-    ]
-
-
-def real_md(q: dict[str, Any]) -> list[str]:
-    """The real pair's table: the target and each draft."""
-    lines = [
-        f"Held-out perplexity on {q['windows']} windows of {q['seq_len']} tokens of the "
-        "stdlib documents the pairs never trained on, teacher-forced greedy agreement with the "
-        f"target there, and α of co-located decoding (γ = {q['gamma']}) on {q['prompts']} "
-        f"prompts × {q['new_tokens']} tokens.",
-        "",
-        "| model | params | resident bytes | × target bf16 | held-out ppl | greedy agreement | "
-        "α T=0 | α T=0.7 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for label, r in q["rows"].items():
-        a0 = f"{r['alpha_t0']:.3f}" if "alpha_t0" in r else "—"
-        a1 = f"{r['alpha_t0.7']:.3f}" if "alpha_t0.7" in r else "—"
-        lines.append(
-            f"| {label} | {r['params']:,} | {r['resident_bytes']:,} | "
-            f"{r['bytes_vs_target_bf16']:.3f} | {r['ppl']:.2f} | {r['greedy_agreement']:.3f} | "
-            f"{a0} | {a1} |"
-        )
-    return lines
-
-
-def markdown_real(q: dict[str, Any], page: Page) -> list[str]:
-    """The real pair's W4A16 section."""
-    return ["", "### W4A16 on this model: self-speculation and the shipped draft", "", *real_md(q)]
-
-
-TINY = Section("quality", run_tiny, markdown_tiny)
-REAL = Section("quality", run_real, markdown_real)
+TINY = Section("quality", run_tiny)
+REAL = Section("quality", run_real)

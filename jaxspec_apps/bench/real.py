@@ -32,11 +32,11 @@ from jaxspec_apps.bench import (
     roundprofile,
     specbench,
     target,
+    tiny,
     twoproc,
     verifier,
     wirecost,
 )
-from jaxspec_apps.bench.report_tables import headline_md
 from jaxspec_apps.bench.section import Context
 from jaxspec_apps.bench.verifier import PROFILE_STEPS
 
@@ -45,11 +45,11 @@ SECTIONS = (
     cost.SECTION,
     kernels.SECTION,
     colocated.REAL,
-    peer.REAL,
+    peer.SECTION,
     verifier.REAL,
     capacity.REAL,
-    latency.REAL,
-    wirecost.REAL,
+    latency.SECTION,
+    wirecost.SECTION,
     quality.REAL,
     llamacpp.SECTION,
 )
@@ -61,7 +61,7 @@ GEMMA3_SECTIONS = (
     specbench.SECTION,
     cost.SECTION,
     colocated.REAL,
-    latency.REAL,
+    latency.SECTION,
     llamacpp.SECTION,
 )
 # pass name -> (target, draft, its sections); the tiny pair's pass is `jaxspec_apps.bench.tiny`
@@ -77,32 +77,27 @@ def prepare(ctx: Context) -> None:
     Spec-Bench category's (cut to `real_prompt_tokens` for tiny models), the first of each
     as the pass's `prompts`, and the shared verifier's slot length and row buckets."""
     p, g = ctx.p, ctx.p.gamma
-    by_cat = specbench.category_prompts(ctx.target, p.specbench_per_category)
+    by_cat = specbench.category_prompts(ctx.target, p.specbench.per_category)
     if p.real_prompt_tokens:
         by_cat = {c: [q[: p.real_prompt_tokens] for q in ps] for c, ps in by_cat.items()}
     ctx.by_category = by_cat
     ctx.prompts = [ps[0] for ps in by_cat.values()]  # one prompt per category
     longest = max(len(q) for q in ctx.pool)
     ctx.max_len = bucket(
-        longest + max(p.capacity_new_tokens + 2 * g + 2, p.latency_new_tokens + 10 * g + 8,
-                      (p.batch_steps + 3 + PROFILE_STEPS) * (g + 1) + 8 + g + 1,
-                      p.wire_new_tokens + g + 1),
+        longest + max(p.capacity.new_tokens + 2 * g + 2, p.latency.new_tokens + 10 * g + 8,
+                      (p.verifier.steps + 3 + PROFILE_STEPS) * (g + 1) + 8 + g + 1,
+                      p.wirecost.new_tokens + g + 1),
         64,
     )  # fmt: skip
-    ctx.sched_rows = (1, 2, *p.batches)
+    ctx.sched_rows = (1, 2, *p.verifier.batches)
 
 
 def models(ctx: Context) -> dict[str, Any]:
-    """`results["real"]["models"]`: the pair's names, sizes, vocabulary and quantization."""
-    t, d = ctx.target, ctx.draft
-    return {
-        "target": ctx.target_name,
-        "draft": ctx.draft_name,
-        "target_params": t.num_params(),
-        "draft_params": d.num_params(),
-        "target_bytes": t.nbytes(),
-        "draft_bytes": d.nbytes(),
-        "vocab_size": t.config.vocab_size,
+    """`results["real"]["models"]`: the pair's names, sizes (`tiny.models`), vocabulary and
+    quantization."""
+    d = ctx.draft
+    return tiny.models(ctx) | {
+        "vocab_size": ctx.target.config.vocab_size,
         "draft_quantization": None if quant_spec(d) is None else str(quant_spec(d)),
     }
 
@@ -180,46 +175,3 @@ def headline(res: dict[str, Any]) -> dict[str, Any]:
             r["encoding"]: r["bytes_per_token"] for r in s["wirecost"]["rows"]
         }
     return out
-
-
-HEADLINE = [
-    (
-        "colocated_speedup",
-        "co-located speculative ÷ plain tokens/s, T = 0, batch 1 (Spec-Bench; "
-        "γ auto where the run had it)",
-    ),
-    ("colocated_speedup_gamma4", "the same at the fixed γ"),
-    ("colocated_parts_speedup", "what a round of exactly its forwards allows (in-loop times)"),
-    ("colocated_vs_parts", "measured (fixed γ) ÷ that"),
-    ("colocated_analytic_speedup", "what the measured E[A] and cost ratio allow: E[A]/(γc + 1)"),
-    ("colocated_vs_analytic", "measured ÷ that analytic speedup"),
-    ("alpha_t0", "accepted ÷ drafted, T = 0"),
-    ("tokens_per_round_t0", "tokens committed per verification, T = 0 (Spec-Bench's τ)"),
-    ("alpha_t07", "accepted ÷ drafted, T = 0.7"),
-    ("draft_cost_ratio", "draft token time ÷ target token time (plain decode loops)"),
-    ("plain_roofline_fraction", "target's plain decode: roofline time ÷ measured time"),
-    ("peer_plain_ratio", "our plain greedy ÷ transformers' plain greedy tokens/s"),
-    ("peer_spec_ratio", "our speculative ÷ transformers' (faster) assisted generation tokens/s"),
-    ("capacity_factor_measured", "clients sustained, edge-cloud SD ÷ co-located SD"),
-    ("capacity_factor_predicted", "1 + γ·t_d/t_v at t_d, t_v measured where co-located saturates"),
-    ("capacity_vs_cloud_ar", "clients sustained, edge-cloud SD ÷ cloud autoregressive"),
-    ("verify_over_decode", "verify step at batch 1 (γ + 1 positions) ÷ one plain decode token"),
-    ("decode_bandwidth_fraction", "float32 decode: bytes per token ÷ time ÷ probed bandwidth"),
-    ("decode_bandwidth_fraction_bf16", "the same for the bfloat16 target"),
-    ("w4a16_over_f32", "a W4A16 decode token's time ÷ a float32 one's (2 threads)"),
-]
-
-
-def headline_table(r: dict[str, Any]) -> list[str]:
-    """The headline table of the real pair's report."""
-    middle = []
-    if "verify_roofline_fraction" in r:
-        v = ", ".join(f"B={b}: {f:.2f}" for b, f in r["verify_roofline_fraction"].items())
-        middle.append(
-            f"| `verify_roofline_fraction` | {v} | verify step: roofline (weights + live KV) ÷ "
-            "measured, by batch |"
-        )
-    if "vs_llamacpp" in r:
-        v = ", ".join(f"{k} {x:.2f}" for k, x in r["vs_llamacpp"].items())
-        middle.append(f"| `vs_llamacpp` | {v} | ours ÷ llama.cpp tokens/s, same GGUF and cores |")
-    return headline_md(HEADLINE, r, middle)

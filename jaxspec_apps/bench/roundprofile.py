@@ -53,8 +53,22 @@ from jaxspec.quant.calibration import prompt_ids
 from jaxspec_apps.bench import device_account, programs
 from jaxspec_apps.bench.common import make_scheduler
 from jaxspec_apps.bench.latency import session_depth
-from jaxspec_apps.bench.section import Context, Page, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from verify import LocalVerifier
+
+# This section's sizes (program_vs_parts' turns (best kept) and verify step rows; the pipelined
+# edge's link).
+Config = sizes(
+    "round_profile_",
+    new_tokens=64,
+    turns=9,
+    rows=(1, 2, 4),
+    stall_rtt_ms=50.0,
+    flags={"turns": "program_turns", "rows": "program_rows", "stall_rtt_ms": "stall_rtt_ms"},
+)
+
+
+QUICK_SIZES = Config(new_tokens=8, turns=1, rows=(1, 2))
 
 BUCKETS = ("device", "idle", "dispatch", "jaxspec", "asyncio", "grpc", "other")
 DEVICE_WAIT = ("block_until_ready", "_value", "__array__", "device_get", "_to_np_array", "asarray")
@@ -185,12 +199,12 @@ def colocated_account(target: Any, draft: Any, prompt: list[int], gamma: int, n:
 def run_section(ctx: Context) -> dict[str, Any]:
     """The program_vs_parts table, then every mode profiled on the same prompt and each edge
     mode's stalls."""
-    p, n = ctx.p, ctx.p.round_profile_new_tokens
-    prompt = list(prompt_ids(ctx.target, p.two_process_chat))
-    parts = programs.measure(ctx, p.program_turns, p.program_rows)
+    p, n = ctx.p, ctx.p.round_profile.new_tokens
+    prompt = list(prompt_ids(ctx.target, p.two_process.chat))
+    parts = programs.measure(ctx, p.round_profile.turns, p.round_profile.rows)
     by = {r["program"]: r["measured_s"] for r in parts["rows"]}
     t_d, t_v = by["drafter round"] / p.gamma, by[f"verify step 1x{p.gamma + 1}"]
-    rtt = p.stall_rtt_ms / 1e3
+    rtt = p.round_profile.stall_rtt_ms / 1e3
     deep = session_depth(rtt, t_v, t_d, p.gamma)
 
     def gen(**kw: Any) -> Callable[[], int]:
@@ -200,8 +214,9 @@ def run_section(ctx: Context) -> dict[str, Any]:
         return run
 
     traces: dict[str, list[SessionTrace]] = {}
+    stalled = f"edge pipelined, {p.round_profile.stall_rtt_ms:g} ms"
     edges = {"edge sync": ("sync", 1, 0.0), "edge pipelined": ("pipelined", 2, 0.0),
-             f"edge pipelined, {p.stall_rtt_ms:g} ms": ("pipelined", deep, rtt)}  # fmt: skip
+             stalled: ("pipelined", deep, rtt)}  # fmt: skip
     modes = {"plain": gen(), "colocated": gen(draft=ctx.draft, gamma=p.gamma)}
     for name, (mode, depth, r) in edges.items():
         modes[name] = _edge(ctx, prompt, mode, n, depth, r, traces.setdefault(name, []))
@@ -213,111 +228,4 @@ def run_section(ctx: Context) -> dict[str, Any]:
             "program_vs_parts": parts, "device_account": account}  # fmt: skip
 
 
-def markdown(r: dict[str, Any], page: Page) -> list[str]:
-    """The "where a round's time goes" section of BENCHMARKS.md."""
-    plain = r["modes"]["plain"]["s_per_token"]
-    lines = [
-        "## Where a round's time goes (profile per mode)",
-        "",
-        f"Produced by `{r['command']}`: one chat prompt, {r['new_tokens']} new tokens, T = 0, "
-        f"gamma {r['gamma']}, after a warm-up; each mode once unprofiled (ms per token) and "
-        "once under cProfile, its functions' own time in buckets (jaxspec_apps/bench/"
-        "roundprofile.py: device = the host waiting for the model's compute; dispatch = "
-        "calling jitted functions; idle = the event loop waiting for the verifier's thread; "
-        "jaxspec = our Python). The profiler inflates the Python "
-        "buckets: read them as where to look, not as exact costs.",
-        "",
-        "| mode | ms/token | × plain | " + " | ".join(BUCKETS) + " |",
-        "|---|---:|---:|" + "---:|" * len(BUCKETS),
-    ]
-    for name, m in r["modes"].items():
-        shares = " | ".join(f"{100 * m['shares'][b]:.0f}%" for b in BUCKETS)
-        lines.append(f"| {name} | {m['s_per_token'] * 1e3:.1f} | "
-                     f"{m['s_per_token'] / plain:.2f} | {shares} |")  # fmt: skip
-    for name, m in r["modes"].items():
-        top = "; ".join(f"{t['function']} {t['ms_per_token']:.2f}" for t in m["top"][:5])
-        lines += ["", f"Top own time, {name} (ms per token, profiled): {top}."]
-    account = account_md(r["device_account"]) if "device_account" in r else []
-    return [*lines, "", *account, *programs_md(r["program_vs_parts"]), "", *stalls_md(r)]
-
-
-def account_md(a: dict[str, Any]) -> list[str]:
-    """The co-located round's device account (`colocated_account`)."""
-    rounds = {k: v for k, v in a["parts_s"].items() if not k.startswith("prefill")}
-    busy = sum(rounds.values())
-    lines = [
-        "### The co-located round's device account (`jax.profiler`)",
-        "",
-        f"One co-located call (γ {a['gamma']}, {a['new_tokens']} new tokens, T = 0, full q, "
-        f"{a['rounds']} rounds) traced with `jax.profiler`; each XLA op's time on its thread "
-        "put under the part of the round its named scope says (jaxspec_apps/bench/"
-        "device_account.py). The program ran "
-        f"{a['device_wall_s'] * 1e3 / a['rounds']:.1f} ms per round on the device (prefill "
-        f"included); the host's time around it (the unprofiled call's wall less the device's) "
-        f"was {a['host_s'] * 1e3:.1f} ms per call. The "
-        "parts add up to both threads' busy time (XLA runs independent ops at once).",
-        "",
-        "| part | ms per round | share of the round's busy time |",
-        "|---|---:|---:|",
-    ]
-    for k in ACCOUNT:
-        if k in rounds:
-            lines.append(f"| {k} | {rounds[k] * 1e3:.2f} | {100 * rounds[k] / busy:.0f}% |")
-    for k in PREFILL:
-        if k in a["parts_s"]:
-            lines.append(f"| {k} | {a['parts_s'][k] * 1e3:.1f} | |")
-    return [*lines, ""]
-
-
-STALLS = (("draft_kept", "drafting, kept"), ("draft_wasted", "drafting, thrown away"),
-          ("wait_step", "waiting: verifier's step"), ("wait_wire", "waiting: wire and hops"),
-          ("wait_stale", "waiting: stale answers"), ("host", "host"))  # fmt: skip
-
-
-def programs_md(t: dict[str, Any]) -> list[str]:
-    """The program_vs_parts table: each jitted program against its forwards timed alone."""
-    lines = [
-        "### Each program against its parts (`program_vs_parts`)",
-        "",
-        "Each jitted program of a mode timed beside the forwards it is made of, every forward "
-        "timed alone at the program's shapes, all in turns in one process (jaxspec_apps/bench/"
-        "programs.py). measured / parts above 1 is work that is not a forward (sampling, q, the "
-        "rule, copies, dispatch, the result's transfer); host = the verifier's Python around its "
-        "step (its tick), not in the step.",
-        "",
-        "| program | measured ms | parts ms | parts | measured / parts | host ms |",
-        "|---|---:|---:|---|---:|---:|",
-    ]
-    for x in t["rows"]:
-        host = "" if x["host_s"] is None else f"{x['host_s'] * 1e3:.2f}"
-        lines.append(
-            f"| {x['program']} | {x['measured_s'] * 1e3:.2f} | {x['parts_s'] * 1e3:.2f} | "
-            f"{x['parts']} | {x['ratio']:.2f} | {host} |"
-        )
-    return lines
-
-
-def stalls_md(r: dict[str, Any]) -> list[str]:
-    """Where each edge session's wall time went (`SessionTrace.stalls`), as shares."""
-    lines = [
-        "### Where the edge sessions stall",
-        "",
-        "Each edge session's unprofiled run split by its own trace (`SessionTrace.stalls`): "
-        "drafting kept or thrown away (rejected drafts; blocks a rejection made stale), "
-        "waiting for an answer up to the verifier's step time, beyond it (round trip, "
-        "queue, the answer's hop from the verifier's thread into the event loop), for stale "
-        "answers, and the session's own host time (its Python, opening and closing). In "
-        "pipelined mode every wait is a full pipeline (`depth` blocks in flight).",
-        "",
-        "| mode | RTT ms | depth | ms/token | " + " | ".join(h for _, h in STALLS) + " |",
-        "|---|---:|---:|---:|" + "---:|" * len(STALLS),
-    ]
-    for name, m in r["modes"].items():
-        if "stalls" in m:
-            shares = " | ".join(f"{100 * m['stalls'][k]:.0f}%" for k, _ in STALLS)
-            lines.append(f"| {name} | {m['rtt_ms']:g} | {m['depth']} | "
-                         f"{m['s_per_token'] * 1e3:.1f} | {shares} |")  # fmt: skip
-    return lines
-
-
-SECTION = Section("round_profile", run_section, markdown)
+SECTION = Section("round_profile", run_section)

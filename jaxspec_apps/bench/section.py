@@ -1,12 +1,12 @@
 """What a section of `jaxspec bench` is, and what the sections of one pass share.
 
-A `Section` is one measurement with its part of BENCHMARKS.md and, optionally, its plot:
-`run(ctx)` measures and returns a JSON-able dict, `markdown(data, page)` writes its lines,
-`plot(data, bench_dir)` draws its PNGs. Each pair (`jaxspec_apps.bench.tiny`,
+A `Section` is one measurement: `run(ctx)` measures and returns a JSON-able dict; its part of
+BENCHMARKS.md and its plots are written from that dict alone by `jaxspec_apps.bench.render`.
+Each pair (`jaxspec_apps.bench.tiny`,
 `jaxspec_apps.bench.real`) lists the sections of its suite, which `jaxspec bench` runs in
 order into `bench/results.json`, and the sections it keeps apart (`--sections adaptive`, ...:
 one run each, their own `bench/<name>.json` and `.md`, a block of BENCHMARKS.md between
-markers naming the command). The one report writer is `jaxspec_apps.bench.report`.
+markers naming the command).
 """
 
 from __future__ import annotations
@@ -27,9 +27,28 @@ from jaxspec_apps.bench.common import (
     make_scheduler,
     measure_roofline,
 )
-from jaxspec_apps.bench.profile import Profile
 from jaxspec_host.xla_cache import bound_compiled_programs
 from verify import Scheduler
+
+
+def sizes(prefix: str, /, *, flags: dict[str, str] | None = None, **defaults: Any) -> type:
+    """A section's sizes: a frozen dataclass `Config` with one field per default (typed as the
+    default is), which `jaxspec bench --set <prefix><field>=VALUE` sets (or, for a field in
+    `flags`, `--set <its flag>=VALUE`); `jaxspec_apps.bench.profile` holds one per section."""
+    fields = [
+        (name, _kind(v), dataclasses.field(default=v, metadata={"flag": (flags or {}).get(name)}))
+        for name, v in defaults.items()
+    ]
+    return dataclasses.make_dataclass(
+        "Config", fields, frozen=True, kw_only=True, namespace={"PREFIX": prefix}
+    )
+
+
+def _kind(value: Any) -> Any:
+    """The type a size's default `value` has (a tuple's: of its first item's type)."""
+    if isinstance(value, tuple):
+        return tuple[type(value[0]), ...] if value else tuple[str, ...]
+    return type(value)
 
 
 def _no_failures(data: dict[str, Any]) -> list[str]:
@@ -38,39 +57,15 @@ def _no_failures(data: dict[str, Any]) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Section:
-    """One section: `run` measures, `markdown` writes its lines of the report (reading the
-    rest of the pass through a `Page`), `plot` (optional) writes PNGs into a directory and
-    returns key -> path relative to the report. `requires`: modules of the `test` extra it
+    """One section: `run` measures (`jaxspec_apps.bench.render` writes its part of the report
+    from what it returns). `requires`: modules of the `test` extra it
     needs (missing: the section is skipped, not failed). `failures`: for a section kept
     apart, what in its results fails the command (the suite's fail by `GreedyMismatch`)."""
 
     name: str
     run: Callable[[Context], dict[str, Any]]
-    markdown: Callable[[dict[str, Any], Page], list[str]]
-    plot: Callable[[dict[str, Any], Any], dict[str, str]] | None = None
     requires: tuple[str, ...] = ()
     failures: Callable[[dict[str, Any]], list[str]] = _no_failures
-
-
-@dataclasses.dataclass(frozen=True)
-class Page:
-    """What a section's markdown reads besides its own results: the whole pass (`results`:
-    settings, models, the other sections) and the plots written (key -> path)."""
-
-    results: dict[str, Any]
-    plots: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    @property
-    def sections(self) -> dict[str, Any]:
-        return self.results["sections"]
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        return self.results["profile_settings"]
-
-    def img(self, key: str, alt: str) -> list[str]:
-        """The plot `key`'s image line (after a blank line), if it was drawn."""
-        return ["", f"![{alt}]({self.plots[key]})"] if key in self.plots else []
 
 
 @dataclasses.dataclass
@@ -82,7 +77,7 @@ class Context:
     category (`by_category` holds them all)."""
 
     pair: str
-    p: Profile
+    p: Any  # a `profile.Profile` (which imports the sections, for their configs)
     log: Callable[[str], None]
     target_name: str
     draft_name: str

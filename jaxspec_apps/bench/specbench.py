@@ -11,6 +11,7 @@ problems, rewriting). Greedy speculative tokens must equal plain greedy tokens
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,8 +20,14 @@ from jaxspec.decoding import costs
 from jaxspec.nn.text import chat_prompt, encode_prompt
 from jaxspec_apps.bench.colocated import pooled
 from jaxspec_apps.bench.common import best_time, check_same_tokens
-from jaxspec_apps.bench.report_tables import ratio
-from jaxspec_apps.bench.section import Context, Page, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
+
+# This section's sizes (Spec-Bench prompts per category).
+Config = sizes("specbench_", per_category=3, new_tokens=128)
+
+
+QUICK_SIZES = Config(per_category=1, new_tokens=16)
+TINY_SIZES = dataclasses.replace(QUICK_SIZES, new_tokens=8)
 
 PROMPTS: dict[str, tuple[str, ...]] = {
     "coding": (
@@ -171,63 +178,9 @@ def run_section(ctx: Context) -> dict[str, Any]:
     """Every category's prompts, T = 0, sync."""
     p = ctx.p
     return run(
-        ctx.target, ctx.draft, ctx.by_category, new_tokens=p.specbench_new_tokens,
+        ctx.target, ctx.draft, ctx.by_category, new_tokens=p.specbench.new_tokens,
         gamma=p.gamma, repeats=p.repeats,
     )  # fmt: skip
 
 
-def table_md(sb: dict[str, Any]) -> list[str]:
-    """One row per category and one over all, with the acceptance at each position; where
-    the run had `gamma="auto"`, its speedup and the gammas it picked beside the fixed one's."""
-    g, auto = sb["gamma"], sb.get("auto")
-    extra = " γ auto: speedup | picked |" if auto else ""
-    lines = [
-        "| category | prompts | plain tok/s | SD tok/s | speedup | tokens per round | α | "
-        + " | ".join(f"pos {i + 1}" for i in range(g))
-        + " |"
-        + extra,
-        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * g + "---:|---|" * bool(auto),
-    ]
-    autos = [*auto["rows"], auto["overall"]] if auto else []
-    for i, row in enumerate([*sb["rows"], sb["overall"]]):
-        name = f"**{row['category']}**" if row["category"] == "overall" else row["category"]
-        pos = " | ".join(f"{a:.2f}" for a in row["per_position_acceptance"])
-        line = (
-            f"| {name} | {row['prompts']} | {row['plain_tok_s']:.1f} | {row['spec_tok_s']:.1f} | "
-            f"{ratio(row['speedup'])} | {row['tokens_per_round']:.2f} | {row['alpha']:.3f} | "
-            f"{pos} |"
-        )
-        if autos:
-            a = autos[i]
-            picked = ", ".join(str(x) for x in sorted(set(a["gammas"])))
-            line += f" {ratio(a['speedup'])} | {picked} |"
-        lines.append(line)
-    return lines
-
-
-def markdown(sb: dict[str, Any], page: Page) -> list[str]:
-    """The Spec-Bench section of the real pair's report."""
-    auto = (
-        ' The last two columns: the same prompts at `gamma="auto"` (timed the same way; its '
-        "forwards measured once per process inside a jitted loop, the acceptance read from "
-        "the pair's earlier calls: `jaxspec.decoding.generate.choose_gamma`) and the gammas "
-        "it picked."
-        if "auto" in sb
-        else ""
-    )
-    return [
-        "",
-        "### Spec-Bench: speedup and mean accepted tokens per category (T = 0, batch 1)",
-        "",
-        f"γ = {sb['gamma']}, sync, {sb['new_tokens']} new tokens per prompt (stop tokens "
-        f"ignored so every answer has that length), plain and speculative timed in turns "
-        f"(the best of {page.settings['repeats']} after a warm-up). Greedy speculative "
-        "tokens are asserted equal to plain greedy tokens. Tokens per round = tokens "
-        "committed per verification (bonus included; Spec-Bench's τ); pos i = the share "
-        f"of rounds whose draft i was accepted.{auto}",
-        "",
-        *table_md(sb),
-    ]
-
-
-SECTION = Section("specbench", run_section, markdown)
+SECTION = Section("specbench", run_section)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jaxspec
-from jaxspec_apps.bench import peer, real, report, tiny
+from jaxspec_apps.bench import peer, real, render, tiny
 from jaxspec_apps.bench.common import machine
 from jaxspec_apps.bench.profile import (
     PROFILES,
@@ -30,7 +30,7 @@ from jaxspec_apps.bench.profile import (
     suite_settings,
     with_settings,
 )
-from jaxspec_apps.bench.section import Context, Page, Section, run_sections
+from jaxspec_apps.bench.section import Context, Section, run_sections
 
 Log = Callable[[str], None]
 PAIRS = ("tiny", "real", "both", *(k for k in real.REAL_PASSES if k != "real"))
@@ -115,7 +115,12 @@ def context(args: argparse.Namespace, pair: str, p: Profile, log: Log) -> Contex
 
 def run_suite(args: argparse.Namespace) -> int:
     """Run the sections `args` selects; write BENCHMARKS.md, bench/results.json and plots
-    into `--out` (default: a new temporary directory, `output_dir`)."""
+    into `--out` (default: a new temporary directory, `output_dir`). `--render`: measure
+    nothing, re-render the report in `--out` (default: here) from its JSON."""
+    if getattr(args, "render", False):
+        path = render.render_report(pathlib.Path(args.out or "."))
+        print(f"wrote {path} and its blocks' bench/*.md from the JSON in {path.parent / 'bench'}")
+        return 0
     t_start = time.time()
 
     def log(msg: str) -> None:
@@ -150,7 +155,9 @@ def run_suite(args: argparse.Namespace) -> int:
             run_real(args, real_p, results, log, strict=False)
     failed = run_kept(args, kept, p, real_p, out, log, splice=results is None)
     if results is not None:
-        report.write(results, out, log)
+        render.write_results(results, out, log)
+        if results["failures"]:
+            print(f"FAILED: {results['failures']}", file=sys.stderr)
         failed = failed or bool(results["failures"])
     return 1 if failed else 0
 
@@ -276,14 +283,9 @@ def run_kept(
         if "skipped" in data:
             log(f"{section.name}: skipped, {data['skipped']}")
             continue
-        md = "\n".join(section.markdown(data, Page({}))) + "\n"
-        print(md)
-        bench = report.write_kept(out, section.name, data, md, splice=splice)
-        if section.plot is not None:
-            try:
-                section.plot(data, bench)
-            except ModuleNotFoundError as e:  # matplotlib: the test extra
-                print(f"note: no plot ({e.name} is not installed)")
+        bench = render.write_kept(out, section.name, data, splice=splice)
+        print((bench / f"{section.name}.md").read_text())
+        render.draw_kept_plot(section.name, data, bench)
         log(f"wrote {bench / section.name}.json, .md and BENCHMARKS.md's block")
         errors = section.failures(data)
         if errors:

@@ -26,17 +26,16 @@ from jaxspec_apps.bench import (
 )
 from jaxspec_apps.bench.common import prompts_from
 from jaxspec_apps.bench.profile import Profile
-from jaxspec_apps.bench.report_tables import headline_md, ratio
 from jaxspec_apps.bench.section import Context
 from jaxspec_apps.bench.verifier import PROFILE_STEPS
 
 SECTIONS = (
     colocated.TINY,
-    peer.TINY,
+    peer.SECTION,
     capacity.TINY,
-    latency.TINY,
+    latency.SECTION,
     verifier.TINY,
-    wirecost.TINY,
+    wirecost.SECTION,
     quality.TINY,
 )
 KEPT = (adaptive.SECTION, fleet.SECTION, openai.SECTION)
@@ -46,10 +45,10 @@ def scheduler_len(p: Profile) -> int:
     """A slot length that fits every section's sessions (prompt + new tokens + a block)."""
     g = p.gamma
     need = max(
-        p.capacity_new_tokens + 2 * g + 2,
-        p.latency_new_tokens + g + 1,
-        p.wire_new_tokens + g + 1,
-        (p.batch_steps + 3 + PROFILE_STEPS) * (g + 1) + 8 + g + 1,
+        p.capacity.new_tokens + 2 * g + 2,
+        p.latency.new_tokens + g + 1,
+        p.wirecost.new_tokens + g + 1,
+        (p.verifier.steps + 3 + PROFILE_STEPS) * (g + 1) + 8 + g + 1,
         4 * g + 16,
     )
     return bucket(p.prompt_len + need, 64)
@@ -58,10 +57,10 @@ def scheduler_len(p: Profile) -> int:
 def prepare(ctx: Context) -> None:
     """Load the pair and draw the held-out prompts every section shares into `ctx`."""
     p = ctx.p
-    n_prompts = max(p.prompts, p.peer_prompts, p.wire_prompts)
+    n_prompts = max(p.colocated.prompts, p.peer.prompts, p.wirecost.prompts)
     ctx.prompts = prompts_from(ctx.stream, n_prompts, p.prompt_len, seed=0)
     ctx.max_len = scheduler_len(p)
-    ctx.sched_rows = (1, *p.batches)
+    ctx.sched_rows = (1, *p.verifier.batches)
 
 
 def models(ctx: Context) -> dict[str, Any]:
@@ -120,96 +119,4 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
     if "quality" in s:
         for k in ("w4a16_bytes_ratio", "w4a16_ppl_ratio", "w4a16_alpha_ratio"):
             out[k] = s["quality"][k]
-    return out
-
-
-HEADLINE = [
-    ("colocated_speedup", "co-located speculative ÷ plain tokens/s (target + draft, greedy, sync)"),
-    ("peer_plain_ratio", "our plain greedy ÷ transformers' plain greedy tokens/s"),
-    ("peer_spec_ratio", "our speculative ÷ transformers' (faster) assisted generation tokens/s"),
-    ("batch32_over_batch1", "verified tokens/s, batch 32 ÷ batch 1"),
-    ("batch_scaling_vs_roofline", "that ratio ÷ the roofline's ratio for the same model"),
-    ("capacity_factor_measured", "clients sustained, edge-cloud SD ÷ co-located SD"),
-    ("capacity_factor_predicted", "the paper's 1 + γ·t_d/t_v at measured t_d, t_v"),
-    ("pipelined_over_sync_at_50ms", "pipelined ÷ sync edge-cloud tokens/s at 50 ms RTT"),
-    ("w4a16_bytes_ratio", "W4A16 draft resident bytes ÷ bf16"),
-    ("w4a16_ppl_ratio", "W4A16 draft held-out perplexity ÷ unquantized"),
-    ("w4a16_alpha_ratio", "α with the W4A16 draft ÷ with the unquantized draft (T = 1)"),
-]
-
-
-def headline_table(r: dict[str, Any]) -> list[str]:
-    """The headline table of the tiny pair's report."""
-    middle = []
-    if "roofline_fraction" in r:
-        rf = r["roofline_fraction"]
-        middle.append(
-            f"| `roofline_fraction` | {rf['batch1']:.2f} / {rf['batch32']:.2f} | the verify "
-            "step's achieved share of the bound, batch 1 / batch 32 |"
-        )
-    return headline_md(HEADLINE, r, middle)
-
-
-def behind(r: dict[str, Any]) -> list[str]:
-    """Plain sentences on where we lose, chosen by the measured numbers."""
-    s, out = r["sections"], []
-    if "peer" in s:
-        pr = s["peer"]
-        if pr["peer_plain_ratio"] < 1:
-            out.append(
-                f"transformers' plain greedy decoding is faster than ours on these checkpoints "
-                f"({ratio(1 / pr['peer_plain_ratio'])} our tokens/s)."
-            )
-        if pr["peer_spec_ratio"] < 1:
-            out.append(
-                f"transformers' assisted generation is faster than our speculative decoding "
-                f"({ratio(1 / pr['peer_spec_ratio'])} ours)."
-            )
-    if "colocated" in s:
-        for label, rows in (
-            ("the draft", "default_pair"),
-            ("self-speculation", "self_w4a16"),
-        ):
-            slow = [x for x in s["colocated"][rows] if x["speedup"] < 1]
-            if slow:
-                cases = ", ".join(
-                    f"T={x['temperature']:g} γ={x['gamma']} {x['mode']} {ratio(x['speedup'])}"
-                    for x in slow
-                )
-                out.append(f"Speculative decoding with {label} is slower than plain in: {cases}.")
-    if "capacity" in s:
-        c = s["capacity"]
-        if c["capacity_factor_measured"] < c["capacity_factor_predicted"]:
-            out.append(
-                f"Offloading the drafts gains fewer clients than the paper's model predicts "
-                f"({ratio(c['capacity_factor_measured'])} measured vs "
-                f"{ratio(c['capacity_factor_predicted'])} predicted)."
-            )
-        if c["edge_over_cloud_ar"] < 1:
-            out.append(
-                "At this per-client rate, edge-cloud speculative decoding sustains fewer clients "
-                f"than plain cloud decoding ({ratio(c['edge_over_cloud_ar'])})."
-            )
-    if "latency" in s:
-        lat = s["latency"]
-        slower = [
-            row["rtt_ms"]
-            for row in lat["rows"]
-            if row["measured"]["pipelined"] > row["measured"]["colocated"]
-        ]
-        if slower:
-            out.append(
-                "Pipelined edge-cloud decoding is slower per token than co-located speculative "
-                f"decoding at every swept RTT from {slower[0]} ms on, as the DSD paper predicts."
-            )
-    if "verifier" in s:
-        rows = s["verifier"]["rows"]
-        best = max(rows, key=lambda x: x["roofline_fraction"])
-        if best["roofline_fraction"] < 0.5:
-            at = "one row as well" if best["batch"] == 1 else f"{best['batch']} rows"
-            out.append(
-                f"The verify step runs at {rows[0]['roofline_fraction']:.0%} of this machine's "
-                f"roofline with one row and at best {best['roofline_fraction']:.0%} (at {at}): "
-                "per-op and host overheads, not bytes or FLOPs, bound it."
-            )
     return out

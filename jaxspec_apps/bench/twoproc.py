@@ -36,8 +36,22 @@ import sys
 from typing import Any
 
 from jaxspec.decoding import analytic
-from jaxspec_apps.bench.section import Context, Page, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from verify.process import VerifierProcess
+
+# This section's sizes (the verifier and the edge as two pinned processes; `chat` is also
+# round_profile's prompt).
+Config = sizes(
+    "two_process_",
+    rtts_ms=(0.0, 20.0, 50.0, 100.0),
+    new_tokens=64,
+    repeats=2,
+    max_len=512,
+    chat="Write a Python function that returns the n-th Fibonacci number.",
+)
+
+
+QUICK_SIZES = Config(rtts_ms=(0.0, 50.0), new_tokens=8, repeats=1, max_len=128)
 
 ONE_THREAD = {"JAXSPEC_KERNEL_THREADS": "1"}
 EIGEN_OFF = "--xla_cpu_multi_thread_eigen=false"
@@ -63,29 +77,29 @@ def _serve_args(ctx: Context, max_len: int) -> list[str]:
 def _cloud(ctx: Context, core: int | None) -> dict[str, Any]:
     """The streamed cloud baseline: the target's decode loop in a process on `core`."""
     p = ctx.p
-    cmd = [sys.executable, "-m", "jaxspec_apps.bench.twoproc_cloud", "--target", ctx.target_name,
-           "--chat", p.two_process_chat, "--new-tokens", str(p.two_process_new_tokens),
-           "--repeats", str(p.two_process_repeats)]  # fmt: skip
-    if core is not None:
-        cmd += ["--core", str(core)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), check=False)
-    if out.returncode:
-        raise RuntimeError(f"the cloud process failed:\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return _side("cloud", ["--target", ctx.target_name, "--chat", p.two_process.chat,
+                           "--new-tokens", str(p.two_process.new_tokens),
+                           "--repeats", str(p.two_process.repeats)], core)  # fmt: skip
 
 
 def _edge(ctx: Context, address: str, core: int | None) -> dict[str, Any]:
     p = ctx.p
-    cmd = [sys.executable, "-m", "jaxspec_apps.bench.twoproc_edge", "--verifier", address,
-           "--draft", ctx.draft_name, "--chat", p.two_process_chat,
-           "--gamma", str(p.gamma), "--new-tokens", str(p.two_process_new_tokens),
-           "--rtts-ms", ",".join(map(str, p.two_process_rtts_ms)),
-           "--repeats", str(p.two_process_repeats)]  # fmt: skip
+    return _side("edge", ["--verifier", address, "--draft", ctx.draft_name,
+                          "--chat", p.two_process.chat, "--gamma", str(p.gamma),
+                          "--new-tokens", str(p.two_process.new_tokens),
+                          "--rtts-ms", ",".join(map(str, p.two_process.rtts_ms)),
+                          "--repeats", str(p.two_process.repeats)], core)  # fmt: skip
+
+
+def _side(side: str, args: list[str], core: int | None) -> dict[str, Any]:
+    """Run `python -m jaxspec_apps.bench.twoproc_<side> ARGS` (pinned to `core`); the JSON
+    its last line prints."""
+    cmd = [sys.executable, "-m", f"jaxspec_apps.bench.twoproc_{side}", *args]
     if core is not None:
         cmd += ["--core", str(core)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), check=False)
     if out.returncode:
-        raise RuntimeError(f"the edge process failed:\n{out.stderr[-4000:]}")
+        raise RuntimeError(f"the {side} process failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -113,7 +127,7 @@ def run_section(ctx: Context) -> dict[str, Any]:
     p = ctx.p
     server_core, edge_core = _cores()
     cloud = _cloud(ctx, server_core)
-    server = VerifierProcess(_serve_args(ctx, p.two_process_max_len), env=_env())
+    server = VerifierProcess(_serve_args(ctx, p.two_process.max_len), env=_env())
     with server:  # started here
         if server_core is not None:
             os.sched_setaffinity(server.pid, {server_core})
@@ -130,7 +144,7 @@ def run_section(ctx: Context) -> dict[str, Any]:
     return measured | {
         "command": ctx.command,
         "gamma": p.gamma,
-        "new_tokens": p.two_process_new_tokens,
+        "new_tokens": p.two_process.new_tokens,
         "verifier_core": server_core,
         "pinned": edge_core is not None,
         "cloud_streamed": cloud["s_per_token"],
@@ -142,104 +156,8 @@ def run_section(ctx: Context) -> dict[str, Any]:
     }
 
 
-def markdown(r: dict[str, Any], page: Page) -> list[str]:
-    """The "two processes" section of BENCHMARKS.md."""
-    pinned = ("each pinned to its own core (verifier on core 0, edge on core 1)" if r["pinned"]
-              else "unpinned (fewer than 2 cores were available)")  # fmt: skip
-    lines = [
-        "## Two processes: the edge and the verifier on their own cores",
-        "",
-        f"Produced by `{r['command']}`: `python -m verify serve` and the edge "
-        f"(`jaxspec_apps.bench.twoproc_edge`) as two processes, {pinned}, one compute thread "
-        f"each, over gRPC on loopback with a simulated round trip; gamma {r['gamma']}, "
-        f"{r['new_tokens']} new tokens, T = 0, the best of the repeats. Measured on the edge's "
-        f"core: t_d = {r['t_d'] * 1e3:.1f} ms per drafted token; the verifier's step after a "
-        f"sync block: t_v = {r['t_v'] * 1e3:.1f} ms. Times are ms per token after the first "
-        "round trip; predicted = the papers' model at those t_d, t_v, the measured acceptance "
-        "and the papers' depth (blocks in flight while the next is drafted: the pipelined "
-        "session runs one more, the block it drafts only once one is answered).",
-        "",
-        "Two cloud baselines, both the target on the verifier's core with one thread: **cloud "
-        "streamed**, cloud decoding as its user gets it (`jaxspec_apps.bench.twoproc_cloud`: "
-        "the target's plain decode loop, one round trip per request, then the tokens as they "
-        "are made: the loop's time per token, prefill included, at every round trip), and "
-        "**cloud gamma 0**, the verifier's own gamma-0 sessions, pipelined (8 empty blocks in "
-        "flight, each answered with one token: a stream through the verifier); beside them "
-        "the same sessions one block at a time (**gamma 0, a round trip per token**: what "
-        "this table called cloud decoding before). edge / cloud = the pipelined edge user's "
-        "tokens/s over each baseline's (`edge_over_cloud_ar` is the streamed loop's, "
-        f"`edge_over_cloud_gamma0` the pipelined gamma-0 sessions'). The verifier's gamma-0 "
-        "token costs "
-        f"**{r['gamma0_over_decode']:.2f}x** the plain loop's at RTT 0 (`gamma0_over_decode`); "
-        f"the worst pipelined / model is **{r['pipelined_vs_model']:.2f}** "
-        "(`pipelined_vs_model`).",
-        "",
-        "| RTT ms | depth (session) | pipelined | predicted | sync | predicted | cloud streamed | "
-        "cloud gamma 0 | gamma 0, a round trip per token | pipelined / model | "
-        "edge / cloud streamed | edge / cloud gamma 0 |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for x in r["rows"]:
-        lines.append(
-            f"| {x['rtt_ms']:g} | {x['depth']} ({x['session_depth']}) | "
-            f"{x['pipelined'] * 1e3:.1f} | {x['predicted_pipelined'] * 1e3:.1f} | "
-            f"{x['sync'] * 1e3:.1f} | {x['predicted_sync'] * 1e3:.1f} | "
-            f"{x['cloud_streamed'] * 1e3:.1f} | {x['cloud_gamma0'] * 1e3:.1f} | "
-            f"{x['cloud_gamma0_sync'] * 1e3:.1f} | "
-            f"{x['pipelined_vs_model']:.2f} | {x['edge_over_cloud_ar']:.2f} | "
-            f"{x['edge_over_cloud_gamma0']:.2f} |"
-        )
-    return [*lines, *stalls_md(r), *page.img("two_process", "two processes: time per token vs RTT")]
-
-
 KINDS = {"pipelined": "pipelined", "sync": "sync", "cloud_gamma0": "gamma 0, pipelined",
          "cloud_gamma0_sync": "gamma 0, a round trip per token"}  # fmt: skip
-
-
-def stalls_md(r: dict[str, Any]) -> list[str]:
-    """Where each edge session's time went (`SessionTrace.stalls`, the best run's), as
-    shares of its wall time."""
-    cols = (("draft_kept", "drafting, kept"), ("draft_wasted", "drafting, thrown away"),
-            ("wait_step", "waiting: verifier's step"), ("wait_wire", "waiting: wire and hops"),
-            ("wait_stale", "waiting: stale answers"), ("host", "host"))  # fmt: skip
-    lines = [
-        "",
-        "Where the edge sessions' time went (each session's own trace, `SessionTrace.stalls`: "
-        "waiting up to the verifier's step time, then beyond it: the round trip, gRPC, the "
-        "answer's hop into the event loop):",
-        "",
-        "| RTT ms | session | " + " | ".join(h for _, h in cols) + " |",
-        "|---:|---|" + "---:|" * len(cols),
-    ]
-    for x in r["rows"]:
-        for kind in KINDS:
-            shares = " | ".join(f"{100 * x[f'{kind}_stalls'][k]:.0f}%" for k, _ in cols)
-            lines.append(f"| {x['rtt_ms']:g} | {KINDS[kind]} | {shares} |")
-    return lines
-
-
-def plot(r: dict[str, Any], bench: Any) -> dict[str, str]:
-    """bench/two_process.png: measured and predicted time per token against the RTT."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    x = [row["rtt_ms"] for row in r["rows"]]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, style in (("pipelined", "o-"), ("sync", "s-"), ("cloud_streamed", "^-"),
-                       ("cloud_gamma0", "v-"), ("cloud_gamma0_sync", "x-")):  # fmt: skip
-        ax.plot(x, [row[key] * 1e3 for row in r["rows"]], style, label=f"{key} (measured)")
-    for key in ("pipelined", "sync"):
-        ax.plot(x, [row[f"predicted_{key}"] * 1e3 for row in r["rows"]], "--",
-                label=f"{key} (model)")  # fmt: skip
-    ax.set_xlabel("round trip (ms)")
-    ax.set_ylabel("ms per token")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(bench / "two_process.png", dpi=100)
-    plt.close(fig)
-    return {"two_process": "bench/two_process.png"}
 
 
 def failures(r: dict[str, Any]) -> list[str]:
@@ -247,4 +165,4 @@ def failures(r: dict[str, Any]) -> list[str]:
     return [f"tokens differ: {x}" for x in r["tokens_differ"]]
 
 
-SECTION = Section("two_process", run_section, markdown, plot, failures=failures)
+SECTION = Section("two_process", run_section, failures=failures)

@@ -18,9 +18,15 @@ import numpy as np
 from jaxspec.protocol import DraftBlock, DraftSpec, SamplingSettings, SessionConfig
 from jaxspec_apps.bench import stepprofile
 from jaxspec_apps.bench.common import make_scheduler
-from jaxspec_apps.bench.report_tables import ratio, save
-from jaxspec_apps.bench.section import Context, Page, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from verify import Scheduler
+
+# This section's sizes (the batch sweep: its batch sizes and timed steps).
+Config = sizes("batch_", batches=(1, 2, 4, 8, 16, 32, 64), steps=10, flags={"batches": "batches"})
+
+
+QUICK_SIZES = Config(batches=(1, 32), steps=2)
+REAL_SIZES = Config(batches=(1, 4, 16), steps=4)
 
 
 def step_flops(model: Any, rows: int, width: int, context: int) -> float:
@@ -152,7 +158,8 @@ def run_tiny(ctx: Context) -> dict[str, Any]:
     p = ctx.p
     roof = ctx.roof()
     rows = batch_sweep(
-        ctx.target, p.batches, p.gamma, p.prompt_len, p.batch_steps, scheduler=ctx.sched(),
+        ctx.target, p.verifier.batches, p.gamma, p.prompt_len, p.verifier.steps,
+        scheduler=ctx.sched(),
         roofline=roof,
     )  # fmt: skip
     return {"gamma": p.gamma, "roofline": roof, "rows": rows}
@@ -162,142 +169,12 @@ def run_real(ctx: Context) -> dict[str, Any]:
     """The sweep with the first and last batch sizes profiled, and the slot length."""
     p = ctx.p
     rows = batch_sweep(
-        ctx.target, p.batches, p.gamma, p.prompt_len, p.batch_steps, scheduler=ctx.sched(),
-        roofline=ctx.roof(), profile_batches=(p.batches[0], p.batches[-1]),
+        ctx.target, p.verifier.batches, p.gamma, p.prompt_len, p.verifier.steps,
+        scheduler=ctx.sched(),
+        roofline=ctx.roof(), profile_batches=(p.verifier.batches[0], p.verifier.batches[-1]),
     )  # fmt: skip
     return {"gamma": p.gamma, "roofline": ctx.roof(), "rows": rows, "slot_len": ctx.max_len}
 
 
-def table_md(v: dict[str, Any]) -> list[str]:
-    """The machine's roofline and the sweep's table."""
-    roof = v["roofline"]
-    lines = [
-        f"Machine roofline, measured in this run: read bandwidth "
-        f"{roof['bandwidth_Bps'] / 1e9:.1f} GB/s, float32 matmul "
-        f"{roof['flops_per_s'] / 1e9:.0f} GFLOP/s (ridge "
-        f"{roof['flops_per_s'] / roof['bandwidth_Bps']:.1f} FLOP/byte); γ = {v['gamma']}.",
-        "",
-        "| batch | step ms | verified tok/s | vs batch 1 | roofline predicts | roofline ms | "
-        "of roofline |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for x in v["rows"]:
-        lines.append(
-            f"| {x['batch']} | {x['step_s'] * 1e3:.2f} | {x['verified_tok_s']:.0f} | "
-            f"{ratio(x['ratio_to_batch1'])} | {ratio(x['roofline_ratio_to_batch1'])} | "
-            f"{x['roofline_s'] * 1e3:.2f} | {x['roofline_fraction']:.0%} |"
-        )
-    return lines
-
-
-def note(rows: list[dict[str, Any]]) -> str:
-    """What the batch sweep says against the bound, in words chosen by the numbers."""
-    one, top = rows[0], max(rows, key=lambda x: x["ratio_to_batch1"])
-    if top["ratio_to_batch1"] > top["roofline_ratio_to_batch1"]:
-        return (
-            f"Batching scales past the bound's ratio ({ratio(top['ratio_to_batch1'])} at "
-            f"{top['batch']} rows vs {ratio(top['roofline_ratio_to_batch1'])}) because one row is "
-            f"far from the bound ({one['roofline_fraction']:.0%} of it: per-op and host "
-            "overheads dominate), and rows share those overheads; the achieved fraction rises "
-            f"to {top['roofline_fraction']:.0%}. The roofline ratio is small because this CPU "
-            "turns compute-bound after a few rows (its ridge point is a few FLOP/byte)."
-        )
-    return (
-        f"Batching gains {ratio(top['ratio_to_batch1'])} at {top['batch']} rows, below the "
-        f"{ratio(top['roofline_ratio_to_batch1'])} the bound allows."
-    )
-
-
-def markdown_tiny(v: dict[str, Any], page: Page) -> list[str]:
-    """Section 4's batch sweep (with section 4's heading when the RTT sweep did not run)."""
-    heading = [] if "latency" in page.sections else [
-        "", "## 4. Latency vs RTT, and the verifier's batch sweep"
-    ]  # fmt: skip
-    return [
-        *heading,
-        "",
-        "### Batch sweep of the verify step",
-        "",
-        "B sessions verified in one step (random one-hot blocks); the roofline bound is "
-        "max(weight bytes ÷ read bandwidth, FLOPs ÷ matmul throughput), and "
-        "*roofline predicts* is the tokens/s ratio to batch 1 that bound allows.",
-        "",
-        *table_md(v),
-        "",
-        note(v["rows"]),
-        *page.img("batch", "batch sweep"),
-    ]
-
-
-def markdown_real(v: dict[str, Any], page: Page) -> list[str]:
-    """The real pair's sweep, with the step's profile."""
-    return [
-        "",
-        "### Verifier batch sweep (weights + live KV bytes in the roofline)",
-        "",
-        f"Slot length {v['slot_len']}; the step reads its KV bucket "
-        f"({', '.join(str(r['attended']) for r in v['rows'])} positions a row, by batch), "
-        "the roofline counts the live positions only.",
-        "",
-        *table_md(v),
-        *profile_md(v["rows"]),
-    ]
-
-
-def profile_md(rows: list[dict[str, Any]]) -> list[str]:
-    """Where the step's time goes (jax.profiler, `jaxspec_apps.bench.stepprofile`)."""
-    prof = [r for r in rows if "profile" in r]
-    if not prof:
-        return []
-    cats = ("weight matmuls", "logits", "attention", "rule", "other")
-    lines = [
-        "",
-        "Where the step's time goes (one `jax.profiler` trace of two steps, XLA op time by "
-        "source op; `jaxspec_apps/bench/stepprofile.py`):",
-        "",
-        "| batch | " + " | ".join(cats) + " | op ms per step | step ms |",
-        "|---:|" + "---:|" * (len(cats) + 2),
-    ]
-    for r in prof:
-        f = r["profile"]["fractions"]
-        lines.append(
-            f"| {r['batch']} | " + " | ".join(f"{f.get(c, 0.0):.0%}" for c in cats)
-            + f" | {r['profile']['op_seconds'] * 1e3:.1f} | {r['step_s'] * 1e3:.1f} |"
-        )  # fmt: skip
-    one = prof[0]
-    mm = sum(one["profile"]["fractions"].get(c, 0.0) for c in ("weight matmuls", "logits"))
-    lines += [
-        "",
-        f"At batch {one['batch']} {mm:.0%} of the op time is the weight matmuls and the tied "
-        "logits (on the CPU the float kernel's custom calls, `jaxspec.kernels`): the step "
-        "reads every weight once, as the roofline assumes, so its gap to the roofline "
-        f"({one['roofline_fraction']:.0%} of it) is mostly the gap between those matmuls at a "
-        "few rows and the bandwidth `jnp.sum` reaches over one buffer. At larger "
-        "batches the step turns compute-bound on this CPU (its ridge point is a few FLOP per "
-        "byte), and the share of attention and the rule grows with the rows.",
-    ]
-    return lines
-
-
-def plot(v: dict[str, Any], bench: Any) -> dict[str, str]:
-    """Verified tokens/s against batch 1, measured and as the roofline allows."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = v["rows"]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    b = [x["batch"] for x in rows]
-    ax.plot(b, [x["ratio_to_batch1"] for x in rows], "o", label="measured")
-    ax.plot(b, [x["roofline_ratio_to_batch1"] for x in rows], "-", label="roofline bound")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sessions per verify step")
-    ax.set_ylabel("verified tokens/s ÷ batch 1")
-    ax.legend()
-    return save(fig, bench, "batch")
-
-
-TINY = Section("verifier", run_tiny, markdown_tiny, plot)
-REAL = Section("verifier", run_real, markdown_real)
+TINY = Section("verifier", run_tiny)
+REAL = Section("verifier", run_real)

@@ -15,6 +15,7 @@ that rounded q, so the verification stays exact.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -23,9 +24,16 @@ from edge.drafter import Drafter
 from edge.session import run_session
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig, wire
-from jaxspec_apps.bench.report_tables import save
-from jaxspec_apps.bench.section import Context, Page, Section
+from jaxspec_apps.bench.section import Context, Section, sizes
 from verify import LocalVerifier
+
+# This section's sizes (sampled sessions, one per encoding).
+Config = sizes("wire_", prompts=8, new_tokens=64, sparse_ks=(4, 16))
+
+
+QUICK_SIZES = Config(prompts=1, new_tokens=8)
+TINY_SIZES = dataclasses.replace(QUICK_SIZES, new_tokens=6)
+REAL_SIZES = Config(prompts=2, new_tokens=32)
 
 
 class CountingEndpoint:
@@ -137,98 +145,10 @@ def run_section(ctx: Context) -> dict[str, Any]:
     """Every encoding over the pass's first `wire_prompts` prompts on the shared verifier."""
     p = ctx.p
     rows = run(
-        ctx.draft, ctx.prompts[: p.wire_prompts], ctx.sched(), gamma=p.gamma,
-        new_tokens=p.wire_new_tokens, sparse_ks=p.wire_sparse_ks,
+        ctx.draft, ctx.prompts[: p.wirecost.prompts], ctx.sched(), gamma=p.gamma,
+        new_tokens=p.wirecost.new_tokens, sparse_ks=p.wirecost.sparse_ks,
     )  # fmt: skip
-    return {"gamma": p.gamma, "new_tokens": p.wire_new_tokens, "rows": rows}
+    return {"gamma": p.gamma, "new_tokens": p.wirecost.new_tokens, "rows": rows}
 
 
-def table_md(w: dict[str, Any]) -> list[str]:
-    """Bytes per committed token, alpha and tokens per round by encoding."""
-    lines = [
-        "| encoding | bytes/token (up + down) | up | down | up bytes/block | α | tokens/round |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for x in w["rows"]:
-        lines.append(
-            f"| {x['encoding']} | {x['bytes_per_token']:.0f} | {x['bytes_up_per_token']:.0f} | "
-            f"{x['bytes_down_per_token']:.0f} | {x['bytes_per_block_up']:.0f} | "
-            f"{x['alpha']:.3f} | {x['tokens_per_round']:.2f} |"
-        )
-    return lines
-
-
-def note(rows: list[dict[str, Any]]) -> list[str]:
-    """What alpha means here, and what `full` buys over the cheapest encoding."""
-    by = {x["encoding"]: x for x in rows}
-    lines = [
-        "α is accepted ÷ drafted (drafts after a rejection count), so a per-position "
-        "acceptance a gives α ≈ a(1 − a^γ) / ((1 − a)γ)."
-    ]
-    if "full" in by and any(x["alpha"] < by["full"]["alpha"] for x in rows):
-        cheapest = min(rows, key=lambda x: x["bytes_per_token"])
-        times = by["full"]["bytes_per_token"] / cheapest["bytes_per_token"]
-        lines[0] += (
-            " A top-k or one-hot q can only be accepted where the target puts mass on the "
-            "draft's few candidates; with a flat target distribution that costs α and so more "
-            "rounds per token (included in the bytes per token). Here `full` buys α "
-            f"{by['full']['alpha']:.2f} for {times:,.0f}× "
-            f"the bytes of `{cheapest['encoding']}` (α {cheapest['alpha']:.2f})."
-        )
-    return lines
-
-
-def markdown_tiny(w: dict[str, Any], page: Page) -> list[str]:
-    """Section 5 of the tiny pair's report."""
-    return [
-        "",
-        "## 5. Wire cost of the draft encodings",
-        "",
-        f"Sampled (T = {w['rows'][0]['temperature']:g}), sync, γ = {w['gamma']}, "
-        f"{w['new_tokens']} tokens per session, one session per prompt, the same seeds for "
-        "every encoding. Bytes are the protobuf messages of the gRPC service "
-        "(`jaxspec.protocol.wire.block_to_proto` / `result_to_proto`, `ByteSize()`) for every "
-        "block sent up and result sent down in real edge sessions (`edge.run_session` against "
-        "`verify.LocalVerifier`), per committed token; HTTP/2 framing and TLS come on top.",
-        "",
-        *table_md(w),
-        "",
-        *note(w["rows"]),
-        *page.img("wire", "bytes per token vs alpha"),
-    ]
-
-
-def markdown_real(w: dict[str, Any], page: Page) -> list[str]:
-    """The real pair's table, at its vocabulary."""
-    return [
-        "",
-        f"### Wire bytes per token at a {page.results['models']['vocab_size']:,}-entry vocabulary",
-        "",
-        f"Sampled (T = {w['rows'][0]['temperature']:g}), sync, γ = {w['gamma']}, "
-        f"{w['new_tokens']} tokens per session; protobuf bytes up and down per committed "
-        "token.",
-        "",
-        *table_md(w),
-    ]
-
-
-def plot(w: dict[str, Any], bench: Any) -> dict[str, str]:
-    """Alpha against bytes per token, one point per encoding."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for x in w["rows"]:
-        ax.plot(x["bytes_per_token"], x["alpha"], "o")
-        ax.annotate(x["encoding"], (x["bytes_per_token"], x["alpha"]), fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("wire bytes per committed token (up + down)")
-    ax.set_ylabel("α")
-    ax.set_title("bandwidth vs acceptance per draft encoding")
-    return save(fig, bench, "wire")
-
-
-TINY = Section("wirecost", run_section, markdown_tiny, plot)
-REAL = Section("wirecost", run_section, markdown_real)
+SECTION = Section("wirecost", run_section)
