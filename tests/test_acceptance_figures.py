@@ -15,12 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from edge.drafter import Drafter
 from edge.session import run_session
 from jaxspec.figures import AcceptanceFigures
-from jaxspec.protocol import (
-    DraftSpec,
-    SamplingSettings,
-    SessionConfig,
-    wire,
-)
+from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig, wire
 from tests.fixtures import Recorder, peaked_config, peaked_models
 from verify import LocalVerifier, Scheduler
 from verify.metrics import ServiceMetrics
