@@ -46,7 +46,7 @@ from edge.client import (
     retry_notice,
 )
 from edge.drafter import Drafter, load_drafter
-from edge.openai_server import add_serve_flags, check_serve_args, serve_backend
+from edge.openai_server import serve_backend
 from edge.session import SessionTrace, run_session
 from edge.warmup import compile_drafter
 from jaxspec.ckpts.checkpoint import generation_defaults, load, load_tokenizer
@@ -54,15 +54,15 @@ from jaxspec.nn.model import Model
 from jaxspec.nn.text import decode_text
 from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
 from jaxspec_host.flags import (
-    add_cache_flag,
-    add_client_flags,
+    add_edge_client_flags,
+    add_edge_session_flags,
     add_max_new_tokens,
-    add_model_flags,
     add_penalty_flags,
     add_prompt_flags,
     add_sampling_flags,
-    add_speculation_flags,
+    add_serve_flags,
     check_args,
+    check_serve_args,
     command_parser,
     interrupted,
     parse_command_line,
@@ -79,45 +79,21 @@ from jaxspec_host.preflight import refuse_other_vocabularies, refuse_pair_with_m
 from jaxspec_host.worker import exit_if_abandoned, in_thread
 
 
-def _add_client_flags(g: argparse.ArgumentParser) -> None:
-    """The flags `generate` and `serve` share: the verifier, the token, the models, TLS."""
-    add_client_flags(g, "edge")
-    add_model_flags(g, "edge")
-    g.add_argument("--tls-ca", default=None, help="PEM CA to trust: enables TLS")
-    g.add_argument("--tls", action="store_true", help="TLS with the system's CAs")
-
-
-def _add_session_flags(g: argparse.ArgumentParser) -> None:
-    """The draft, pipeline and retry flags of a session (`generate` and `serve`)."""
-    add_speculation_flags(g)
-    add_cache_flag(g)
-    g.add_argument(
-        "--resume-timeout-s",
-        type=float,
-        default=30.0,
-        help="how long an unavailable verifier is retried, at start and after it went away "
-        "mid-session (default %(default)s)",
-    )
-    g.add_argument(
-        "--timeout-s", type=float, default=30.0, help="deadline of each call to the verifier"
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     p, sub = command_parser("python -m edge", "the jaxspec edge client")
     g = sub.add_parser("generate", help="generate against a verifier service")
-    _add_client_flags(g)
+    add_edge_client_flags(g)
     add_prompt_flags(g)
     add_max_new_tokens(g, 64)
     add_sampling_flags(g, from_model=True)
     add_penalty_flags(g)
-    _add_session_flags(g)
+    add_edge_session_flags(g)
     s = sub.add_parser(
         "serve", help="an OpenAI-compatible HTTP endpoint drafting here, verifying on the verifier"
     )
-    _add_client_flags(s)
+    add_edge_client_flags(s)
     add_serve_flags(s)
-    _add_session_flags(s)
+    add_edge_session_flags(s)
     return p
 
 
