@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxspec
+from jaxspec.compilation.shapes import shape_name, warmup_order
 from jaxspec.nn.model import Model
 from jaxspec_host.flags import (
     add_verifier_serve_flags,
@@ -71,13 +72,7 @@ from jaxspec_host.worker import exit_if_abandoned, in_thread
 from verify import multihost
 from verify.local import LocalVerifier
 from verify.mesh import mesh_problem
-from verify.scheduler import (
-    Scheduler,
-    SchedulerConfig,
-    WarmupCancelled,
-    shape_name,
-    warmup_order,
-)
+from verify.scheduler import Scheduler, SchedulerConfig, WarmupCancelled
 from verify.serve import (
     HANDSHAKE_TIMEOUT_S,
     ConnectionLimits,
