@@ -53,27 +53,24 @@ from jaxspec.ckpts.checkpoint import generation_defaults, load, load_tokenizer
 from jaxspec.nn.model import Model
 from jaxspec.nn.text import decode_text
 from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
-from jaxspec_host.flags import (
+from jaxspec_host.flags.client import (
     add_edge_client_flags,
     add_edge_session_flags,
+    refused_line,
+    token_from_args,
+)
+from jaxspec_host.flags.command import (
     add_max_new_tokens,
-    add_penalty_flags,
-    add_prompt_flags,
-    add_sampling_flags,
-    add_serve_flags,
-    check_args,
-    check_serve_args,
     command_parser,
     interrupted,
     parse_command_line,
-    prompt_from_args,
-    refuse_draft_without_speculation,
     refuse_shadowed_package,
-    refused_line,
-    sampling_for_model,
-    token_from_args,
     use_compilation_cache,
 )
+from jaxspec_host.flags.drafting import check_args, refuse_draft_without_speculation
+from jaxspec_host.flags.http import add_serve_flags, check_serve_args
+from jaxspec_host.flags.models import add_prompt_flags, prompt_from_args
+from jaxspec_host.flags.sampling import add_penalty_flags, add_sampling_flags, sampling_for_model
 from jaxspec_host.pairs import TINY, resolve
 from jaxspec_host.preflight import refuse_other_vocabularies, refuse_pair_with_models
 from jaxspec_host.worker import exit_if_abandoned, in_thread
@@ -248,9 +245,8 @@ def _acceptance(trace: SessionTrace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    shadowed = refuse_shadowed_package(
-        "python -m edge"
-    )  # before parsing: --help would work, then fail
+    # before parsing: --help would work, then fail
+    shadowed = refuse_shadowed_package("python -m edge")
     if shadowed is not None:
         return shadowed
     parser = build_parser()

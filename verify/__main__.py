@@ -459,9 +459,8 @@ class _WarmUp:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    shadowed = refuse_shadowed_package(
-        "python -m verify"
-    )  # before parsing: --help would work, then fail
+    # before parsing: --help would work, then fail
+    shadowed = refuse_shadowed_package("python -m verify")
     if shadowed is not None:
         return shadowed
     args = parse_command_line(build_parser(), argv)
