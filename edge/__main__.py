@@ -46,78 +46,51 @@ from edge.client import (
     retry_notice,
 )
 from edge.drafter import Drafter, load_drafter
-from edge.openai_server import add_serve_flags, check_serve_args, serve_backend
+from edge.openai_server import serve_backend
 from edge.session import SessionTrace, run_session
 from edge.warmup import compile_drafter
 from jaxspec.ckpts.checkpoint import generation_defaults, load, load_tokenizer
 from jaxspec.nn.model import Model
 from jaxspec.nn.text import decode_text
 from jaxspec.protocol import DraftSpec, SessionConfig, Unavailable, VerifierError
-from jaxspec_host.flags import (
-    add_cache_flag,
-    add_client_flags,
+from jaxspec_host.flags.client import (
+    add_edge_client_flags,
+    add_edge_session_flags,
+    refused_line,
+    token_from_args,
+)
+from jaxspec_host.flags.command import (
     add_max_new_tokens,
-    add_model_flags,
-    add_penalty_flags,
-    add_prompt_flags,
-    add_sampling_flags,
-    add_speculation_flags,
-    check_args,
     command_parser,
     interrupted,
     parse_command_line,
-    prompt_from_args,
-    refuse_draft_without_speculation,
     refuse_shadowed_package,
-    refused_line,
-    sampling_for_model,
-    token_from_args,
     use_compilation_cache,
 )
+from jaxspec_host.flags.drafting import check_args, refuse_draft_without_speculation
+from jaxspec_host.flags.http import add_serve_flags, check_serve_args
+from jaxspec_host.flags.models import add_prompt_flags, prompt_from_args
+from jaxspec_host.flags.sampling import add_penalty_flags, add_sampling_flags, sampling_for_model
 from jaxspec_host.pairs import TINY, resolve
 from jaxspec_host.preflight import refuse_other_vocabularies, refuse_pair_with_models
 from jaxspec_host.worker import exit_if_abandoned, in_thread
 
 
-def _add_client_flags(g: argparse.ArgumentParser) -> None:
-    """The flags `generate` and `serve` share: the verifier, the token, the models, TLS."""
-    add_client_flags(g, "edge")
-    add_model_flags(g, "edge")
-    g.add_argument("--tls-ca", default=None, help="PEM CA to trust: enables TLS")
-    g.add_argument("--tls", action="store_true", help="TLS with the system's CAs")
-
-
-def _add_session_flags(g: argparse.ArgumentParser) -> None:
-    """The draft, pipeline and retry flags of a session (`generate` and `serve`)."""
-    add_speculation_flags(g)
-    add_cache_flag(g)
-    g.add_argument(
-        "--resume-timeout-s",
-        type=float,
-        default=30.0,
-        help="how long an unavailable verifier is retried, at start and after it went away "
-        "mid-session (default %(default)s)",
-    )
-    g.add_argument(
-        "--timeout-s", type=float, default=30.0, help="deadline of each call to the verifier"
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     p, sub = command_parser("python -m edge", "the jaxspec edge client")
     g = sub.add_parser("generate", help="generate against a verifier service")
-    _add_client_flags(g)
+    add_edge_client_flags(g)
     add_prompt_flags(g)
     add_max_new_tokens(g, 64)
     add_sampling_flags(g, from_model=True)
     add_penalty_flags(g)
-    _add_session_flags(g)
+    add_edge_session_flags(g)
     s = sub.add_parser(
         "serve", help="an OpenAI-compatible HTTP endpoint drafting here, verifying on the verifier"
     )
-    _add_client_flags(s)
+    add_edge_client_flags(s)
     add_serve_flags(s)
-    _add_session_flags(s)
+    add_edge_session_flags(s)
     return p
 
 
@@ -272,9 +245,8 @@ def _acceptance(trace: SessionTrace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    shadowed = refuse_shadowed_package(
-        "python -m edge"
-    )  # before parsing: --help would work, then fail
+    # before parsing: --help would work, then fail
+    shadowed = refuse_shadowed_package("python -m edge")
     if shadowed is not None:
         return shadowed
     parser = build_parser()

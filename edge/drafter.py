@@ -128,19 +128,11 @@ def _prefill(
 prefill = trace_cache.jit(_prefill, static_argnames=("module",))
 
 
-@trace_cache.jit(static_argnames=("module",), donate_argnames=("state",))
-def prefill_in_place(
-    module: Llama,
-    params: Any,
-    state: DrafterState,
-    rows_R: jax.Array,
-    prompts_RT: jax.Array,
-    lengths_R: jax.Array,
-    prompt_len_R: jax.Array,
-) -> DrafterState:
-    """`prefill` with `state` donated: a pool's rows are reset in place (no copy of the
-    whole pool's cache)."""
-    return _prefill(module, params, state, rows_R, prompts_RT, lengths_R, prompt_len_R)
+# `prefill` with `state` donated: a pool's rows are reset in place (no copy of the whole
+# pool's cache). Both keep the same trace (donation is applied as it loads).
+prefill_in_place = trace_cache.jit(
+    _prefill, static_argnames=("module",), donate_argnames=("state",)
+)
 
 
 def _rolled_back(state: DrafterState, rows_R: jax.Array, lengths_R: jax.Array) -> DrafterState:

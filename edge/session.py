@@ -487,22 +487,12 @@ class EdgeSession:
 
 
 async def run_session(
-    endpoint: VerifierEndpoint,
-    drafter: Drafter | None,
-    config: SessionConfig,
-    *,
-    depth: int = 1,
-    on_event: Callable[[str, tuple[int, ...]], None] | None = None,
-    on_rollback: Callable[[Any, list[int]], None] | None = None,
-    resume_timeout_s: float = 0.0,
-    resume_backoff_s: float = 0.2,
-    on_retry: Callable[[Unavailable, float], None] | None = None,
-    block_len: Callable[[], int] | None = None,
-    pool: DraftPool | None = None,
-    drafts_off: Callable[[], bool] | None = None,
-    first_plain: bool = False,
+    endpoint: VerifierEndpoint, drafter: Drafter | None, config: SessionConfig, **options: Any
 ) -> SessionTrace:
     """Generate with `drafter` against `endpoint` until the verifier says finished.
+    `options` are `EdgeSession`'s keywords (`depth` 1, `on_event`, `on_rollback`,
+    `resume_timeout_s` 0, `resume_backoff_s` 0.2, `on_retry`, `block_len`, `pool`,
+    `drafts_off`, `first_plain` False), as follows.
 
     `config.mode` "sync" forces depth 1. `on_event(kind, tokens)` sees "draft", "accept",
     "correct", "bonus", "reject" (drafts thrown away), "stale" and "resume" as they happen;
@@ -549,19 +539,4 @@ async def run_session(
     as plain decoding's, the draft's prefill not in front of it. Other tokens for a
     seed than without it (the first one is drawn plainly), each still exactly the target's.
     """
-    session = EdgeSession(
-        endpoint,
-        drafter,
-        config,
-        depth=depth,
-        on_event=on_event,
-        on_rollback=on_rollback,
-        resume_timeout_s=resume_timeout_s,
-        resume_backoff_s=resume_backoff_s,
-        on_retry=on_retry,
-        block_len=block_len,
-        pool=pool,
-        drafts_off=drafts_off,
-        first_plain=first_plain,
-    )
-    return await session.run()
+    return await EdgeSession(endpoint, drafter, config, **options).run()

@@ -19,13 +19,15 @@ import sys
 
 import jaxspec
 from edge.drafter import load_drafter
-from edge.openai_server import add_serve_flags, check_serve_args, serve_backend
+from edge.openai_server import serve_backend
 from jaxspec_host.flags import (
     add_cache_flag,
     add_model_flags,
+    add_serve_flags,
     add_speculation_flags,
     add_verifier_limits,
     check_args,
+    check_serve_args,
     refuse_draft_without_speculation,
     use_compilation_cache,
 )

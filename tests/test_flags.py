@@ -210,7 +210,7 @@ def test_the_same_meaning_has_the_same_name_and_default_everywhere():
 def test_one_loopback_rule(host, loopback):
     """`is_loopback`: the rule of `python -m verify serve`, `python -m edge serve` and
     `jaxspec serve` alike (the OpenAI endpoint's fixed list is gone)."""
-    from edge.openai_server import add_serve_flags, check_serve_args
+    from jaxspec_host.flags import add_serve_flags, check_serve_args
 
     assert is_loopback(host) is loopback
     p = argparse.ArgumentParser()

@@ -35,11 +35,13 @@ from hypothesis import strategies as st
 import jaxspec
 from edge.client import GrpcEndpoint
 from edge.drafter import load_drafter
+from edge.http_guard import http_server
 from edge.openai_api import ApiError, TextStream, parse_request, status_of
 from edge.openai_body import decode_body
-from edge.openai_server import Backend, HttpLimits, create_app, http_server
+from edge.openai_server import Backend, create_app
 from jaxspec.nn.text import decode_text
 from jaxspec.protocol import DraftSpec, ResourceExhausted
+from jaxspec_host.flags import HttpLimits
 from tests.grpc_helpers import server_env
 from tests.test_openai_api import KEY, MODEL, PROMPT, TEMPLATE, WAIT_S, HttpServer
 from verify.process import VerifierProcess

@@ -19,6 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from jaxspec.ckpts.tiny import tiny_config
+from jaxspec.compilation.shapes import warmup_shapes
 from jaxspec.nn.model import Model, init_params
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
@@ -28,7 +29,7 @@ from tests import grpc_helpers as h
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 from verify.__main__ import build_parser, refuse_insecure_public
 from verify.process import VerifierProcess
-from verify.scheduler import WarmupCancelled, warmup_shapes
+from verify.scheduler import WarmupCancelled
 from verify.serve import bind, insecure_public_reason, is_loopback
 from verify.tenants import Tenant, Tenants, token_sha256
 
@@ -348,7 +349,7 @@ def test_serves_after_the_first_bucket_and_compiles_the_rest_in_the_background(t
     bucket's prefill, then its steps), "serving" right after those, the rest compiled in the
     background ("fully warm" at the end); a session run meanwhile gets exactly the tokens of
     an in-process verifier (a compilation never runs beside a step)."""
-    from verify.scheduler import warmup_order
+    from jaxspec.compilation.shapes import warmup_order
 
     config = SchedulerConfig(max_sessions=8, max_gamma=4, max_len=128)
     order = warmup_order(config)

@@ -7,7 +7,9 @@ The gRPC service over it (`python -m verify serve`): `verify.serve` starts and d
 `verify.metrics` counts for Prometheus; `verify.process` runs it as a subprocess."""
 
 from verify.local import LocalVerifier
-from verify.scheduler import Scheduler, SchedulerConfig, Session
+from verify.scheduler import Scheduler
+from verify.scheduler_config import SchedulerConfig
+from verify.sessions import Session
 from verify.step import VerifyBatch, make_mesh, make_verify_step
 
 __all__ = [

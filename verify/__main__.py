@@ -50,16 +50,13 @@ import jax
 import jax.numpy as jnp
 
 import jaxspec
+from jaxspec.compilation.shapes import shape_name, warmup_order
 from jaxspec.nn.model import Model
 from jaxspec_host.flags import (
-    add_cache_flag,
-    add_model_flags,
-    add_verifier_limits,
+    add_verifier_serve_flags,
     command_parser,
     interrupted,
     parse_command_line,
-    port_arg,
-    port_number,
     refuse_shadowed_package,
     use_compilation_cache,
 )
@@ -75,19 +72,9 @@ from jaxspec_host.worker import exit_if_abandoned, in_thread
 from verify import multihost
 from verify.local import LocalVerifier
 from verify.mesh import mesh_problem
-from verify.scheduler import (
-    Scheduler,
-    SchedulerConfig,
-    WarmupCancelled,
-    shape_name,
-    warmup_order,
-)
+from verify.scheduler import Scheduler, SchedulerConfig, WarmupCancelled
 from verify.serve import (
     HANDSHAKE_TIMEOUT_S,
-    MAX_CONCURRENT_STREAMS,
-    MAX_CONNECTION_AGE_GRACE_S,
-    MAX_CONNECTION_AGE_S,
-    MAX_CONNECTION_IDLE_S,
     ConnectionLimits,
     Server,
     bind,
@@ -102,111 +89,19 @@ from verify.tenants import ANONYMOUS, Tenants
 log = logging.getLogger("verify")
 
 
-def _mesh_arg(text: str) -> tuple[int, int]:
-    try:
-        parts = dict(p.split("=") for p in text.split(","))
-        data, model = int(parts.pop("data", 1)), int(parts.pop("model", 1))
-    except ValueError:
-        raise argparse.ArgumentTypeError("--mesh takes data=N,model=M") from None
-    if parts or data < 1 or model < 1:
-        raise argparse.ArgumentTypeError("--mesh takes data=N,model=M with N, M >= 1")
-    return data, model
-
-
-def _coordinator_arg(text: str) -> str:
-    """--coordinator: "auto", or host:port with a port in [1, 65535]."""
-    if text == "auto":
-        return text
-    host, sep, port = text.rpartition(":")
-    try:
-        if not sep or not host:
-            raise ValueError(f"--coordinator takes host:port or auto, got {text!r}")
-        port_number(port)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """`python -m verify serve`'s flags (one `_add_*_flags` per group, in --help's order)."""
+    """`python -m verify serve`'s flags (`jaxspec_host.flags.add_verifier_serve_flags`), the
+    defaults that are the verifier's own passed from here."""
     p, sub = command_parser("python -m verify", "the jaxspec verifier")
     s = sub.add_parser("serve", help="serve jaxspec.v1.Verifier over gRPC")
-    _add_listen_flags(s)
-    _add_device_flags(s)
-    add_verifier_limits(s, SchedulerConfig)  # the scheduler's sizes, defaulting to its own
-    _add_timeout_flags(s)
-    _add_observability_flags(s)
-    _add_warmup_flags(s)
-    _add_multihost_flags(s)
-    add_cache_flag(s)
+    timeouts = {
+        "write_timeout_s": WRITE_TIMEOUT_S,
+        "handshake_timeout_s": HANDSHAKE_TIMEOUT_S,
+        "first_message_timeout_s": FIRST_MESSAGE_TIMEOUT_S,
+        **dataclasses.asdict(ConnectionLimits()),
+    }
+    add_verifier_serve_flags(s, SchedulerConfig, timeouts)
     return p
-
-
-def _add_listen_flags(s: argparse.ArgumentParser) -> None:
-    """What is served, where, and to whom: the target, the address, tenants and TLS."""
-    add_model_flags(s, "verifier")
-    s.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    s.add_argument(
-        "--allow-insecure-public",
-        action="store_true",
-        help="serve a non-loopback --host without --tenants or without TLS (refused otherwise)",
-    )
-    s.add_argument(
-        "--port",
-        type=port_arg(zero_picks_free=True),
-        default=50051,
-        help="port to serve on; 0 picks a free one",
-    )
-    s.add_argument(
-        "--tenants",
-        default=None,
-        metavar="FILE",
-        help="TOML tenants file (tokens, limits); without it: no auth",
-    )
-    s.add_argument("--tls-cert", default=None, help="PEM certificate chain (enables TLS)")
-    s.add_argument("--tls-key", default=None, help="PEM private key")
-
-
-def _add_device_flags(s: argparse.ArgumentParser) -> None:
-    """The devices the target is sharded over, and its dtype."""
-    s.add_argument("--mesh", type=_mesh_arg, default=(1, 1), help="data=N,model=M devices")
-    s.add_argument(
-        "--dtype",
-        default="float32",
-        choices=["float32", "bfloat16"],
-        help="the target's weights and activations",
-    )
-
-
-# How long a stream, a handshake, a connection and the drain may take, and streams per
-# connection (`verify.serve`'s limits): (flag, type, default, help), in --help's order.
-_TIMEOUT_FLAGS = (
-    ("--write-timeout-s", float, WRITE_TIMEOUT_S,
-     "a Verify stream whose client reads no answer this long is ended, its session closed"),
-    ("--handshake-timeout-s", float, HANDSHAKE_TIMEOUT_S,
-     "a connection that has not finished its TLS / HTTP/2 handshake this long is closed"),
-    ("--first-message-timeout-s", float, FIRST_MESSAGE_TIMEOUT_S,
-     "a Verify stream that sends no first message (open, or a block naming its session) this "
-     "long is ended DEADLINE_EXCEEDED"),
-    ("--max-connection-idle-s", float, MAX_CONNECTION_IDLE_S,
-     "a connection (TLS or not) with no RPC in flight this long is closed"),
-    ("--max-connection-age-s", float, MAX_CONNECTION_AGE_S,
-     "a connection this old is sent GOAWAY: clients reconnect"),
-    ("--max-connection-age-grace-s", float, MAX_CONNECTION_AGE_GRACE_S,
-     "after GOAWAY for its age, the streams a connection still carries may run this long "
-     "before it is closed"),
-    ("--max-concurrent-streams", int, MAX_CONCURRENT_STREAMS,
-     "most streams one connection carries at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a "
-     "stream beyond is refused)"),
-    ("--drain-timeout-s", float, 30.0, "most time to drain"),
-    ("--drain-min-s", float, 0.5, "least time NOT_SERVING"),
-)  # fmt: skip
-
-
-def _add_timeout_flags(s: argparse.ArgumentParser) -> None:
-    """How long a stream, a handshake and the drain may take; connection limits."""
-    for flag, type_, default, text in _TIMEOUT_FLAGS:
-        s.add_argument(flag, type=type_, default=default, help=text)
 
 
 def connection_limits_from_args(args: argparse.Namespace) -> ConnectionLimits:
@@ -217,51 +112,6 @@ def connection_limits_from_args(args: argparse.Namespace) -> ConnectionLimits:
     except ValueError as e:
         name, _, rest = str(e).partition(" ")
         raise ValueError(f"--{name.replace('_', '-')} {rest}") from None
-
-
-def _add_observability_flags(s: argparse.ArgumentParser) -> None:
-    """The Prometheus endpoint and gRPC reflection."""
-    s.add_argument(
-        "--metrics-port",
-        type=port_arg(zero_picks_free=True),
-        default=None,
-        help="Prometheus text over HTTP on this port; 0 picks a free one",
-    )
-    s.add_argument(
-        "--metrics-host", default="127.0.0.1", help="metrics bind address (default: loopback)"
-    )
-    s.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
-
-
-def _add_warmup_flags(s: argparse.ArgumentParser) -> None:
-    """Which step shapes compile before serving."""
-    s.add_argument("--no-warmup", action="store_true", help="compile lazily (tests, demos)")
-    s.add_argument(
-        "--full-warmup",
-        action="store_true",
-        help="compile every batch shape before serving; without it the verifier serves as soon "
-        "as a lone session's shapes (the smallest row bucket) are compiled and compiles the "
-        "rest in the background (multi-host always compiles everything first)",
-    )
-
-
-def _add_multihost_flags(s: argparse.ArgumentParser) -> None:
-    """One verifier over several processes (docs/multihost.md)."""
-    s.add_argument(
-        "--coordinator",
-        type=_coordinator_arg,
-        default=None,
-        help="multi-host: host:port of process 0's jax.distributed coordinator, or auto "
-        "(detected: TPU pod slices, SLURM, ...); docs/multihost.md",
-    )
-    s.add_argument("--num-processes", type=int, default=None, help="multi-host: processes")
-    s.add_argument("--process-id", type=int, default=None, help="multi-host: 0 serves gRPC")
-    s.add_argument(
-        "--heartbeat-timeout-s",
-        type=int,
-        default=10,
-        help="multi-host: a process silent this long is dead (the others exit 3)",
-    )
 
 
 def resolve_target(args: argparse.Namespace) -> str:
@@ -609,9 +459,8 @@ class _WarmUp:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    shadowed = refuse_shadowed_package(
-        "python -m verify"
-    )  # before parsing: --help would work, then fail
+    # before parsing: --help would work, then fail
+    shadowed = refuse_shadowed_package("python -m verify")
     if shadowed is not None:
         return shadowed
     args = parse_command_line(build_parser(), argv)

@@ -18,7 +18,6 @@ functions with static shapes from a few (rows, width) buckets.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import secrets
 import time
 from collections.abc import Callable
@@ -28,16 +27,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.compilation.shapes import bucket_in, shape_name, warmup_shapes
 from jaxspec.decoding.sampling import SamplingParams, check_seed, session_key
 from jaxspec.decoding.verification import EXACT, Variant
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.nn.model import Model, init_cache
 from jaxspec.protocol import (
-    GAMMA_CEILING,
     MODES,
     DraftBlock,
-    DraftSpec,
-    FailedPrecondition,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
@@ -46,6 +43,9 @@ from jaxspec.protocol import (
     VerifyResult,
 )
 from verify import counts as slot_counts
+from verify.admission import MAX_STOP_TOKENS, check_block
+from verify.scheduler_config import SchedulerConfig
+from verify.sessions import Metrics, Session, row_arrays
 from verify.step import (
     VerifyBatch,
     cache_sharding,
@@ -53,74 +53,6 @@ from verify.step import (
     make_verify_step,
     shard_params,
 )
-
-
-@dataclasses.dataclass
-class Session:
-    id: str
-    tenant: str
-    config: SessionConfig
-    slot: int
-    tokens: list[int]  # prompt + committed new tokens
-    prompt_len: int
-    stops: frozenset[int]
-    key: np.ndarray
-    penalized: bool = False  # a penalty is set: the slot's token counts are kept
-    epoch: int = 0
-    prefilled: int = 0  # context positions whose KV is in the slot (goal: context_len - 1)
-    finished: bool = False
-    last_active: float = 0.0
-    queue: collections.deque = dataclasses.field(default_factory=collections.deque)
-    # The session's acceptance totals so far (every `VerifyResult` carries them).
-    figures: AcceptanceFigures = dataclasses.field(default_factory=AcceptanceFigures)
-
-    @property
-    def committed(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def new_tokens(self) -> int:
-        return len(self.tokens) - self.prompt_len
-
-    @property
-    def context_len(self) -> int:
-        """Prompt + tokens committed before a resume: what prefill covers."""
-        return self.prompt_len + len(self.config.committed)
-
-    @property
-    def ready_to_verify(self) -> bool:
-        return self.prefilled >= self.context_len - 1
-
-
-@dataclasses.dataclass
-class Metrics:
-    steps: int = 0
-    prefill_steps: int = 0
-    rows_verified: int = 0
-    tokens_committed: int = 0
-    last_step_s: float = 0.0
-    last_rows: int = 0
-    last_bucket_rows: int = 0
-    last_width: int = 0
-    last_attended: int = 0  # KV positions per row the last step read (its KV bucket)
-    occupancy_sum: float = 0.0
-    kv_read: int = 0  # slot positions read by every step so far (rows x KV bucket)
-    kv_live: int = 0  # ... of which live rows' positions (the rest is padding)
-
-    @property
-    def mean_occupancy(self) -> float:
-        return self.occupancy_sum / self.steps if self.steps else 0.0
-
-    @property
-    def kv_padding(self) -> float:
-        """The share of the KV positions steps read that were padding (filler rows, the
-        bucket past a row's length): 0 is a step that reads only live KV."""
-        return 1 - self.kv_live / self.kv_read if self.kv_read else 0.0
-
-
-# The most stop tokens a session may name (a bound on every list a request carries: the
-# prompt and the committed tokens are bounded by max_len already).
-MAX_STOP_TOKENS = 64
 
 # How many closed session ids the scheduler remembers (see `Scheduler.closed_recently`).
 CLOSED_MEMORY = 4096
@@ -130,156 +62,8 @@ class WarmupCancelled(Exception):
     """Raised out of `Scheduler.warmup` when its progress callback asks it to stop."""
 
 
-def _bucket(n: int, buckets: tuple[int, ...]) -> int:
-    for b in buckets:
-        if b >= n:
-            return b
-    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
-
-
-def row_buckets_for(max_sessions: int, data: int = 1) -> tuple[int, ...]:
-    """Row buckets data, 2 data, 4 data, ... below `max_sessions`, then `max_sessions`: few
-    compiled step shapes, each a multiple of the mesh's `data` shards (when max_sessions is)."""
-    rows, b = [], data
-    while b < max_sessions:
-        rows.append(b)
-        b *= 2
-    return (*rows, max_sessions)
-
-
-def _row_arrays(pairs: list[tuple[Session, DraftBlock]], R: int, W: int) -> dict[str, np.ndarray]:
-    """A batch's per-row arrays, sampling and q aside (`VerifyBatch`'s tokens, start,
-    num_draft, slots, live, sync, keys) for its (session, head block) rows; rows past them
-    are filler: zeros, start 1, not live."""
-    tokens = np.zeros((R, W), np.int32)
-    start = np.ones(R, np.int32)
-    num_draft = np.zeros(R, np.int32)
-    slots = np.zeros(R, np.int32)
-    live = np.zeros(R, bool)
-    sync = np.zeros(R, bool)
-    keys = np.zeros((R, 2), np.uint32)
-    for i, (s, b) in enumerate(pairs):
-        n = len(b.tokens)
-        tokens[i, 0] = s.tokens[-1]
-        tokens[i, 1 : n + 1] = b.tokens
-        start[i], num_draft[i], slots[i], live[i] = s.committed, n, s.slot, True
-        sync[i] = s.config.mode == "sync"
-        keys[i] = s.key
-    return dict(
-        tokens=tokens, start=start, num_draft=num_draft, slots=slots, live=live, sync=sync,
-        keys=keys,
-    )  # fmt: skip
-
-
 # How many batches' sampling arrays the scheduler keeps (`Scheduler._sampling`).
 SAMPLING_MEMORY = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class SchedulerConfig:
-    """The scheduler's static settings, validated once here (`ValueError`).
-
-    `row_buckets` (batch rows per compiled step), `width_buckets` (block width = drafts + 1)
-    and `token_budget` (positions verified per step) are derived when left None: powers of two
-    up to `max_sessions`; 1, then (3, 5) below max_gamma + 1 and max_gamma + 1; the largest row
-    bucket times (max_gamma + 1). Width 1 holds only blocks without drafts (gamma 0, or an
-    adaptive session that stopped drafting): a batch of them runs as a plain decode step.
-    They are filled in at construction, so a `dataclasses.replace` that
-    changes `max_gamma` or `max_sessions` must give them again (or fails validation).
-    """
-
-    max_sessions: int = 64  # KV slots: live sessions at once
-    max_len: int = 512  # positions per slot (prompt + new tokens + max_gamma + 1)
-    max_gamma: int = 8  # the most drafts a block may carry here (<= protocol GAMMA_CEILING)
-    max_sparse_k: int = 16  # the most q columns a sparse block may carry
-    row_buckets: tuple[int, ...] | None = None
-    width_buckets: tuple[int, ...] | None = None
-    # Slot positions a step attends over (bucketed by the batch's longest live row): the
-    # attention reads only those, not the whole slot. Derived: half the slot, the slot.
-    kv_buckets: tuple[int, ...] | None = None
-    token_budget: int | None = None
-    prefill_chunk: int = 64  # prompt positions prefilled per row per tick
-    max_queue_per_session: int = 8  # blocks in flight per session
-    max_pending: int = 4096  # blocks queued over all sessions
-    idle_timeout_s: float = 300.0  # a session without progress this long is evicted
-
-    def __post_init__(self) -> None:
-        positive = ("max_sessions", "max_len", "max_sparse_k", "prefill_chunk",
-                    "max_queue_per_session", "max_pending")  # fmt: skip
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 1 <= self.max_gamma <= GAMMA_CEILING:
-            raise ValueError(f"max_gamma must be in [1, {GAMMA_CEILING}], got {self.max_gamma}")
-        if not self.idle_timeout_s > 0:
-            raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
-        width = self.max_gamma + 1
-        rows = self.row_buckets or row_buckets_for(self.max_sessions)
-        widths = self.width_buckets or (1, *(w for w in (3, 5) if w < width), width)
-        object.__setattr__(self, "row_buckets", tuple(sorted(set(rows))))
-        object.__setattr__(self, "width_buckets", tuple(sorted(set(widths))))
-        kv = self.kv_buckets or kv_buckets_for(self.max_len)
-        object.__setattr__(self, "kv_buckets", tuple(sorted(set(kv))))
-        if self.kv_buckets[0] < 1 or self.kv_buckets[-1] != self.max_len:
-            raise ValueError(
-                f"kv buckets must be in [1, max_len] and end at max_len={self.max_len}, "
-                f"got {self.kv_buckets}"
-            )
-        if self.token_budget is None:
-            object.__setattr__(self, "token_budget", self.row_buckets[-1] * width)
-        if self.row_buckets[0] < 1 or self.row_buckets[-1] > self.max_sessions:
-            raise ValueError(f"row buckets must be in [1, max_sessions={self.max_sessions}]")
-        if self.width_buckets[0] < 1 or self.width_buckets[-1] != width:
-            raise ValueError(
-                f"width buckets must be in [1, max_gamma + 1] and end at {width}, "
-                f"got {self.width_buckets}"
-            )
-        if self.token_budget < width:
-            raise ValueError(f"token_budget must hold one full block ({width} positions)")
-
-
-def kv_buckets_for(max_len: int) -> tuple[int, ...]:
-    """Half the slot (rounded up to 64 positions) and the whole slot: two attention widths,
-    so a batch of short sessions reads half the KV a full-slot step would. Slots under 256
-    positions keep one (their KV is small next to the weights; a bucket costs compilations)."""
-    half = -(-max_len // 2 // 64) * 64
-    return (half, max_len) if 128 <= half < max_len else (max_len,)
-
-
-def shape_name(shape: tuple[str, int, int, int]) -> str:
-    """How logs name a `warmup_shapes` shape: "step RxWxA" (rows, width, KV bucket), "prefill
-    RxC" (rows, chunk)."""
-    kind, R, W, A = shape
-    return f"{kind} {R}x{W}" + (f"x{A}" if kind == "step" else "")
-
-
-def warmup_order(config: SchedulerConfig) -> list[tuple[str, int, int, int]]:
-    """`warmup_shapes` in the order the first requests need them: row bucket by row bucket,
-    smallest first, each bucket's prefill (a session's prompt comes first) and then its step
-    widths, the full block (max_gamma + 1, what a fixed-gamma client sends) first, at the
-    shortest KV bucket first. The first `1 + len(config.width_buckets)` shapes serve a lone
-    session completely while it fits the shortest KV bucket."""
-    out = []
-    for R in config.row_buckets:
-        out.append(("prefill", R, config.prefill_chunk, config.max_len))
-        out += [
-            ("step", R, W, A) for A in config.kv_buckets for W in reversed(config.width_buckets)
-        ]
-    return out
-
-
-def warmup_shapes(config: SchedulerConfig) -> list[tuple[str, int, int, int]]:
-    """What `Scheduler.warmup` compiles, in order: ("step", rows, width, attended) for every
-    row, width and KV bucket (the shortest KV first: new sessions need it), then ("prefill",
-    rows, prefill_chunk, max_len) for every row bucket (its progress names them "step
-    RxWxA", "prefill RxC")."""
-    step = [
-        ("step", R, W, A)
-        for A in config.kv_buckets
-        for R in config.row_buckets
-        for W in config.width_buckets
-    ]
-    return step + [("prefill", R, config.prefill_chunk, config.max_len) for R in config.row_buckets]
 
 
 class Scheduler:
@@ -480,7 +264,7 @@ class Scheduler:
         `waiting` / `everyone`: blocks accepted but not queued yet (`LocalVerifier`'s
         inbox), this session's / all sessions', counted against the limits."""
         s = self.get(block.session_id, tenant)
-        self._validate_block(s, block)
+        check_block(block, s, self.vocab)
         c = self.config
         if len(s.queue) + waiting >= c.max_queue_per_session:
             raise ResourceExhausted(f"more than {c.max_queue_per_session} blocks in flight")
@@ -494,47 +278,6 @@ class Scheduler:
         self._ticket += 1
         s.queue.append((self._ticket, block))  # no progress yet: `last_active` stays
         return self._ticket
-
-    def _validate_block(self, s: Session, b: DraftBlock) -> None:
-        n, gamma = len(b.tokens), s.config.draft.gamma
-        if gamma == 0 and n:
-            raise InvalidArgument(f"a gamma-0 session's blocks hold no drafts, got {n}")
-        # A block may hold no drafts: an adaptive sync session's pause (edge.adaptive), or a
-        # session that stopped drafting (a loaded server: edge.session's `drafts_off`).
-        if n > gamma:
-            raise InvalidArgument(f"a block holds 0..{gamma} drafts, got {n}")
-        if b.epoch > s.epoch:
-            raise FailedPrecondition(f"unknown epoch {b.epoch} (current {s.epoch})")
-        if b.start < s.prompt_len:
-            raise InvalidArgument("a block cannot start inside the prompt")
-        if n:  # n == 0, speculation off: the verifier samples the block's one token (no q)
-            self._check_q_layout(s.config.draft, b)
-
-    def _check_q_layout(self, draft: DraftSpec, b: DraftBlock) -> None:
-        """What of a block's q needs its session: the session's encoding and q dtype, q's
-        width at this vocabulary (or sparse_k), drafts and sparse ids inside the vocabulary.
-        q's values were checked once, as the block was made (`DraftBlock`: in-process, or
-        `jaxspec.protocol.wire` off the wire), and are not read again here."""
-        n = len(b.tokens)
-        if any(t < 0 or t >= self.vocab for t in b.tokens):
-            raise InvalidArgument(f"draft token ids must be in [0, {self.vocab})")
-        if draft.encoding == "full":
-            if b.q is None or b.q_ids is not None or b.q.shape != (n, self.vocab):
-                raise InvalidArgument(f"full q must have shape ({n}, {self.vocab})")
-        elif draft.encoding == "sparse":
-            k = draft.sparse_k
-            if b.q is None or b.q_ids is None or b.q.shape != (n, k):
-                raise InvalidArgument(f"sparse q and q_ids must have shape ({n}, {k})")
-            if np.any((b.q_ids < 0) | (b.q_ids >= self.vocab)):
-                raise InvalidArgument(f"sparse q ids must be in [0, {self.vocab})")
-        elif b.q is not None:
-            raise InvalidArgument("onehot blocks carry no q")
-        # A float16 session's q is exactly float16 values times one scale per draft (the
-        # block proved it as it was made); a float32 session's carries no scale.
-        if draft.f16 and b.q_scale is None:
-            raise InvalidArgument(f"a float16 session's blocks carry {n} q_scale values")
-        if not draft.f16 and b.q_scale is not None:
-            raise InvalidArgument("q_scale is for q_dtype float16 sessions (full or sparse)")
 
     def _stale(self, s: Session, b: DraftBlock) -> VerifyResult:
         return VerifyResult(
@@ -592,10 +335,10 @@ class Scheduler:
 
     def _verify_tick(self, rows: list[Session]) -> list[tuple[int, VerifyResult]]:
         blocks = [s.queue.popleft() for s in rows]
-        R = _bucket(len(rows), self.config.row_buckets)
-        W = _bucket(max(len(b.tokens) for _, b in blocks) + 1, self.config.width_buckets)
+        R = bucket_in(len(rows), self.config.row_buckets)
+        W = bucket_in(max(len(b.tokens) for _, b in blocks) + 1, self.config.width_buckets)
         live = [s.committed + len(b.tokens) for s, (_, b) in zip(rows, blocks, strict=True)]
-        A = _bucket(max(live), self.config.kv_buckets)  # positions up to committed - 1 + n
+        A = bucket_in(max(live), self.config.kv_buckets)  # positions up to committed - 1 + n
         batch = self._build_batch(rows, [b for _, b in blocks], R, W, A)
         jax.block_until_ready(self.cache)  # a prefill still in flight is not this step's time
         t0 = time.perf_counter()
@@ -669,7 +412,7 @@ class Scheduler:
         filler rows (not live) up to R; W columns (the last committed token, then the
         drafts); attending over the first A positions of each slot."""
         pairs = list(zip(rows, blocks, strict=True))
-        arrays = _row_arrays(pairs, R, W)
+        arrays = row_arrays(pairs, R, W)
         # Filler rows point at a free slot (or any slot: they write nothing, live=False).
         used = {s.slot for s in rows}
         arrays["slots"][len(rows) :] = next((x for x in self.free_slots if x not in used), 0)
@@ -747,7 +490,7 @@ class Scheduler:
             return
         rows = self.config.row_buckets
         todo = todo[: rows[-1]]
-        R, C = _bucket(len(todo), rows), self.config.prefill_chunk
+        R, C = bucket_in(len(todo), rows), self.config.prefill_chunk
         tokens = np.zeros((R, C), np.int32)
         positions = np.zeros((R, C), np.int32)
         valid = np.zeros((R, C), bool)

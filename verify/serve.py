@@ -26,11 +26,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection as grpc_reflection
 
+from jaxspec.compilation.shapes import row_buckets_for
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec_host.flags import is_loopback
 from verify.local import LocalVerifier
 from verify.metrics import MetricsServer, serve_metrics
-from verify.scheduler import SchedulerConfig, row_buckets_for
+from verify.scheduler import SchedulerConfig
 from verify.servicer import (
     FIRST_MESSAGE_TIMEOUT_S,
     WRITE_TIMEOUT_S,

@@ -213,6 +213,13 @@ class VerifierService(pb_grpc.VerifierServicer):
             await self.reject(context, method, "UNAVAILABLE", WARMING_UP)
         return self.verifier
 
+    async def _admit(self, request: Any, context: Any, method: str) -> tuple[Tenant, LocalVerifier]:
+        """A unary RPC's gate, in order: the caller's tenant (`_auth`), the request decoded
+        (`_decoded`), the verifier serving (`_ready`)."""
+        tenant = await self._auth(context, method)
+        await self._decoded(request, context, method)
+        return tenant, await self._ready(context, method)
+
     @staticmethod
     def _live_sessions(verifier: LocalVerifier, tenant: str) -> int:
         return sum(s.tenant == tenant for s in list(verifier.scheduler.sessions.values()))
@@ -222,9 +229,7 @@ class VerifierService(pb_grpc.VerifierServicer):
     async def OpenSession(
         self, request: pb.OpenSessionRequest, context: Any
     ) -> pb.OpenSessionResponse:
-        tenant = await self._auth(context, "OpenSession")
-        await self._decoded(request, context, "OpenSession")
-        verifier = await self._ready(context, "OpenSession")
+        tenant, verifier = await self._admit(request, context, "OpenSession")
         try:
             info = await self.open_session(verifier, tenant, request)
         except VerifierError as e:
@@ -248,9 +253,7 @@ class VerifierService(pb_grpc.VerifierServicer):
     async def CloseSession(
         self, request: pb.CloseSessionRequest, context: Any
     ) -> pb.CloseSessionResponse:
-        tenant = await self._auth(context, "CloseSession")
-        await self._decoded(request, context, "CloseSession")
-        verifier = await self._ready(context, "CloseSession")
+        tenant, verifier = await self._admit(request, context, "CloseSession")
         try:
             await verifier.for_tenant(tenant.name).close_session(request.session_id)
         except NotFound as e:
