@@ -20,7 +20,7 @@ import jaxspec
 from jaxspec.ckpts.tiny import tiny_config, to_dtype
 from jaxspec.decoding.sampling import SamplingParams, TokenCounts, warp
 from proofs.enumerate import Params
-from tests.mutant_helpers import mutated
+from tests.mutants import mutated
 
 B, V = 4, 8
 
