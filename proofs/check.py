@@ -23,7 +23,7 @@ from proofs.cases import (
     random_dist,
     random_logit_case,
 )
-from proofs.enumerate import ENCODINGS, Params, Spec, expected_round_tokens, law_difference
+from proofs.enumerate import ENCODINGS, Params, Spec, law_difference, mean_length, round_law
 from proofs.rule import accept_prob, decide, greedy_decide, residual
 from proofs.variants import CONTROLS, MUTANTS, variant_decide
 from proofs.warp import Dist, apply_top_k, apply_top_p, argmax, onehot, sparse_topk, warp
@@ -167,9 +167,9 @@ def stale_counts_check() -> tuple[bool, str]:
     params = Params(presence_penalty=F(2))
     spec = Spec(gamma=2)
     model = _const(logits)  # type: ignore[arg-type]
-    want = expected_round_tokens(model, model, 2, params, spec, logits=True)
-    got = expected_round_tokens(
-        model, model, 2, params, spec, mutant="draft_counts_stale", logits=True
+    want = mean_length(round_law(model, model, 2, params, spec, logits=True))
+    got = mean_length(
+        round_law(model, model, 2, params, spec, mutant="draft_counts_stale", logits=True)
     )
     return want == 3 and got < 3, (
         f"q == p (logits [2, 0], presence 2, gamma 2): E[tokens per round] correct {want}, "
@@ -221,7 +221,7 @@ def closed_form_suite(rng: random.Random, profile: Profile) -> Result:
                 alpha = sum((min(a, b) for a, b in zip(pw, qe, strict=True)), F(0))
                 if encoding == "onehot" and alpha != pw[argmax(qw)]:
                     res.failures.append(f"onehot alpha {alpha} != p(d) for p={pw} q={qw}")
-                got = expected_round_tokens(_const(p), _const(q), vocab, params, spec)
+                got = mean_length(round_law(_const(p), _const(q), vocab, params, spec))
                 want = latency.expected_tokens(alpha, gamma)
                 if got != want:
                     res.failures.append(

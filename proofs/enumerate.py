@@ -490,18 +490,9 @@ def round_law(
     return {seq: pr for seq, pr in _sync_round(m, prefix, None).items() if pr}
 
 
-def expected_round_tokens(
-    p: Model,
-    q: Model,
-    vocab: int,
-    params: Params,
-    spec: Spec,
-    prefix: Seq = (),
-    mutant: str | None = None,
-    logits: bool = False,
-) -> Fraction:
-    """E[tokens committed by one sync round], by exact enumeration of the round."""
-    law = round_law(p, q, vocab, params, spec, prefix, mutant, logits)
+def mean_length(law: Law) -> Fraction:
+    """E[len] of a law of token sequences: of `round_law`'s, the tokens one sync round
+    commits on average, exactly."""
     return sum((len(s) * pr for s, pr in law.items()), Fraction(0))
 
 

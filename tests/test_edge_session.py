@@ -15,9 +15,9 @@ import jaxspec
 from edge.delayed import DelayedEndpoint
 from edge.drafter import Drafter
 from edge.session import EdgeSession, run_session
-from jaxspec.decoding.verification import Variant
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from tests.fixtures import peaked_models, peaked_scheduler
+from tests.mutants import injected
 from verify import LocalVerifier, Scheduler, SchedulerConfig
 
 PROMPT, NEW = (1, 2, 3, 4), 16
@@ -253,8 +253,8 @@ def test_verifier_counts_not_rolled_back_is_caught():
     co-located tokens: the equality above catches it."""
     t, d = models()
     config = SchedulerConfig(max_sessions=4, max_len=128, max_gamma=4, row_buckets=(1, 2, 4))
-    bad = Scheduler(t, config, variant=Variant("counts_not_rolled_back"))
-    trace = session("sync", 3, 1, penalties=PENALTIES, sched=bad)
+    with injected("verifier_counts_not_rolled_back"):
+        trace = session("sync", 3, 1, penalties=PENALTIES, sched=Scheduler(t, config))
     ref = jaxspec.generate(t, list(PROMPT), NEW, draft=d, gamma=3, seeds=[3], **PENALTIES)
     assert trace.tokens != ref.tokens
 

@@ -14,7 +14,7 @@ from edge.drafter import Drafter
 from jaxspec.ckpts.tiny import tiny_gemma3_config
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig
 from tests.fixtures import blocks_resumed_at_every_point
-from tests.mutant_helpers import mutated
+from tests.mutants import mutated
 from tests.test_batch_invariance import differences, needs_kernel
 from tests.test_speculative import exact_law, gof_pvalue
 from verify import LocalVerifier, Scheduler, SchedulerConfig

@@ -20,7 +20,7 @@ from jaxspec.ckpts.tiny import tiny_config
 from jaxspec.decoding.sampling import SamplingParams, TokenCounts, warp
 from proofs.enumerate import Params
 from tests.fixtures import continuation_logits
-from tests.mutant_helpers import mutated
+from tests.mutants import mutated
 
 B, V = 4, 8
 

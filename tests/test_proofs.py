@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proofs import latency
+from proofs import latency, mean_length, round_law
 from proofs.cases import PENALTY_PARAMS, Case, prefixes, random_logit_case
 from proofs.check import (
     MUTANT_MODES,
@@ -35,7 +35,6 @@ from proofs.enumerate import (
     ENCODINGS,
     Params,
     Spec,
-    expected_round_tokens,
     law_difference,
     speculative_law,
     target_law,
@@ -357,7 +356,7 @@ def test_expected_tokens_per_round_closed_form(pq, gamma: int, params: Params) -
         if encoding == "onehot":
             assert alpha == pw[argmax(qw)]  # p(d) for a one-hot draft
         spec = Spec(gamma=gamma, encoding=encoding)
-        got = expected_round_tokens(lambda _, p=p: p, lambda _, q=q: q, len(p), params, spec)
+        got = mean_length(round_law(lambda _, p=p: p, lambda _, q=q: q, len(p), params, spec))
         assert got == latency.expected_tokens(alpha, gamma)
         assert got == sum(alpha**i for i in range(gamma + 1))
 
@@ -365,7 +364,7 @@ def test_expected_tokens_per_round_closed_form(pq, gamma: int, params: Params) -
 def test_expected_tokens_alpha_one_is_gamma_plus_one() -> None:
     p = [F(1, 2), F(1, 3), F(1, 6)]
     for gamma in range(1, 5):
-        got = expected_round_tokens(lambda _: p, lambda _: p, 3, Params(), Spec(gamma=gamma))
+        got = mean_length(round_law(lambda _: p, lambda _: p, 3, Params(), Spec(gamma=gamma)))
         assert got == gamma + 1 == latency.expected_tokens(F(1), gamma)
 
 

@@ -13,7 +13,7 @@ from jaxspec.ckpts.tiny import tiny_config, to_dtype
 from jaxspec.decoding.generate import GammaChoice
 from jaxspec.decoding.sampling import SamplingParams, warp
 from tests.fixtures import continuation_logits
-from tests.mutant_helpers import mutated
+from tests.mutants import mutated
 
 N_NEW, PROMPT, ROWS = 3, [1, 2], 8192
 

@@ -28,7 +28,6 @@ from edge.drafter import Drafter
 from edge.session import run_session
 from jaxspec.decoding.sampling import SamplingParams
 from jaxspec.decoding.speculative import draft_q_for
-from jaxspec.decoding.verification import Variant
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.protocol import (
     DraftBlock,
@@ -41,6 +40,7 @@ from jaxspec.protocol import (
     wire,
 )
 from tests.fixtures import peaked_models, peaked_scheduler
+from tests.mutants import replacement
 from verify import LocalVerifier
 
 V, K = 64, 8  # tiny_config's vocabulary; sparse columns
@@ -51,17 +51,19 @@ pytestmark = pytest.mark.usefixtures("x64")  # float64: exact decisions
 
 
 @functools.cache
-def draft_fn():
-    """`draft_q_for`, jitted once for every test here (static: encoding, k, variant, dtype)."""
-    return jax.jit(draft_q_for, static_argnames=("encoding", "sparse_k", "variant", "q_dtype"))
+def draft_fn(mutant: str | None = None):
+    """`draft_q_for` (or the wrong one of `mutant`, `tests/mutants.py`), jitted once for every
+    test here (static: encoding, k, dtype)."""
+    fn = draft_q_for if mutant is None else replacement(mutant)
+    return jax.jit(fn, static_argnames=("encoding", "sparse_k", "q_dtype"))
 
 
 def _draft(logits, u, encoding, mutant=None, q_dtype="float16", temperature=1.0):
     rows = logits.shape[0]
     sampling = SamplingParams.make(rows, temperature)
-    return draft_fn()(
+    return draft_fn(mutant)(
         jnp.asarray(logits, jnp.float32), sampling, jnp.asarray(u, jnp.float32),
-        encoding=encoding, sparse_k=K, variant=Variant(mutant), q_dtype=q_dtype,
+        encoding=encoding, sparse_k=K, q_dtype=q_dtype,
     )  # fmt: skip
 
 

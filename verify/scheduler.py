@@ -29,7 +29,6 @@ import numpy as np
 
 from jaxspec.compilation.shapes import bucket_in, shape_name, warmup_shapes
 from jaxspec.decoding.sampling import SamplingParams, check_seed, session_key
-from jaxspec.decoding.verification import EXACT, Variant
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.nn.model import Model, init_cache
 from jaxspec.protocol import (
@@ -82,7 +81,6 @@ class Scheduler:
         mesh: Any = None,
         clock: Callable[[], float] = time.monotonic,
         calls: Callable[[str, Callable], Callable] | None = None,
-        variant: Variant = EXACT,
     ):
         self.config = config
         self.model = model
@@ -101,10 +99,8 @@ class Scheduler:
         wrap = calls or (lambda _name, fn: fn)
         self._step = wrap("step", make_verify_step(model.module, mesh))
         self._prefill = wrap("prefill", make_prefill(model.module, mesh))
-        # The penalties' token counts per slot (docs/design.md §5); `variant` is the tests'
-        # hook (`Variant("counts_not_rolled_back")`: a block's rejected drafts counted too).
+        # The penalties' token counts per slot (docs/design.md §5).
         self.counts = slot_counts.init(config.max_sessions, self.vocab)
-        self.variant = variant
         self.sessions: dict[str, Session] = {}
         self.free_slots = list(range(config.max_sessions))[::-1]
         self.tenant_tokens: collections.Counter[str] = collections.Counter()
@@ -359,11 +355,7 @@ class Scheduler:
             r = self._commit(s, b, res, i)
             out.append((ticket, r))
             if s.penalized:
-                add = list(r.tokens)
-                if self.variant.is_("counts_not_rolled_back"):  # rejected drafts kept
-                    emitted = res["tokens"][i, : res["num_emitted"][i]].tolist()
-                    add = list(b.tokens) + emitted[res["num_accepted"][i] :][:1]
-                counted[i, : len(add)] = add
+                counted[i, : len(r.tokens)] = r.tokens
         if (counted >= 0).any():
             self.counts = slot_counts.commit(
                 self.counts, jnp.asarray(batch.slots), jnp.asarray(counted)

@@ -34,7 +34,6 @@ from jaxspec.decoding.sampling import (
     settings_per_row,
 )
 from jaxspec.decoding.speculative import DecodeBatch, SpecCounters, speculative_decode
-from jaxspec.decoding.verification import EXACT, Variant
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.nn.model import KVCache, Llama, Model, init_cache
 from jaxspec.protocol import MODES, DraftSpec, SamplingSettings
@@ -256,13 +255,11 @@ def decode(
     spec: DraftSpec | None = None,
     mode: str = "sync",
     max_batch: int = 256,
-    variant: Variant = EXACT,
 ) -> tuple[np.ndarray, GenerateStats]:
     """`generate` below its checks: the validated objects in, `[B, max_new_tokens]` new tokens
-    (-1 padded) and the stats out. `variant` is the tests' hook (`jaxspec.decoding.verification.
-    Variant`): a deliberately wrong rule, drafting or counts that a test must catch. An
-    adaptive `spec` (gamma="auto") becomes the fixed one of the gamma `choose_gamma` picks,
-    measured on the first chunk (the batch shape decoded; not timed in the stats)."""
+    (-1 padded) and the stats out. An adaptive `spec` (gamma="auto") becomes the fixed one of
+    the gamma `choose_gamma` picks, measured on the first chunk (the batch shape decoded; not
+    timed in the stats)."""
     if draft is not None and (spec is None or not spec.speculative):
         draft, spec = None, None  # gamma 0: speculation off, plain decoding (draft unused)
     head = rows[:max_batch]
@@ -280,7 +277,7 @@ def decode(
         hi = min(n, lo + max_batch)
         chunk, counters, lowering_s, traced = _run_chunk(
             model, draft, rows[lo:hi], sampling, keys, lo, hi, stop_arr, max_new_tokens,
-            spec=spec, mode=mode, variant=variant,
+            spec=spec, mode=mode,
         )  # fmt: skip
         out[lo:hi] = chunk
         if traced:  # a new shape: its lowering was a compilation
@@ -540,7 +537,6 @@ def _run_chunk(
     *,
     spec: DraftSpec | None,
     mode: str,
-    variant: Variant,
 ) -> tuple[np.ndarray, SpecCounters | None, float, bool]:
     """Pad one chunk to its bucket and run the jitted decoder: `[hi - lo, max_new]` tokens,
     for speculative decoding (`spec` given) its counters, the seconds spent lowering and
@@ -574,7 +570,7 @@ def _run_chunk(
         sync = jnp.full((B,), mode == "sync")
         fn = speculative_decode
         call_args = (model.module, draft.module, model.params, draft.params, batch, sync)
-        kw = {"spec": spec, "buffer": N, "variant": variant}
+        kw = {"spec": spec, "buffer": N}
     t0 = time.perf_counter()
     with traces() as traced:
         fn.lower(*call_args, **kw).compile()

@@ -34,7 +34,7 @@ from jaxspec.decoding.sampling import (
     uniforms,
     warp,
 )
-from jaxspec.decoding.verification import EXACT, DraftQ, Variant, Verdicts, verify_block
+from jaxspec.decoding.verification import DraftQ, Verdicts, verify_block
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.nn.model import KVCache, Llama, init_cache
 from jaxspec.protocol import DraftSpec
@@ -134,7 +134,6 @@ def draft_q_for(
     u_B: jax.Array,
     encoding: str,
     sparse_k: int,
-    variant: Variant = EXACT,
     q_dtype: str = "float32",
     counts: TokenCounts | None = None,
 ) -> tuple[jax.Array, Any]:
@@ -158,18 +157,12 @@ def draft_q_for(
         probs, ids = jax.lax.top_k(q, sparse_k)
         probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
         sent, scale = _f16_q(probs) if f16 else (probs, None)
-        # mutant: sampled from the unrounded top-k, but the float16 q is sent
-        pick = sample(probs if variant.is_("f16_sampled_unrounded") else sent, u_B)
+        pick = sample(sent, u_B)
         d = jnp.take_along_axis(ids, pick[:, None], axis=-1)[:, 0]
         out = (ids.astype(jnp.int32), sent)
         return d.astype(jnp.int32), ((*out, scale) if f16 else out)
     sent, scale = _f16_q(q) if f16 else (q, None)
-    # mutant: sampled from the unrounded q, but the float16 q is sent
-    d = sample(q if variant.is_("f16_sampled_unrounded") else sent, u_B)
-    if variant.is_("warp_p_not_q"):  # sampled from warped q, but the unwarped q is sent
-        sent = jax.nn.softmax(logits_BV, axis=-1)
-    if variant.is_("options_p_not_q"):  # sampled with logit bias / min-p, q sent without them
-        sent = warp(logits_BV, sampling, counts, options=False)
+    d = sample(sent, u_B)
     return d, ((sent, scale) if f16 else sent)
 
 
@@ -210,7 +203,6 @@ def draft_block(
     keys_B2: jax.Array,
     *,
     spec: DraftSpec,
-    variant: Variant = EXACT,
     counts: TokenCounts | None = None,
     slots_B: jax.Array | None = None,
 ) -> tuple[jax.Array, DraftQ, Any]:
@@ -237,29 +229,22 @@ def draft_block(
 
     def propose(logits_BV, pos_B, counts):
         u = uniforms(keys_B2, pos_B[:, None], Purpose.DRAFT)[:, 0]
-        return draft_q_for(
-            logits_BV, sampling, u, spec.encoding, spec.k, variant, spec.q_dtype, counts
-        )
+        return draft_q_for(logits_BV, sampling, u, spec.encoding, spec.k, spec.q_dtype, counts)
 
-    def seen(counts, d_B):
-        """The counts the next draft reads: these plus draft d where d >= 0 (the mutant
-        `draft_counts_stale` forgets the block's own drafts)."""
-        if counts is None or variant.is_("draft_counts_stale"):
-            return counts
-        return counts.add(jnp.where(live_B, d_B, -1)[:, None])
+    def forward(tokens, positions, valid, cache):
+        """The draft over `tokens` `[B, T]` at `positions`, in cache rows `slots_B`."""
+        return draft.apply({"params": params}, tokens, positions, valid, cache, slots_B)
 
     logits_BV, cache = _first_forward(
-        draft, params, cache, prev_B, last_B, next_pos_B, feed_prev_B, live_B, slots_B
+        draft, forward, cache, prev_B, last_B, next_pos_B, feed_prev_B, live_B
     )
     d0, q0 = propose(logits_BV, next_pos_B, counts)
 
     def step(c):
         j, tok_B, cache, counts, d_GB, q_G = c  # j: the draft this step proposes (>= 1)
-        counts = seen(counts, tok_B)  # d_{j-1}
+        counts = _seen(counts, tok_B, live_B)  # d_{j-1}
         pos_B = next_pos_B - 1 + j  # where the fed token d_{j-1} sits
-        logits, cache = draft.apply(
-            {"params": params}, tok_B[:, None], pos_B[:, None], live_B[:, None], cache, slots_B
-        )
+        logits, cache = forward(tok_B[:, None], pos_B[:, None], live_B[:, None], cache)
         d, q = propose(logits[:, 0], pos_B + 1, counts)
         d_GB = d_GB.at[j].set(d)
         q_G = jax.tree.map(lambda buf, x: buf.at[j].set(x), q_G, q)
@@ -273,25 +258,15 @@ def draft_block(
 
 
 def _first_forward(
-    draft: Llama,
-    params: Any,
-    cache: Any,
-    prev_B: jax.Array,
-    last_B: jax.Array,
-    next_pos_B: jax.Array,
-    feed_prev_B: jax.Array,
-    live_B: jax.Array,
-    slots_B: jax.Array | None = None,
+    draft, forward, cache, prev_B, last_B, next_pos_B, feed_prev_B, live_B
 ) -> tuple[jax.Array, Any]:
-    """A block's first forward (`draft_block`): [prev, last] two wide where a live row lags,
-    `last` alone elsewhere; returns the logits at `last` `[B, V]` and the cache."""
+    """A block's first forward (`draft_block`'s `forward` of the `draft` model): [prev, last]
+    two wide where a live row lags, `last` alone elsewhere; returns the logits at `last`
+    `[B, V]` and the cache."""
 
     def feed_last(cache):
         """`last` alone at next_pos-1: its logits `[B, V]` and the cache."""
-        logits, cache = draft.apply(
-            {"params": params}, last_B[:, None], next_pos_B[:, None] - 1, live_B[:, None],
-            cache, slots_B,
-        )  # fmt: skip
+        logits, cache = forward(last_B[:, None], next_pos_B[:, None] - 1, live_B[:, None], cache)
         return logits[:, 0], cache
 
     def feed_prev_and_last(cache):
@@ -300,7 +275,7 @@ def _first_forward(
         fed_B2 = jnp.stack([prev_B, last_B], axis=1)
         pos_B2 = jnp.stack([jnp.maximum(next_pos_B - 2, 0), next_pos_B - 1], axis=1)
         valid_B2 = jnp.stack([live_B & feed_prev_B, live_B], axis=1)
-        logits, cache = draft.apply({"params": params}, fed_B2, pos_B2, valid_B2, cache, slots_B)
+        logits, cache = forward(fed_B2, pos_B2, valid_B2, cache)
         return logits[:, 1], cache
 
     # Two loops of 0 or 1 trips, not `lax.cond`: XLA:CPU copies a whole cache passed through
@@ -323,7 +298,7 @@ def _first_forward(
     return logits_BV, cache
 
 
-@trace_cache.jit(static_argnames=("target", "draft", "spec", "buffer", "variant"))
+@trace_cache.jit(static_argnames=("target", "draft", "spec", "buffer"))
 def speculative_decode(
     target: Llama,
     draft: Llama,
@@ -334,7 +309,6 @@ def speculative_decode(
     *,
     spec: DraftSpec,
     buffer: int,
-    variant: Variant = EXACT,
 ) -> tuple[jax.Array, SpecCounters]:
     """The jitted round loop (`spec.gamma` drafts per round, q sent as `spec.encoding`);
     returns new tokens `[B, buffer]` (-1 padded) and the counters."""
@@ -365,7 +339,7 @@ def speculative_decode(
         counters=SpecCounters.zeros(K),
         counts=TokenCounts.of(batch.prompt, batch.lengths, batch.lengths, target.config.vocab_size),
     )
-    loop = _Round(target, draft, target_params, draft_params, batch, sync_B, spec, buffer, variant)
+    loop = _Round(target, draft, target_params, draft_params, batch, sync_B, spec, buffer)
     final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), loop, state)
     return final.out, final.counters
 
@@ -383,7 +357,6 @@ class _Round:
     sync_B: jax.Array
     spec: DraftSpec
     buffer: int
-    variant: Variant
 
     def __call__(self, s: RoundState) -> RoundState:
         b, K = self.batch, self.spec.gamma
@@ -396,7 +369,7 @@ class _Round:
         with jax.named_scope("round_draft"):
             d_BK, draft_q, dcache = draft_block(
                 self.draft, self.draft_params, s.draft_cache, s.prev, s.last, P_B, missing_B,
-                live_B, b.sampling, b.keys, spec=self.spec, variant=self.variant, counts=s.counts,
+                live_B, b.sampling, b.keys, spec=self.spec, counts=s.counts,
             )  # fmt: skip
         block = jnp.concatenate([s.last[:, None], d_BK], axis=1)
         pos = P_B[:, None] - 1 + jnp.arange(K + 1)[None, :]
@@ -407,12 +380,11 @@ class _Round:
         num_draft = jnp.where(live_B, K, 0)
         with jax.named_scope("round_rule"):
             vr = verify_block(
-                d_BK, num_draft, logits, draft_q, b.sampling, b.keys, P_B, self.sync_B, s.counts,
-                self.variant,
+                d_BK, num_draft, logits, draft_q, b.sampling, b.keys, P_B, self.sync_B, s.counts
             )  # fmt: skip
-            return self._commit(s, vr, d_BK, num_draft, tcache, dcache)
+            return self._commit(s, vr, num_draft, tcache, dcache)
 
-    def _commit(self, s, vr: Verdicts, d_BK, num_draft, tcache, dcache) -> RoundState:
+    def _commit(self, s, vr: Verdicts, num_draft, tcache, dcache) -> RoundState:
         """Append the verdict's tokens (cut at the first stop token and at max_new), roll
         both caches back to the committed length (the draft's to what it wrote, when that is
         less: a bonus after a fully accepted block follows a draft it never fed), count."""
@@ -438,17 +410,22 @@ class _Round:
             target_cache=tcache.replace(lengths=rollback),
             draft_cache=dcache.replace(lengths=jnp.minimum(dcache.lengths, rollback)),
             counters=_counted(s.counters, vr, num_draft, cnt, live_B),
-            counts=self._counts(s, vr, d_BK, num_draft, cnt),
+            counts=_committed(s.counts, vr, cnt),
         )  # fmt: skip
 
-    def _counts(self, s, vr: Verdicts, d_BK, num_draft, cnt) -> TokenCounts:
-        """The penalties' counts follow the committed tokens only (rolled back with the
-        caches); the mutant `counts_not_rolled_back` counts every draft, rejected ones too."""
-        if not self.variant.is_("counts_not_rolled_back"):
-            return s.counts.add(vr.tokens, cnt)
-        fixed = jnp.take_along_axis(vr.tokens, vr.num_accepted[:, None], axis=1)
-        extra = (cnt > vr.num_accepted).astype(jnp.int32)
-        return s.counts.add(d_BK, jnp.where(~s.done, num_draft, 0)).add(fixed, extra)
+
+def _seen(counts: TokenCounts | None, d_B: jax.Array, live_B: jax.Array) -> TokenCounts | None:
+    """The counts a block's next draft reads: `counts` plus the draft before it, `d`, on live
+    rows (`draft_block`: draft i sees d_0 .. d_{i-1})."""
+    if counts is None:
+        return None
+    return counts.add(jnp.where(live_B, d_B, -1)[:, None])
+
+
+def _committed(counts: TokenCounts, vr: Verdicts, cnt_B: jax.Array) -> TokenCounts:
+    """The penalties' counts after a round: the first `cnt` tokens of each verdict added, the
+    committed ones only (rejected drafts never counted: rolled back with the caches)."""
+    return counts.add(vr.tokens, cnt_B)
 
 
 def _counted(c: SpecCounters, vr: Verdicts, num_draft, cnt, live_B) -> SpecCounters:

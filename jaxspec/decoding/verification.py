@@ -19,9 +19,6 @@ Output: `tokens [B, K+1]` (-1 padded), `num_accepted [B]`, per-position `accepte
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -38,46 +35,6 @@ from jaxspec.decoding.sampling import (
     warp,
 )
 from jaxspec.protocol import MODES
-
-# The deliberately wrong variants of the speculative path that the tests keep and must catch
-# (docs/testing.md): of the rule, of the drafting, and of the penalties' counts.
-MUTANTS = (
-    "reused_uniform",  # one accept uniform for every draft of a block
-    "residual_from_p",  # the correction drawn from p, not from max(0, p - q)
-    "unnormalized_residual",  # the residual's draw not scaled by its mass
-    "bonus_from_q",  # the bonus drawn from the draft's last q, not from p
-    "nonstrict_accept",  # u * q(d) <= p(d): accepts p(d) = 0 at u = 0
-    "f16_sampled_unrounded",  # drafted from the float32 q, the float16 q sent
-    "warp_p_not_q",  # drafted from the warped q, the unwarped q sent
-    "options_p_not_q",  # drafted with logit bias / min-p, q sent without them
-    "draft_counts_stale",  # a draft's penalties forget the block's earlier drafts
-    "counts_not_rolled_back",  # the committed counts keep a rejected block's drafts
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    """The speculative path as built (`EXACT`) or one named mutant of `MUTANTS`.
-
-    Hashable, so it is a static argument of the jitted code: a mutant compiles its own
-    program, and EXACT's program has no trace of one. Users never pass it; the tests reach the
-    jitted code with it through the lower layers (`jaxspec.decoding.generate.decode`,
-    `Scheduler`)."""
-
-    mutant: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.mutant is not None and self.mutant not in MUTANTS:
-            raise ValueError(f"unknown mutant {self.mutant!r}; known: {MUTANTS}")
-
-    def is_(self, name: str) -> bool:
-        """Whether this is mutant `name` (a name outside `MUTANTS` is a bug: ValueError)."""
-        if name not in MUTANTS:
-            raise ValueError(f"unknown mutant {name!r}; known: {MUTANTS}")
-        return self.mutant == name
-
-
-EXACT = Variant()
 
 # A residual with less mass than this is "p == q up to rounding": sample from p instead.
 RESIDUAL_EPS = 1e-6
@@ -232,7 +189,6 @@ def verify_block(
     start: Int[Array, " B"],
     mode: str | Bool[Array, " B"] = "sync",
     counts: TokenCounts | None = None,
-    variant: Variant = EXACT,
 ) -> Verdicts:
     """Apply the rule of docs/design.md §3 to every row of a padded batch (see the module doc).
 
@@ -242,39 +198,40 @@ def verify_block(
     past `num_draft[b]` are ignored. The q's are trusted here; `check_draft_q` is the
     host-side validator for untrusted input. `counts` are each row's token counts before the
     block (its prompt and committed output), needed when `sampling` sets penalties.
-    `variant` is the tests' hook (`Variant`): EXACT is the rule.
     """
     bonus = _mode_array(mode, draft_tokens.shape[0])
     return _verify(
-        draft_tokens, num_draft, target_logits, draft_q, sampling, keys, start, bonus, counts,
-        variant=variant,
-    )  # fmt: skip
+        draft_tokens, num_draft, target_logits, draft_q, sampling, keys, start, bonus, counts
+    )
 
 
-@functools.partial(jax.jit, static_argnames=("variant",))
+@jax.jit
 def _verify(
-    draft_BK, num_draft_B, logits_BKV, draft_q, sampling, keys_B2, start_B, bonus_B,
-    counts=None, variant: Variant = EXACT,
-) -> Verdicts:  # fmt: skip
-    """The rule, jitted: accept left to right, then the correction or the bonus."""
-    B, K = draft_BK.shape
-    V = logits_BKV.shape[-1]
-    dtype = logits_BKV.dtype
+    draft_BK, num_draft_B, logits_BKV, draft_q, sampling, keys_B2, start_B, bonus_B, counts=None
+) -> Verdicts:
+    """The rule, jitted: warp the target's logits to p, then `_decide`."""
     draft_BK = draft_BK.astype(jnp.int32)
     p_BKV = _target_probs(logits_BKV, draft_BK, sampling, counts)
+    return _decide(
+        p_BKV, draft_BK, num_draft_B, draft_q, keys_B2, start_B, bonus_B, logits_BKV.dtype
+    )
+
+
+def _decide(p_BKV, draft_BK, num_draft_B, draft_q, keys_B2, start_B, bonus_B, dtype) -> Verdicts:
+    """The rule on the warped target distributions p `[B, K+1, V]`: accept left to right,
+    then the correction at the first rejection, or the bonus from p at position n."""
+    B, K = draft_BK.shape
+    V = p_BKV.shape[-1]
     in_block_BK = jnp.arange(K)[None, :] < num_draft_B[:, None]
-    ok_BK = _accepted(p_BKV, draft_BK, draft_q, keys_B2, start_B, dtype, variant) & in_block_BK
+    ok_BK = _accepted(p_BKV, draft_BK, draft_q, keys_B2, start_B, dtype) & in_block_BK
     # r = index of the first rejection (num_draft when every draft is accepted).
     r_B = jnp.sum(jnp.cumprod(ok_BK.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
     all_ok_B = r_B >= num_draft_B
     p_r = p_BKV[jnp.arange(B), r_B]
     q_r = jnp.where(all_ok_B[:, None], 0, draft_q.row(jnp.minimum(r_B, K - 1), draft_BK, V, dtype))
-    correction = _correction(p_r, q_r, keys_B2, start_B + r_B, variant)
-    bonus_dist = p_r
-    if variant.is_("bonus_from_q"):
-        bonus_dist = draft_q.row(jnp.maximum(num_draft_B - 1, 0), draft_BK, V, dtype)
+    correction = _correction(p_r, q_r, keys_B2, start_B + r_B)
     u_bonus = uniforms(keys_B2, (start_B + num_draft_B)[:, None], Purpose.BONUS)[:, 0]
-    last = jnp.where(all_ok_B, sample(bonus_dist, u_bonus), correction)
+    last = jnp.where(all_ok_B, sample(p_r, u_bonus), correction)
     return _verdicts(draft_BK, r_B, last, ~all_ok_B | bonus_B, in_block_BK)
 
 
@@ -295,29 +252,29 @@ def _target_probs(logits_BKV, draft_BK, sampling, counts) -> jax.Array:
     ).reshape(B, K1, V)
 
 
-def _accepted(p_BKV, draft_BK, draft_q, keys_B2, start_B, dtype, variant: Variant) -> jax.Array:
+def _accepted(p_BKV, draft_BK, draft_q, keys_B2, start_B, dtype) -> jax.Array:
     """`[B, K]` bool: the accept test of every draft (before the block's first rejection)."""
-    B, K = draft_BK.shape
+    K = draft_BK.shape[1]
     pos_BK = start_B[:, None] + jnp.arange(K)[None, :]
     u_acc_BK = uniforms(keys_B2, pos_BK, Purpose.ACCEPT).astype(dtype)
-    if variant.is_("reused_uniform"):
-        u_acc_BK = jnp.broadcast_to(u_acc_BK[:, :1], (B, K))
     p_d = jnp.take_along_axis(p_BKV[:, :K], draft_BK[..., None], axis=-1)[..., 0]
     q_d = draft_q.at_drafts(draft_BK, dtype)
-    return _accepts(u_acc_BK, q_d, p_d, variant)
+    return _accepts(u_acc_BK, q_d, p_d)
 
 
-def _correction(p_r, q_r, keys_B2, pos_B, variant: Variant) -> jax.Array:
-    """`[B]` the token drawn from norm(max(0, p - q)) at the first rejection (from p itself
-    when that residual has no mass), with the RESIDUAL uniform of its position."""
-    residual = p_r if variant.is_("residual_from_p") else jnp.maximum(p_r - q_r, 0)
+def _residual(p_r: jax.Array, q_r: jax.Array) -> jax.Array:
+    """`[B, V]` max(0, p - q), not normalized (`sample` scales its uniform by the mass), or p
+    itself where that residual has no mass (p == q up to rounding)."""
+    residual = jnp.maximum(p_r - q_r, 0)
     mass = jnp.sum(residual, axis=-1, keepdims=True)
-    residual = jnp.where(mass > RESIDUAL_EPS, residual, p_r)
+    return jnp.where(mass > RESIDUAL_EPS, residual, p_r)
+
+
+def _correction(p_r, q_r, keys_B2, pos_B) -> jax.Array:
+    """`[B]` the token drawn from norm(max(0, p - q)) at the first rejection (`_residual`),
+    with the RESIDUAL uniform of its position."""
     u_res = uniforms(keys_B2, pos_B[:, None], Purpose.RESIDUAL)[:, 0]
-    if variant.is_("unnormalized_residual"):  # u not scaled by the residual's mass
-        cum = jnp.cumsum(residual, axis=-1)
-        return jnp.minimum(jnp.sum(cum <= u_res[:, None], axis=-1), residual.shape[-1] - 1)
-    return sample(residual, u_res)
+    return sample(_residual(p_r, q_r), u_res)
 
 
 def _verdicts(draft_BK, r_B, last_B, emit_last_B, in_block_BK) -> Verdicts:
@@ -336,10 +293,8 @@ def _verdicts(draft_BK, r_B, last_B, emit_last_B, in_block_BK) -> Verdicts:
     )
 
 
-def _accepts(u: jax.Array, q_d: jax.Array, p_d: jax.Array, variant: Variant = EXACT):
+def _accepts(u: jax.Array, q_d: jax.Array, p_d: jax.Array) -> jax.Array:
     """The accept test `u * q(d) < p(d)`: strict, so p(d) = 0 never accepts, even at u = 0."""
-    if variant.is_("nonstrict_accept"):
-        return u * q_d <= p_d
     return u * q_d < p_d
 
 
