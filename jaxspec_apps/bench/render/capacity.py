@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec_apps.bench.render.tables import Page, part, ratio, save
+from jaxspec_apps.bench.render.tables import Page, part, prose, ratio, save
 
 
 def table_md(c: dict[str, Any]) -> list[str]:
@@ -124,15 +124,7 @@ def markdown_tiny(c: dict[str, Any], page: Page) -> list[str]:
     return [
         *part(
             "## 3. Multi-tenant capacity",
-            f"N clients served at once, greedy, {c['new_tokens']} new tokens each, γ = "
-            f"{c['gamma']}. Per-client rate = tokens a client gets per second of server time. "
-            "Cloud AR and co-located SD: `jaxspec.generate` on a batch of N prompts (the server "
-            "computes everything). Edge-cloud SD: N sessions on one `verify.Scheduler`, driven "
-            "in lock-step by N edge drafters whose time is not server time (they run on the "
-            "clients); every `tick()` — prefill, batching, the verify step, commits — is. The "
-            "network is left out (pipelined clients hide it: section 4). Capacity = the largest "
-            "N whose per-client rate meets the target, linear between measured N (≥ when even "
-            "the largest N meets it).",
+            prose("capacity", **c),
             table_md(c),
         ),
         *feasible_md(c, page.sections.get("latency")),

@@ -5,21 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec_apps.bench.render.tables import headline_md, ratio
+from jaxspec_apps.bench.render.tables import headline_md, labels, ratio
 
-TINY_HEADLINE = [
-    ("colocated_speedup", "co-located speculative ÷ plain tokens/s (target + draft, greedy, sync)"),
-    ("peer_plain_ratio", "our plain greedy ÷ transformers' plain greedy tokens/s"),
-    ("peer_spec_ratio", "our speculative ÷ transformers' (faster) assisted generation tokens/s"),
-    ("batch32_over_batch1", "verified tokens/s, batch 32 ÷ batch 1"),
-    ("batch_scaling_vs_roofline", "that ratio ÷ the roofline's ratio for the same model"),
-    ("capacity_factor_measured", "clients sustained, edge-cloud SD ÷ co-located SD"),
-    ("capacity_factor_predicted", "the paper's 1 + γ·t_d/t_v at measured t_d, t_v"),
-    ("pipelined_over_sync_at_50ms", "pipelined ÷ sync edge-cloud tokens/s at 50 ms RTT"),
-    ("w4a16_bytes_ratio", "W4A16 draft resident bytes ÷ bf16"),
-    ("w4a16_ppl_ratio", "W4A16 draft held-out perplexity ÷ unquantized"),
-    ("w4a16_alpha_ratio", "α with the W4A16 draft ÷ with the unquantized draft (T = 1)"),
-]
+TINY_HEADLINE = labels("headline_tiny")
 
 
 def tiny_table(r: dict[str, Any]) -> list[str]:
@@ -99,32 +87,7 @@ def behind(r: dict[str, Any]) -> list[str]:
     return out
 
 
-REAL_HEADLINE = [
-    (
-        "colocated_speedup",
-        "co-located speculative ÷ plain tokens/s, T = 0, batch 1 (Spec-Bench; "
-        "γ auto where the run had it)",
-    ),
-    ("colocated_speedup_gamma4", "the same at the fixed γ"),
-    ("colocated_parts_speedup", "what a round of exactly its forwards allows (in-loop times)"),
-    ("colocated_vs_parts", "measured (fixed γ) ÷ that"),
-    ("colocated_analytic_speedup", "what the measured E[A] and cost ratio allow: E[A]/(γc + 1)"),
-    ("colocated_vs_analytic", "measured ÷ that analytic speedup"),
-    ("alpha_t0", "accepted ÷ drafted, T = 0"),
-    ("tokens_per_round_t0", "tokens committed per verification, T = 0 (Spec-Bench's τ)"),
-    ("alpha_t07", "accepted ÷ drafted, T = 0.7"),
-    ("draft_cost_ratio", "draft token time ÷ target token time (plain decode loops)"),
-    ("plain_roofline_fraction", "target's plain decode: roofline time ÷ measured time"),
-    ("peer_plain_ratio", "our plain greedy ÷ transformers' plain greedy tokens/s"),
-    ("peer_spec_ratio", "our speculative ÷ transformers' (faster) assisted generation tokens/s"),
-    ("capacity_factor_measured", "clients sustained, edge-cloud SD ÷ co-located SD"),
-    ("capacity_factor_predicted", "1 + γ·t_d/t_v at t_d, t_v measured where co-located saturates"),
-    ("capacity_vs_cloud_ar", "clients sustained, edge-cloud SD ÷ cloud autoregressive"),
-    ("verify_over_decode", "verify step at batch 1 (γ + 1 positions) ÷ one plain decode token"),
-    ("decode_bandwidth_fraction", "float32 decode: bytes per token ÷ time ÷ probed bandwidth"),
-    ("decode_bandwidth_fraction_bf16", "the same for the bfloat16 target"),
-    ("w4a16_over_f32", "a W4A16 decode token's time ÷ a float32 one's (2 threads)"),
-]
+REAL_HEADLINE = labels("headline_real")
 
 
 def real_table(r: dict[str, Any]) -> list[str]:

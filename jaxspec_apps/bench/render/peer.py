@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec_apps.bench.render.tables import Page, part, ratio, save, table
+from jaxspec_apps.bench.render.tables import Page, part, prose, ratio, save, table
 
 
 def table_md(pr: dict[str, Any]) -> list[str]:
@@ -29,12 +29,7 @@ def markdown_tiny(pr: dict[str, Any], page: Page) -> list[str]:
     return [
         *part(
             "## 2. Peer: Hugging Face transformers on the same checkpoints",
-            f"transformers {pr['transformers']}, torch {pr['torch']} (CPU, "
-            f"{pr['torch_threads']} threads, float32 — our models load as float32 too); batch 1 "
-            "(transformers' assisted generation takes one sequence), greedy, "
-            f"{pr['prompts']} prompt(s), {pr['new_tokens']} new tokens in all, default stop "
-            "tokens. **All five decoders produced identical tokens on every prompt "
-            f"(asserted).** Timed in turns, the best of {pr['repeats']} after a warm-up.",
+            prose("peer", **pr),
             table_md(pr),
             f"Ours ÷ theirs: plain **{ratio(pr['peer_plain_ratio'])}**, speculative "
             f"**{ratio(pr['peer_spec_ratio'])}** (against the faster of transformers' two "

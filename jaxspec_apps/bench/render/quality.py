@@ -4,20 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec_apps.bench.render.tables import Page, part, table
+from jaxspec_apps.bench.render.tables import Page, columns, part
 
 
 def table_md(q: dict[str, Any]) -> list[str]:
     """The tiny pair's table: the draft unquantized and at W4A16."""
-    return table(
-        "| draft | resident bytes | × bf16 | held-out ppl | greedy agreement | α T=0 | α T=1 |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-        (
-            f"| {label} | {x['resident_bytes']:,} | {x['bytes_vs_bf16']:.3f} | {x['ppl']:.2f} | "
-            f"{x['greedy_agreement']:.3f} | {x['alpha_t0']:.3f} | {x['alpha_t1']:.3f} |"
-            for label, x in q["rows"].items()
-        ),
-    )
+    return columns("quality_table", ({"label": k, **x} for k, x in q["rows"].items()))
 
 
 def markdown_tiny(q: dict[str, Any], page: Page) -> list[str]:

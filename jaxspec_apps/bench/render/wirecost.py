@@ -4,21 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec_apps.bench.render.tables import Page, part, save, table
+from jaxspec_apps.bench.render.tables import Page, columns, part, prose, save
 
 
 def table_md(w: dict[str, Any]) -> list[str]:
     """Bytes per committed token, alpha and tokens per round by encoding."""
-    return table(
-        "| encoding | bytes/token (up + down) | up | down | up bytes/block | α | tokens/round |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-        (
-            f"| {x['encoding']} | {x['bytes_per_token']:.0f} | {x['bytes_up_per_token']:.0f} | "
-            f"{x['bytes_down_per_token']:.0f} | {x['bytes_per_block_up']:.0f} | "
-            f"{x['alpha']:.3f} | {x['tokens_per_round']:.2f} |"
-            for x in w["rows"]
-        ),
-    )
+    return columns("wirecost_table", w["rows"])
 
 
 def note(rows: list[dict[str, Any]]) -> list[str]:
@@ -46,12 +37,7 @@ def markdown_tiny(w: dict[str, Any], page: Page) -> list[str]:
     return [
         *part(
             "## 5. Wire cost of the draft encodings",
-            f"Sampled (T = {w['rows'][0]['temperature']:g}), sync, γ = {w['gamma']}, "
-            f"{w['new_tokens']} tokens per session, one session per prompt, the same seeds for "
-            "every encoding. Bytes are the protobuf messages of the gRPC service "
-            "(`jaxspec.protocol.wire.block_to_proto` / `result_to_proto`, `ByteSize()`) for every "
-            "block sent up and result sent down in real edge sessions (`edge.run_session` against "
-            "`verify.LocalVerifier`), per committed token; HTTP/2 framing and TLS come on top.",
+            prose("wirecost", temperature=w["rows"][0]["temperature"], **w),
             table_md(w),
             note(w["rows"]),
         ),
