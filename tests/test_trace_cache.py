@@ -494,7 +494,7 @@ def test_a_fresh_process_loads_a_kernel_trace_before_tracing_anything(tmp_path):
     """A process that has traced nothing (so registered no FFI handler by tracing) loads a
     kept program that calls our float kernel: the kernels register before the load (the
     `before_load` hooks and the key parts), and it gives the tracing process's numbers.
-    Before the hooks: "No FFI handler registered" (a server that no longer traced at load)."""
+    Without the hooks the load fails: "No FFI handler registered"."""
     script = tmp_path / "fresh.py"
     script.write_text(textwrap.dedent(FRESH_PROCESS))
     env = {**os.environ, "PYTHONPATH": ROOT}
