@@ -36,7 +36,7 @@ def exact_law(target, sampling_kw) -> dict[tuple[int, ...], float]:
     V = target.config.vocab_size
     conts, logits = continuation_logits(target, PROMPT, N_NEW)
     with jax.enable_x64(True):
-        flat = logits.reshape(-1, V)
+        flat = jnp.asarray(logits.reshape(-1, V))
         params = SamplingParams.make(flat.shape[0], **sampling_kw)
         probs = np.asarray(warp(flat, params)).reshape(len(conts), N_NEW, V)
     law = {}
