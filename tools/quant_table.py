@@ -35,7 +35,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import jaxspec  # noqa: E402
-from jaxspec import calibration  # noqa: E402
+from jaxspec.quant import calibration  # noqa: E402
 
 DEFAULT_VARIANTS = (
     "rtn:128,asym:128,clip:128,gptq:128,gptq:128:8,clip:128:8,gptq:64,gptq:32,asym:32"
