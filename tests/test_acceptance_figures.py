@@ -16,7 +16,7 @@ from edge.drafter import Drafter
 from edge.session import run_session
 from jaxspec.figures import AcceptanceFigures
 from jaxspec.protocol import DraftSpec, SamplingSettings, SessionConfig, wire
-from tests.fixtures import Recorder, peaked_config, peaked_models
+from tests.fixtures import Recorder, peaked_config, peaked_models, peaked_scheduler
 from verify import LocalVerifier, Scheduler
 from verify.metrics import ServiceMetrics
 
@@ -28,7 +28,7 @@ models = peaked_models  # the float64 target and draft, random but peaked
 
 @functools.cache
 def scheduler() -> Scheduler:
-    return Scheduler(models()[0], CONFIG)
+    return peaked_scheduler()
 
 
 def expected(pairs, gamma: int) -> AcceptanceFigures:

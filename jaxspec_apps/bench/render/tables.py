@@ -39,26 +39,29 @@ def part(heading: str, *paragraphs: str | Sequence[str]) -> list[str]:
     return lines
 
 
+def _template(name: str) -> str:
+    """The text of render/prose/<name>.md (package data)."""
+    return (importlib.resources.files(__package__) / "prose" / f"{name}.md").read_text()
+
+
 def prose(name: str, **fields: Any) -> str:
     """The paragraph `name` of the report, its `{fields}` filled: the text of
     render/prose/<name>.md (wrapped there for reading; one line in the report)."""
-    text = (importlib.resources.files(__package__) / "prose" / f"{name}.md").read_text()
-    return " ".join(text.split()).format(**fields)
+    return " ".join(_template(name).split()).format(**fields)
 
 
 def labels(name: str) -> list[tuple[str, str]]:
     """The (key, description) rows of render/prose/<name>.md, one `key: description` a line:
     which results a headline table shows, in order, and what each means."""
-    text = (importlib.resources.files(__package__) / "prose" / f"{name}.md").read_text()
-    return [tuple(line.split(": ", 1)) for line in text.splitlines() if line.strip()]
+    lines = _template(name).splitlines()
+    return [tuple(line.split(": ", 1)) for line in lines if line.strip()]
 
 
 def columns(name: str, rows: Iterable[Mapping[str, Any]]) -> list[str]:
     """The table `name` (render/prose/<name>.md: its header line, its alignment line and one
     row's template), a row per mapping of `rows`."""
-    text = (importlib.resources.files(__package__) / "prose" / f"{name}.md").read_text()
-    head, align, row = text.strip().split("\n")
-    return [head, align, *(row.format(**r) for r in rows)]
+    head, align, row = _template(name).strip().split("\n")
+    return table(head, align, (row.format(**r) for r in rows))
 
 
 def table(head: str, align: str, rows: Iterable[str]) -> list[str]:
