@@ -606,12 +606,10 @@ def test_load_generator_keeps_a_clean_ledger(world, tmp_path):
 
 def test_the_ledger_catches_lost_and_duplicated_tokens():
     """The load generator's ledger is a real check: a gap or an overlap is counted."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("load_gen", ROOT / "tools" / "load_gen.py")
-    mod = sys.modules["load_gen"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     from jaxspec.protocol import VerifyResult
+    from tests.tool_scripts import load_tool
+
+    mod = load_tool("load_gen")
 
     led = mod.Ledger()
     led.opened("s", h.config(prompt=(1, 2)))

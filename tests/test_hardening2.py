@@ -5,10 +5,7 @@ module: one authorization header, non-empty refusals, ports checked by every com
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 import socket
-import sys
 import time
 import urllib.request
 
@@ -18,8 +15,8 @@ import pytest
 from jaxspec.proto import verifier_pb2 as pb
 from jaxspec.proto import verifier_pb2_grpc as pb_grpc
 from tests import grpc_helpers as h
+from tests.tool_scripts import load_tool
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOKENS = {
     "alice": "alice-h2-token",
     "bob": "bob-h2-token",
@@ -173,9 +170,7 @@ def test_edge_generate_refuses_a_verifier_port_outside_the_range(verifier, capsy
 def test_the_demo_and_the_load_generator_refuse_a_verifier_port_outside_the_range(capsys):
     from jaxspec_apps.cli import main as jaxspec_main
 
-    spec = importlib.util.spec_from_file_location("load_gen", ROOT / "tools" / "load_gen.py")
-    load_gen = sys.modules["load_gen"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(load_gen)
+    load_gen = load_tool("load_gen")
 
     assert jaxspec_main(["demo", "--verifier", "localhost:99999", "--plain"]) == 2
     assert "65535" in capsys.readouterr().err

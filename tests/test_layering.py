@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import ast
 import collections
-import importlib.util
 import pathlib
 
 import pytest
 
+from tests.tool_scripts import load_tool
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("import_graph", ROOT / "tools/import_graph.py")
-import_graph = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(import_graph)
+import_graph = load_tool("import_graph")
 imports = import_graph.imports  # the one import reader (tools/import_graph.py draws with it)
 PROJECT = ("jaxspec", "jaxspec_host", "verify", "edge", "jaxspec_apps", "proofs")
 # What each package must never import (at any depth in a module). The core holds the model,
